@@ -1,0 +1,402 @@
+"""Typed configuration: dataclasses loaded from YAML, dotted CLI overrides, one validate().
+
+A run is described by one `Config` made of four sections (`model`, `data`,
+`train`, `decode`). Every field carries a one-line help text (`param(...)`),
+so `--help`-style listings and the docs come from the same place as the code.
+
+    cfg = load_config("copy.yaml", ["train.epochs=2", "model.d_model=64"])
+
+Unknown keys (with the closest valid name suggested), wrong types, missing
+files, YAML syntax errors and invalid combinations raise `ConfigError` with a
+one-line message; scripts turn that into `error: ...` on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+# The configs shipped with the project live beside the package in a checkout.
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def param(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
+    """A dataclass field with a help text and optional allowed values."""
+    meta = {"help": help, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    """The Transformer's shape (the paper's symbols: N, d_model, d_ff, h)."""
+
+    N: int = param(6, "number of encoder layers and of decoder layers (the paper's N)")
+    d_model: int = param(512, "width of embeddings and of every sublayer's output (d_model)")
+    d_ff: int = param(2048, "inner width of the position-wise feed-forward network (d_ff)")
+    h: int = param(8, "number of attention heads (h); d_model must be divisible by h")
+    dropout: float = param(0.1, "dropout on sublayer outputs, embeddings+positions and attention weights")
+    norm_first: bool = param(
+        True, "true: pre-norm x + Sublayer(LayerNorm(x)) as the notebook; false: post-norm as the paper"
+    )
+    tie_embeddings: bool = param(
+        False, "share one matrix between source/target embeddings and the generator (needs a shared vocabulary)"
+    )
+    attention: str = param(
+        "sdpa", "attention kernel: 'sdpa' (fused scaled_dot_product_attention) or 'naive' (explicit softmax)",
+        choices=("sdpa", "naive"),
+    )
+    max_positions: int = param(5000, "length of the sinusoidal positional-encoding table")
+    layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm's square root")
+
+
+@dataclass
+class DataConfig:
+    """Which data, how it is tokenised, and how it is batched."""
+
+    dataset: str = param("multi30k", "'multi30k' (de->en translation) or 'copy' (synthetic copy task)",
+                         choices=("multi30k", "copy"))
+    root: str | None = param(None, "folder holding the six Multi30k .gz files (else $MULTI30K_DIR, else download)")
+    cache_dir: str = param("~/.cache/annotated_transformer", "where downloads and tokenised caches are kept")
+    src_lang: str = param("de", "source language code", choices=("de", "en"))
+    tgt_lang: str = param("en", "target language code", choices=("de", "en"))
+    tokenizer: str = param("word", "'word' (spaCy rule-based tokenizer) or 'spm' (joint SentencePiece subwords)",
+                           choices=("word", "spm"))
+    lowercase: bool = param(False, "lowercase all text before tokenising")
+    min_freq: int = param(2, "word mode: a token needs this many training occurrences to enter the vocabulary")
+    spm_vocab_size: int = param(8000, "spm mode: size of the joint SentencePiece vocabulary")
+    max_len: int = param(128, "longest sentence in tokens, <s> and </s> included; longer ones are cut or skipped")
+    long_policy: str = param("truncate", "what to do with longer sentences: 'truncate' or 'skip'",
+                             choices=("truncate", "skip"))
+    batching: str = param("bucket", "'bucket' (length-bucketed, about batch_tokens a batch) or 'reference' "
+                          "(the notebook: 32 sentences padded to 72)", choices=("bucket", "reference"))
+    batch_tokens: int = param(4096, "bucket mode: about this many padded tokens (source or target) per batch")
+    num_workers: int = param(0, "data-loader worker processes (batches are pre-numericalised, so 0 is fine)")
+    copy_vocab: int = param(11, "copy task: vocabulary size (token 0 is the start symbol)")
+    copy_seq_len: int = param(10, "copy task: sequence length, start symbol included")
+    copy_batch_size: int = param(80, "copy task: sequences per batch")
+    copy_batches: int = param(20, "copy task: batches per epoch")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation recipe and the run's bookkeeping."""
+
+    seed: int = param(42, "random seed for weights, dropout, data order")
+    epochs: int = param(8, "number of passes over the training data")
+    max_steps: int = param(0, "stop after this many optimizer steps (0: no limit)")
+    accum_steps: int = param(1, "micro-batches accumulated per optimizer step (the notebook's accum_iter)")
+    lr_factor: float = param(1.0, "multiplier of the Noam schedule (the notebook's base_lr / factor)")
+    warmup: int = param(4000, "optimizer steps of linear learning-rate warm-up")
+    label_smoothing: float = param(0.1, "label smoothing epsilon (the paper's 0.1)")
+    adam_betas: list[float] = param([0.9, 0.98], "Adam's (beta1, beta2)")
+    adam_eps: float = param(1e-9, "Adam's epsilon")
+    clip_grad_norm: float = param(0.0, "clip the gradient's global norm to this (0: no clipping)")
+    device: str = param("auto", "'auto' (cuda, else mps, else cpu) or an explicit torch device like 'cuda:1'")
+    precision: str = param("auto", "'auto' (bf16 autocast on CUDA, fp32 elsewhere), 'bf16' or 'fp32'",
+                           choices=("auto", "bf16", "fp32"))
+    compile: bool = param(False, "wrap the model in torch.compile")
+    out_dir: str | None = param(None, "run directory (default: runs/<config name>)")
+    overwrite: bool = param(False, "replace an existing run directory instead of refusing")
+    resume: bool = param(False, "continue the run in out_dir from its last.pt")
+    log_every: int = param(50, "optimizer steps between log lines")
+    bleu_every: int = param(1, "epochs between validation BLEU evaluations (0: never)")
+    best_metric: str = param("bleu", "what picks best.pt: 'bleu' (higher is better) or 'loss' (lower)",
+                             choices=("bleu", "loss"))
+    progress: bool = param(True, "show a tqdm progress bar on rank 0")
+
+
+@dataclass
+class DecodeConfig:
+    """How translations are produced."""
+
+    beam_size: int = param(1, "beam width (1: greedy)")
+    alpha: float = param(0.6, "length-penalty exponent of Wu et al. (2016) for beam search")
+    max_len_a: int = param(50, "longest output: source length + this many tokens")
+    batch_size: int = param(128, "sentences decoded together")
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    name: str = param("run", "the run's name (defaults to the config file's stem)")
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "model shape"})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data and batching"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "optimisation and the run"})
+    decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "decoding"})
+
+    def validate(self) -> Config:
+        """Check rules that involve several fields; raise ConfigError on the first broken one."""
+        m, d, t, dec = self.model, self.data, self.train, self.decode
+        positive = {
+            "model.N": m.N, "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.h": m.h,
+            "model.max_positions": m.max_positions, "data.batch_tokens": d.batch_tokens,
+            "data.min_freq": d.min_freq, "data.copy_batch_size": d.copy_batch_size,
+            "data.copy_batches": d.copy_batches, "train.accum_steps": t.accum_steps,
+            "train.log_every": t.log_every, "train.warmup": t.warmup,
+            "decode.beam_size": dec.beam_size, "decode.batch_size": dec.batch_size,
+        }
+        for key, value in positive.items():
+            if value < 1:
+                raise ConfigError(f"{key} must be at least 1, got {value}")
+        nonneg = {"train.epochs": t.epochs, "train.max_steps": t.max_steps, "train.bleu_every": t.bleu_every,
+                  "data.num_workers": d.num_workers, "train.clip_grad_norm": t.clip_grad_norm,
+                  "decode.max_len_a": dec.max_len_a, "train.adam_eps": t.adam_eps}
+        for key, value in nonneg.items():
+            if value < 0:
+                raise ConfigError(f"{key} must not be negative, got {value}")
+        if m.d_model % m.h:
+            raise ConfigError(
+                f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); "
+                f"pick h from {[k for k in range(1, 17) if m.d_model % k == 0]}"
+            )
+        if not 0.0 <= m.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
+        if not 0.0 <= t.label_smoothing < 1.0:
+            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
+        if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
+            raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {t.adam_betas}")
+        if t.lr_factor <= 0:
+            raise ConfigError(f"train.lr_factor must be positive, got {t.lr_factor}")
+        if t.epochs == 0 and t.max_steps == 0:
+            raise ConfigError("train.epochs and train.max_steps are both 0: set one of them to train")
+        if d.src_lang == d.tgt_lang:
+            raise ConfigError(f"data.src_lang and data.tgt_lang are both '{d.src_lang}'; they must differ")
+        if d.max_len < 3:
+            raise ConfigError(f"data.max_len must be at least 3 (<s>, a token, </s>), got {d.max_len}")
+        if d.max_len > m.max_positions:
+            raise ConfigError(f"data.max_len ({d.max_len}) exceeds model.max_positions ({m.max_positions})")
+        if d.dataset == "copy":
+            if d.copy_vocab < 3:
+                raise ConfigError(f"data.copy_vocab must be at least 3, got {d.copy_vocab}")
+            if d.copy_seq_len < 2:
+                raise ConfigError(f"data.copy_seq_len must be at least 2, got {d.copy_seq_len}")
+            if t.best_metric == "bleu":
+                raise ConfigError("train.best_metric 'bleu' needs translation data; use 'loss' for the copy task")
+        if m.tie_embeddings and d.dataset == "multi30k" and d.tokenizer != "spm":
+            raise ConfigError(
+                "model.tie_embeddings needs one vocabulary shared by source and target: set data.tokenizer=spm"
+            )
+        if t.resume and t.overwrite:
+            raise ConfigError("train.resume and train.overwrite are both true; pick one")
+        return self
+
+    def run_dir(self) -> Path:
+        """The run directory: train.out_dir, or runs/<name>."""
+        return Path(self.train.out_dir) if self.train.out_dir else Path("runs") / self.name
+
+
+SECTIONS = ("model", "data", "train", "decode")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
+    """Every valid dotted key of a config class (e.g. 'model.d_model')."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        ftype = _field_types(cls)[f.name]
+        if dataclasses.is_dataclass(ftype):
+            keys.extend(all_keys(ftype, f"{prefix}{f.name}."))
+        else:
+            keys.append(prefix + f.name)
+    return keys
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if not close:  # a typo in the section name: match on the last part alone
+        tails = {k.rsplit(".", 1)[-1]: k for k in valid}
+        hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)
+        close = [tails[hit[0]]] if hit else []
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
+    """Check `value` against the annotation `tp`; convert the few safe cases (int->float, '1e-9'->float)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key, from_cli)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list like [0.9, 0.98], got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]", from_cli) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            return int(value)
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads '1e-9' as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if from_cli and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")  # pragma: no cover - programming error
+
+
+def _set_key(obj: Any, parts: list[str], value: Any, full: str, from_cli: bool) -> None:
+    cls = type(obj)
+    name = parts[0]
+    names = [f.name for f in dataclasses.fields(cls)]
+    if name not in names:
+        raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    ftype = _field_types(cls)[name]
+    if dataclasses.is_dataclass(ftype):
+        if len(parts) == 1:
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{full}' is a section; give keys under it (e.g. {full}.{dataclasses.fields(ftype)[0].name}=...)")
+            for k, v in value.items():
+                _set_key(getattr(obj, name), [str(k)], v, f"{full}.{k}", from_cli)
+            return
+        _set_key(getattr(obj, name), parts[1:], value, full, from_cli)
+        return
+    if len(parts) > 1:
+        raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
+    value = _coerce(value, ftype, full, from_cli)
+    choices = f.metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{full} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    setattr(obj, name, value)
+
+
+def apply_dict(cfg: Config, data: dict[str, Any], source: str = "config") -> Config:
+    """Merge a nested dict (from YAML or a checkpoint) into `cfg`, checking keys and types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections (model:, data:, train:, ...)")
+    for key, value in data.items():
+        try:
+            _set_key(cfg, [str(key)], value, str(key), from_cli=False)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return cfg
+
+
+def apply_override(cfg: Config, override: str) -> Config:
+    """Apply one dotted override such as 'train.epochs=2'."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}' is not of the form section.key=value (e.g. train.epochs=2)")
+    key, raw = override.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{override}' has no key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    _set_key(cfg, key.split("."), value, key, from_cli=True)
+    return cfg
+
+
+def resolve_config_path(name: str) -> Path:
+    """A bare name ('copy' or 'copy.yaml') is looked up in configs/; anything else is a path."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    candidates = []
+    if len(path.parts) == 1:
+        for folder in (Path("configs"), CONFIG_DIR):
+            candidates += [folder / name, folder / f"{name}.yaml"]
+        for cand in candidates:
+            if cand.is_file():
+                return cand
+    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+    hint = f"; available in configs/: {', '.join(available)}" if available else ""
+    raise ConfigError(f"config file '{name}' not found{hint}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; syntax errors become one-line ConfigErrors with line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML ({problem}); fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...)")
+    return data
+
+
+def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a config by bare name or path, apply dotted overrides, validate."""
+    path = resolve_config_path(name)
+    cfg = Config(name=path.stem)
+    apply_dict(cfg, read_yaml(path), source=str(path))
+    for override in overrides:
+        apply_override(cfg, override)
+    return cfg.validate()
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """A plain nested dict (YAML/JSON/checkpoint friendly)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config from `config_to_dict` output (e.g. from a checkpoint)."""
+    return apply_dict(Config(), data, source="saved config").validate()
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML, in field order."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every field: the source of the config docs."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        ftype = _field_types(cls)[f.name]
+        if dataclasses.is_dataclass(ftype):
+            rows.extend(describe(ftype, f"{prefix}{f.name}."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((prefix + f.name, default, f.metadata.get("help", "")))
+    return rows

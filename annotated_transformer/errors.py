@@ -1,0 +1,49 @@
+"""User-facing errors: one clear line, exit code 2, never a traceback.
+
+Every mistake a user can make (a bad config key, a missing data file, a
+corrupted checkpoint, an unreadable input) raises a subclass of `UserError`
+whose message names the problem and the fix. The scripts wrap their `main` in
+`run_cli`, which prints that one line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+
+class UserError(Exception):
+    """A problem the user can fix; its message is shown as-is, on one line."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """A config file, a dotted override or a combination of values is invalid."""
+
+
+class DataError(UserError):
+    """Data files are missing, corrupted or inconsistent."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is missing, unreadable, unsafe or does not match."""
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print `error: message` on one line of stderr and exit with `code`."""
+    one_line = " ".join(str(message).split())
+    print(f"error: {one_line}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def run_cli(main: Callable[[], int | None]) -> None:
+    """Run a script's `main`, turning `UserError` and Ctrl-C into clean exits."""
+    try:
+        code = main()
+    except UserError as exc:
+        fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    raise SystemExit(code or 0)

@@ -1,0 +1,416 @@
+"""The Transformer of "Attention Is All You Need", with the notebook's names, top to bottom.
+
+Shapes: B batch, S source length, T target length, d = d_model, h heads,
+d_k = d / h, V vocabulary size. Masks are boolean with True = "may attend",
+as in the notebook: `src_mask` is (B, 1, S), `tgt_mask` is (B, T, T).
+
+Two deliberate differences from the notebook, both documented where they live:
+  * `LayerNorm` is the standard layer normalisation (`nn.LayerNorm`: biased
+    variance, eps inside the square root). The notebook divides by the
+    unbiased standard deviation plus eps; the paper cites Ba et al. (2016),
+    which is the standard form.
+  * `norm_first` chooses where LayerNorm sits. Pre-norm (True, the notebook):
+    x + Sublayer(LayerNorm(x)), with a final LayerNorm after each stack.
+    Post-norm (False, the paper, Section 3.1): LayerNorm(x + Sublayer(x)),
+    no final LayerNorm. Pre-norm trains more stably without warm-up tuning;
+    post-norm is what the paper's numbers were measured with.
+
+Attention runs through `torch.nn.functional.scaled_dot_product_attention`
+(fused kernels) unless the explicit probabilities are wanted: inside
+`model.keep_attention()` every `MultiHeadedAttention` stores them in `.attn`
+(B, h, T, S) for visualisation, computed with the notebook's `attention`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def clones(module: nn.Module, N: int) -> nn.ModuleList:
+    """N independent deep copies of `module`."""
+    return nn.ModuleList([copy.deepcopy(module) for _ in range(N)])
+
+
+def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:
+    """(1, size, size) boolean mask: position i may attend to positions 0..i only."""
+    return torch.ones(1, size, size, dtype=torch.bool, device=device).tril()
+
+
+class LayerNorm(nn.LayerNorm):
+    """Layer normalisation (Ba et al. 2016) over the last dimension, with a learned gain and bias.
+
+    The standard form: (x - mean) / sqrt(var + eps) with the biased variance.
+    The notebook's hand-written version used (x - mean) / (std_unbiased + eps);
+    the two differ by a factor sqrt(n / (n - 1)) and in where eps sits.
+    """
+
+    def __init__(self, features: int, eps: float = 1e-6) -> None:
+        super().__init__(features, eps=eps)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout: nn.Dropout | None = None
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V (the paper's equation 1), explicitly.
+
+    query (..., T, d_k), key/value (..., S, d_k), mask broadcastable to (..., T, S) with True = keep.
+    Returns the output (..., T, d_k) and the attention probabilities (..., T, S).
+    """
+    d_k = query.size(-1)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., T, S)
+    if mask is not None:
+        # The most negative finite value, not -inf: a row with nothing to attend to stays finite.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    p_attn = scores.softmax(dim=-1)  # (..., T, S)
+    if dropout is not None:
+        p_attn = dropout(p_attn)
+    return p_attn @ value, p_attn  # (..., T, d_k), (..., T, S)
+
+
+@dataclass
+class AttentionCache:
+    """Keys and values of one attention sublayer kept between decoding steps.
+
+    Self-attention (`static=False`) appends the new step's keys/values; encoder-decoder
+    attention (`static=True`) projects the memory once and reuses it every step.
+    """
+
+    static: bool
+    k: Tensor | None = None  # (B, h, t, d_k)
+    v: Tensor | None = None  # (B, h, t, d_k)
+
+    def index_select(self, index: Tensor) -> None:
+        """Keep (and reorder) batch rows: for beam search and for dropping finished sentences."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class MultiHeadedAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
+
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1, impl: str = "sdpa") -> None:
+        super().__init__()
+        assert d_model % h == 0, "d_model must be divisible by h"
+        self.d_k = d_model // h
+        self.h = h
+        self.linears = clones(nn.Linear(d_model, d_model), 4)  # W^Q, W^K, W^V, W^O
+        self.dropout = nn.Dropout(p=dropout)
+        self.impl = impl  # 'sdpa' or 'naive'
+        self.keep_attn = False  # set by EncoderDecoder.keep_attention()
+        self.attn: Tensor | None = None  # (B, h, T, S) when keep_attn
+
+    def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
+        B = x.size(0)
+        return linear(x).view(B, -1, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+
+    def forward(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
+        cache: AttentionCache | None = None,
+    ) -> Tensor:
+        """query (B, T, d), key/value (B, S, d), mask (B, 1 or T, S) -> (B, T, d)."""
+        B = query.size(0)
+        q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
+        if cache is not None and cache.static and cache.k is not None:
+            k, v = cache.k, cache.v  # memory projected on the first step
+        else:
+            k = self._heads(key, self.linears[1])  # (B, h, S, d_k)
+            v = self._heads(value, self.linears[2])  # (B, h, S, d_k)
+            if cache is not None:
+                if not cache.static and cache.k is not None:
+                    k = torch.cat([cache.k, k], dim=2)  # (B, h, t+1, d_k)
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        if mask is not None:
+            mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
+        if self.keep_attn or self.impl == "naive":
+            x, p_attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k)
+            self.attn = p_attn.detach() if self.keep_attn else None
+        else:
+            p = self.dropout.p if self.training else 0.0
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, h, T, d_k)
+        x = x.transpose(1, 2).reshape(B, -1, self.h * self.d_k)  # (B, T, d)
+        return self.linears[3](x)
+
+
+# --------------------------------------------------------------------------- sublayers
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (equation 2), applied at every position."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, L, d) -> (B, L, d)."""
+        return self.w_2(self.dropout(self.w_1(x).relu()))  # (B, L, d_ff) inside
+
+
+class SublayerConnection(nn.Module):
+    """A residual connection around a sublayer, with LayerNorm before (pre-norm) or after (post-norm)."""
+
+    def __init__(self, size: int, dropout: float, norm_first: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.norm = LayerNorm(size, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        """(B, L, d) -> (B, L, d)."""
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then feed-forward, each wrapped in a SublayerConnection."""
+
+    def __init__(self, size: int, self_attn: MultiHeadedAttention, feed_forward: PositionwiseFeedForward,
+                 dropout: float, norm_first: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.feed_forward = feed_forward
+        self.sublayer = clones(SublayerConnection(size, dropout, norm_first, eps), 2)
+        self.size = size
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, d), mask (B, 1, S) -> (B, S, d)."""
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    """A stack of N EncoderLayers (plus a final LayerNorm in pre-norm mode)."""
+
+    def __init__(self, layer: EncoderLayer, N: int, norm_first: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.layers = clones(layer, N)
+        self.norm = LayerNorm(layer.size, eps=eps) if norm_first else nn.Identity()
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, d), mask (B, 1, S) -> memory (B, S, d)."""
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention over the memory, then feed-forward."""
+
+    def __init__(self, size: int, self_attn: MultiHeadedAttention, src_attn: MultiHeadedAttention,
+                 feed_forward: PositionwiseFeedForward, dropout: float, norm_first: bool = True,
+                 eps: float = 1e-6) -> None:
+        super().__init__()
+        self.size = size
+        self.self_attn = self_attn
+        self.src_attn = src_attn
+        self.feed_forward = feed_forward
+        self.sublayer = clones(SublayerConnection(size, dropout, norm_first, eps), 3)
+
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None,
+                cache: tuple[AttentionCache, AttentionCache] | None = None) -> Tensor:
+        """x (B, T, d), memory (B, S, d), src_mask (B, 1, S), tgt_mask (B, T, T) -> (B, T, d)."""
+        self_cache, src_cache = cache if cache is not None else (None, None)
+        m = memory
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, self_cache))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask, src_cache))
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class Decoder(nn.Module):
+    """A stack of N DecoderLayers (plus a final LayerNorm in pre-norm mode)."""
+
+    def __init__(self, layer: DecoderLayer, N: int, norm_first: bool = True, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.layers = clones(layer, N)
+        self.norm = LayerNorm(layer.size, eps=eps) if norm_first else nn.Identity()
+
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None,
+                cache: DecoderCache | None = None) -> Tensor:
+        """x (B, T, d), memory (B, S, d) -> (B, T, d)."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, cache.layers[i] if cache is not None else None)
+        return self.norm(x)
+
+
+@dataclass
+class DecoderCache:
+    """Everything incremental decoding keeps between steps: per-layer (self, source) attention caches."""
+
+    layers: list[tuple[AttentionCache, AttentionCache]]
+    length: int = 0  # target positions already decoded (the next position's index)
+
+    def index_select(self, index: Tensor) -> None:
+        """Keep/reorder batch rows of every cached tensor."""
+        for self_cache, src_cache in self.layers:
+            self_cache.index_select(index)
+            src_cache.index_select(index)
+
+
+# --------------------------------------------------------------------------- embeddings and output
+
+
+class Embeddings(nn.Module):
+    """Token embeddings scaled by sqrt(d_model) (Section 3.4)."""
+
+    def __init__(self, d_model: int, vocab: int) -> None:
+        super().__init__()
+        self.lut = nn.Embedding(vocab, d_model)
+        self.d_model = d_model
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, L) token ids -> (B, L, d)."""
+        return self.lut(x) * math.sqrt(self.d_model)
+
+
+class PositionalEncoding(nn.Module):
+    """Adds PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...) (Section 3.5), then dropout."""
+
+    def __init__(self, d_model: int, dropout: float, max_len: int = 5000) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (max_len, 1)
+        div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term[: d_model // 2])
+        # Derived, not learned: kept out of checkpoints.
+        self.register_buffer("pe", pe.unsqueeze(0), persistent=False)  # (1, max_len, d)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """(B, L, d) -> (B, L, d), positions start..start+L-1."""
+        L = x.size(1)
+        if start + L > self.pe.size(1):
+            raise ValueError(f"sequence of {start + L} positions exceeds the positional table "
+                             f"({self.pe.size(1)}); raise model.max_positions")
+        return self.dropout(x + self.pe[:, start:start + L])
+
+
+class Generator(nn.Module):
+    """The final linear projection to the vocabulary, followed by log-softmax."""
+
+    def __init__(self, d_model: int, vocab: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """(..., d) -> log-probabilities (..., V)."""
+        return F.log_softmax(self.proj(x), dim=-1)
+
+
+class EncoderDecoder(nn.Module):
+    """The standard encoder-decoder architecture: encode the source once, decode the target against it."""
+
+    def __init__(self, encoder: Encoder, decoder: Decoder, src_embed: nn.Sequential,
+                 tgt_embed: nn.Sequential, generator: Generator) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = decoder
+        self.src_embed = src_embed  # Sequential(Embeddings, PositionalEncoding)
+        self.tgt_embed = tgt_embed
+        self.generator = generator
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
+        """src (B, S), tgt (B, T), masks -> decoder output (B, T, d); apply `generator` for log-probs."""
+        return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        """src (B, S) -> memory (B, S, d)."""
+        return self.encoder(self.src_embed(src), src_mask)
+
+    def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor | None,
+               cache: DecoderCache | None = None) -> Tensor:
+        """memory (B, S, d), tgt (B, T) -> (B, T, d).
+
+        With a `cache`, `tgt` holds only the new positions (usually one, (B, 1)), which
+        attend to themselves and to everything cached; `tgt_mask` may then be None.
+        """
+        start = 0
+        if cache is not None:
+            start = cache.length
+            cache.length += tgt.size(1)
+        emb, pos = self.tgt_embed[0], self.tgt_embed[1]
+        x = pos(emb(tgt), start=start)  # (B, T, d)
+        return self.decoder(x, memory, src_mask, tgt_mask, cache)
+
+    def init_cache(self) -> DecoderCache:
+        """An empty cache for incremental decoding with `decode(..., cache=...)`."""
+        return DecoderCache([(AttentionCache(static=False), AttentionCache(static=True))
+                             for _ in self.decoder.layers])
+
+    def attention_modules(self) -> Iterator[MultiHeadedAttention]:
+        """Every MultiHeadedAttention in the model."""
+        return (m for m in self.modules() if isinstance(m, MultiHeadedAttention))
+
+    @contextmanager
+    def keep_attention(self) -> Iterator[EncoderDecoder]:
+        """Within this block every attention layer stores its probabilities in `.attn` (B, h, T, S)."""
+        modules = list(self.attention_modules())
+        for m in modules:
+            m.keep_attn = True
+        try:
+            yield self
+        finally:
+            for m in modules:
+                m.keep_attn = False
+
+    def num_parameters(self) -> int:
+        """Distinct trainable parameters (a tied matrix counts once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
+               dropout: float = 0.1, norm_first: bool = True, tie_embeddings: bool = False,
+               attention: str = "sdpa", max_positions: int = 5000, layer_norm_eps: float = 1e-6) -> EncoderDecoder:
+    """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
+
+    `tie_embeddings` shares one (V, d) matrix between the source embedding, the target embedding
+    and the generator's projection (Section 3.4); it needs src_vocab == tgt_vocab.
+    """
+    if tie_embeddings and src_vocab != tgt_vocab:
+        raise ValueError(f"tied embeddings need one shared vocabulary, got {src_vocab} and {tgt_vocab}")
+    c = copy.deepcopy
+    attn = MultiHeadedAttention(h, d_model, dropout, impl=attention)
+    ff = PositionwiseFeedForward(d_model, d_ff, dropout)
+    position = PositionalEncoding(d_model, dropout, max_positions)
+    eps = layer_norm_eps
+    model = EncoderDecoder(
+        Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first, eps), N, norm_first, eps),
+        Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first, eps), N, norm_first, eps),
+        nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
+        nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
+        Generator(d_model, tgt_vocab),
+    )
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    if tie_embeddings:
+        shared = model.src_embed[0].lut.weight
+        model.tgt_embed[0].lut.weight = shared
+        model.generator.proj.weight = shared
+    return model
+
+
+def make_model_from_config(model_cfg, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
+    """`make_model` with the fields of a `ModelConfig`."""
+    return make_model(
+        src_vocab, tgt_vocab, N=model_cfg.N, d_model=model_cfg.d_model, d_ff=model_cfg.d_ff, h=model_cfg.h,
+        dropout=model_cfg.dropout, norm_first=model_cfg.norm_first, tie_embeddings=model_cfg.tie_embeddings,
+        attention=model_cfg.attention, max_positions=model_cfg.max_positions,
+        layer_norm_eps=model_cfg.layer_norm_eps,
+    )

@@ -1,0 +1,34 @@
+"""The learning-rate schedule of Section 5.3 ("Noam") and the optimizer built around it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def rate(step: int, model_size: int, factor: float, warmup: int) -> float:
+    """lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5); step 0 counts as 1.
+
+    Linear warm-up for `warmup` steps, then decay with the inverse square root of the step.
+    """
+    if step == 0:  # LambdaLR asks for step 0 first; 0^-0.5 would be infinite
+        step = 1
+    return factor * (model_size ** (-0.5) * min(step ** (-0.5), step * warmup ** (-1.5)))
+
+
+def build_optimizer(model: nn.Module, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9,
+                    fused: bool | None = None) -> torch.optim.Adam:
+    """Adam with the paper's betas (0.9, 0.98) and eps 1e-9; base lr 1.0, scaled by the schedule.
+
+    `fused=None` picks the fused CUDA kernel when every parameter lives on a CUDA device.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if fused is None:
+        fused = all(p.is_cuda for p in params)
+    return torch.optim.Adam(params, lr=1.0, betas=tuple(betas), eps=eps, fused=fused or None)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, model_size: int, factor: float, warmup: int) -> LambdaLR:
+    """`rate` driven through LambdaLR: call `.step()` once per optimizer step."""
+    return LambdaLR(optimizer, lr_lambda=lambda step: rate(step, model_size, factor, warmup))
