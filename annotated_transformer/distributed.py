@@ -8,6 +8,7 @@ torchrun sets RANK / LOCAL_RANK / WORLD_SIZE (and the rendezvous address), a pla
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -115,3 +116,23 @@ def world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
+
+
+def resolve_amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """'auto': bf16 autocast on CUDA GPUs that support it, full precision elsewhere; 'bf16'; 'fp32' (None)."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("train.precision=bf16 but this GPU has no bf16 support; use train.precision=fp32")
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def amp_context(device: torch.device, dtype: torch.dtype | None):
+    """bf16 autocast on `device`, or a no-op for full precision."""
+    if dtype is None or dtype == torch.float32:
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

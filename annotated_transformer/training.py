@@ -11,20 +11,44 @@ gradients over ranks.
 from __future__ import annotations
 
 import math
+import random
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
+from .checkpoint import load_checkpoint, model_payload, save_checkpoint
+from .config import Config, config_to_dict
 from .data.batch import Batch
-from .distributed import all_reduce_sum, world_size
-from .loss import SimpleLossCompute
+from .distributed import (
+    DistInfo,
+    all_reduce_sum,
+    amp_context,
+    barrier,
+    cleanup,
+    init_distributed,
+    print0,
+    resolve_amp_dtype,
+    world_size,
+)
+from .errors import ConfigError
+from .loss import LabelSmoothing, SimpleLossCompute
+from .model import make_model_from_config
+from .monitor import GPUMonitor, format_gpu, peak_memory_gb
+from .optim import build_optimizer, build_scheduler
+from .run_dir import RunDir
+from .tasks import build_task
 
 
 @dataclass
@@ -52,13 +76,6 @@ class TrainState:
         """Restore from `state_dict()` output."""
         for key, value in state.items():
             setattr(self, key, value)
-
-
-def amp_context(device: torch.device, dtype: torch.dtype | None):
-    """bf16/fp16 autocast on `device`, or a no-op for full precision."""
-    if dtype is None or dtype == torch.float32:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def _lr(optimizer: torch.optim.Optimizer | None) -> float:
@@ -174,3 +191,282 @@ def run_epoch(
     stats = all_reduce_sum(torch.stack([total_loss.float(), torch.tensor(float(total_tokens), device=device)]))
     loss_sum, tokens = (float(v) for v in stats.tolist())
     return (loss_sum / tokens if tokens else math.nan), state
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuplify(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuplify(x: Any) -> Any:
+    """random.setstate wants tuples where a checkpoint round trip may give lists."""
+    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+class _StopSignal:
+    """Turns SIGTERM / SIGINT into a flag the training loop polls after every optimizer step."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signum = signum
+
+    def requested(self, device: torch.device) -> bool:
+        """True when any rank received a signal (agreed over ranks, so all stop at the same step)."""
+        flag = torch.tensor(0.0 if self.signum is None else 1.0, device=device)
+        return bool(all_reduce_sum(flag) > 0) if world_size() > 1 else self.signum is not None
+
+
+def _check_resume_compatible(saved: dict[str, Any], cfg: Config, path: Path) -> None:
+    """A resumed run must have the same model and data settings as the run that wrote last.pt."""
+    now = config_to_dict(cfg)
+    for section in ("model", "data"):
+        if saved.get(section) != now[section]:
+            diffs = [k for k in now[section] if saved.get(section, {}).get(k) != now[section][k]]
+            raise ConfigError(f"cannot resume {path}: its {section} settings differ ({', '.join(diffs)}); "
+                              "resume with the same config, or start a new run")
+
+
+def train_worker(cfg: Config) -> dict[str, Any]:
+    """Train one rank (of one or many, under torchrun) from a validated config; return the final figures.
+
+    Builds data, model, loss, optimizer and schedule; trains epoch by epoch with `run_epoch`;
+    evaluates validation loss every epoch and validation BLEU every `train.bleu_every` epochs;
+    keeps `best.pt`, `last.pt` and `epoch_NN.pt`; finally scores the test split with the best
+    weights and shows a few translations (or, for the copy task, counts exact copies).
+    """
+    info, device = init_distributed(cfg.train.device)
+    try:
+        return _train(cfg, info, device)
+    finally:
+        cleanup()
+
+
+def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    tcfg = cfg.train
+    log = print0
+    run = RunDir(cfg.run_dir())
+    run.check(cfg)  # on every rank, so every rank fails alike; rank 0 alone writes
+    barrier()
+    if info.is_main:
+        run.prepare(cfg)
+    barrier()
+
+    torch.manual_seed(tcfg.seed)
+    random.seed(tcfg.seed)
+    task = build_task(cfg, info, log=log)
+    if info.is_main and task.text is not None:
+        task.text.save(run.vocab)
+    model = make_model_from_config(cfg.model, task.src_vocab_size, task.tgt_vocab_size).to(device)
+    criterion = LabelSmoothing(task.tgt_vocab_size, task.pad, tcfg.label_smoothing)
+    optimizer = build_optimizer(model, betas=tuple(tcfg.adam_betas), eps=tcfg.adam_eps)
+    scheduler = build_scheduler(optimizer, cfg.model.d_model, tcfg.lr_factor, tcfg.warmup)
+    amp_dtype = resolve_amp_dtype(tcfg.precision, device)
+    loader = task.train_loader(pin_memory=device.type == "cuda")
+    val_batches = task.val_batches()
+    state = TrainState()
+    loader_state = None
+
+    if tcfg.resume:
+        ckpt = load_checkpoint(run.last, map_location=device)
+        _check_resume_compatible(ckpt["config"], cfg, run.last)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        state.load_state_dict(ckpt["train_state"])
+        loader_state = ckpt.get("loader")
+        rng = ckpt.get("rng", {}).get(str(info.rank))
+        if rng is not None:
+            _set_rng_state(rng)
+        if info.is_main:
+            run.truncate_metrics(state.step)
+        log(f"resumed {run.last}: epoch {state.epoch}, step {state.step}")
+
+    log(f"{cfg.name}: {model.num_parameters() / 1e6:.2f}M parameters | device {device}"
+        f"{f' x {info.world_size} ranks' if info.distributed else ''} | "
+        f"precision {'bf16 autocast' if amp_dtype else 'fp32'} | {len(loader)} batches/epoch/rank | "
+        f"run dir {run.path}")
+
+    train_model: nn.Module = model
+    if info.distributed:
+        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if tcfg.compile:
+        train_model = torch.compile(train_model)
+    loss_compute = SimpleLossCompute(model.generator, criterion)
+    monitor = GPUMonitor(device)
+    stopper = _StopSignal()
+    stopper.install()
+    text_state = task.text.state_dict() if task.text is not None else None
+    cfg_dict = config_to_dict(cfg)
+
+    def save_last(loader_pos: dict[str, Any] | None) -> None:
+        # Every rank's RNG state is gathered so each rank resumes its own dropout stream.
+        rngs: list[Any] = [_rng_state()]
+        if info.distributed:
+            rngs = [None] * info.world_size
+            dist.all_gather_object(rngs, _rng_state())
+        if info.is_main:
+            payload = model_payload(model, cfg_dict, text_state, state.state_dict())
+            payload.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
+                           loader=loader_pos, rng={str(r): s for r, s in enumerate(rngs)})
+            save_checkpoint(payload, run.last)
+
+    def better(value: float) -> bool:
+        if state.best_metric is None:
+            return True
+        return value > state.best_metric if tcfg.best_metric == "bleu" else value < state.best_metric
+
+    steps_per_epoch = max(len(loader) // tcfg.accum_steps, 1)
+    results: dict[str, Any] = {}
+    stopped = False
+    gpu_samples: list[dict[str, float]] = []
+
+    def on_log(fig: dict[str, float]) -> None:
+        sample = monitor.sample()
+        if sample:
+            gpu_samples.append(sample)
+        if info.is_main:
+            run.log_metrics({"kind": "train", "epoch": state.epoch + 1, **fig})
+
+    try:
+        while not _done(state, tcfg):
+            epoch = state.epoch
+            loader.set_epoch(epoch)
+            if loader_state is not None:
+                loader.load_state_dict(loader_state)
+                loader_state = None
+            t_epoch = time.perf_counter()
+            bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True,
+                       disable=True if not (info.is_main and tcfg.progress) else None)  # None: off without a TTY
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            gpu_samples.clear()
+            train_loss, state = run_epoch(
+                loader, train_model, loss_compute, optimizer, scheduler, mode="train",
+                accum_iter=tcfg.accum_steps, train_state=state, device=device, amp_dtype=amp_dtype,
+                clip_grad_norm=tcfg.clip_grad_norm, max_steps=tcfg.max_steps, log_every=tcfg.log_every,
+                log=(log if bar.disable else bar.write) if info.is_main else None, on_log=on_log,
+                should_stop=lambda: stopper.requested(device), progress=None if bar.disable else bar,
+            )
+            bar.close()
+            if stopper.requested(device):
+                save_last(loader.state_dict())
+                stopped = True
+                name = signal.Signals(stopper.signum).name if stopper.signum else "a signal on another rank"
+                log(f"stopped by {name} in epoch {epoch + 1} at step {state.step}; saved {run.last}; "
+                    f"continue with train.resume=true")
+                break
+            # max_steps may end training inside an epoch: that epoch then stays unfinished.
+            cut_short = bool(tcfg.max_steps) and state.step >= tcfg.max_steps
+            if not cut_short:
+                state.epoch = epoch + 1
+            epoch_seconds = time.perf_counter() - t_epoch
+            val_loss, _ = run_epoch(val_batches, model, loss_compute, mode="eval", device=device,
+                                    amp_dtype=amp_dtype, log=None)
+            record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": state.step,
+                                      "train_loss": train_loss, "val_loss": val_loss, "seconds": epoch_seconds}
+            is_last = _done(state, tcfg)
+            if task.name == "multi30k" and tcfg.bleu_every and ((epoch + 1) % tcfg.bleu_every == 0 or is_last):
+                scored = task.score(model, device, "val", beam_size=1, amp_dtype=amp_dtype)
+                record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
+            if gpu_samples:
+                record["gpu_util"] = sum(s["gpu_util"] for s in gpu_samples) / len(gpu_samples)
+                record["gpu_mem_used_gb"] = max(s["gpu_mem_used_gb"] for s in gpu_samples)
+            peak = peak_memory_gb(device)
+            if peak is not None:
+                record["peak_mem_gb"] = peak
+            metric = record.get("bleu") if tcfg.best_metric == "bleu" else val_loss
+            if metric is not None and better(metric):
+                state.best_metric, state.best_epoch = float(metric), epoch + 1
+                if info.is_main:
+                    save_checkpoint(model_payload(model, cfg_dict, text_state, state.state_dict()), run.best)
+            if info.is_main:
+                if not cut_short:
+                    save_checkpoint(model_payload(model, cfg_dict, text_state, state.state_dict()),
+                                    run.epoch(epoch + 1))
+                run.log_metrics(record)
+            save_last(loader.state_dict() if cut_short else None)
+            bleu_txt = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
+            log(f"epoch {epoch + 1}/{tcfg.epochs} | step {state.step} | train loss {train_loss:.4f} | "
+                f"val loss {val_loss:.4f}{bleu_txt} | {epoch_seconds:.1f} s"
+                f"{format_gpu(gpu_samples[-1] if gpu_samples else {})}")
+    finally:
+        stopper.restore()
+
+    if info.is_main:
+        _write_charts(run, log)
+    if stopped:
+        results["stopped"] = True
+        return results
+
+    # Final figures with the best weights.
+    if run.best.is_file() or not info.is_main:
+        barrier()
+        best = load_checkpoint(run.best, map_location=device) if run.best.is_file() else None
+        if best is not None:
+            model.load_state_dict(best["model"])
+    results.update(best_epoch=state.best_epoch, best_metric=state.best_metric, steps=state.step,
+                   seconds=time.perf_counter() - t_start)
+    if task.name == "copy":
+        k = task.score(model, device)["exact_copies"]
+        log(f"exact copies: {k}/100")
+        results["exact_copies"] = k
+    else:
+        val = task.score(model, device, "val", amp_dtype=amp_dtype)
+        test = task.score(model, device, "test", amp_dtype=amp_dtype)
+        results.update(val_bleu=val["bleu"], test_bleu=test["bleu"], bleu_signature=test["bleu_signature"])
+        log(f"best epoch {state.best_epoch}: val BLEU {val['bleu']:.2f} | test BLEU {test['bleu']:.2f} "
+            f"({test['bleu_signature']})")
+        if info.is_main:
+            from .evaluation import check_outputs
+
+            log(check_outputs(task.data.splits["test"].src_text, task.data.splits["test"].tgt_text,
+                              test["hypotheses"], n=3))
+            run.log_metrics({"kind": "final", "step": state.step, "val_bleu": val["bleu"],
+                             "test_bleu": test["bleu"], "bleu_signature": test["bleu_signature"]})
+    log(f"done in {results['seconds']:.1f} s; run directory {run.path}")
+    return results
+
+
+def _done(state: TrainState, tcfg: Any) -> bool:
+    """Training is over when the epochs are done or the step budget is spent."""
+    return bool((tcfg.epochs and state.epoch >= tcfg.epochs) or (tcfg.max_steps and state.step >= tcfg.max_steps))
+
+
+def _write_charts(run: RunDir, log: Callable[[str], None]) -> None:
+    """Loss / learning-rate / BLEU curves from metrics.jsonl, as HTML and PNG (best effort)."""
+    try:
+        from .visualization import save_chart, training_curves_chart
+
+        chart = training_curves_chart(run.metrics)
+        save_chart(chart, run.charts / "training_curves")
+    except Exception as exc:  # charts are a convenience: never lose a finished run over them
+        log(f"warning: could not write charts ({type(exc).__name__}: {exc})")

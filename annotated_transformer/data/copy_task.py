@@ -22,3 +22,66 @@ def data_gen(V: int, batch_size: int, nbatches: int, seq_len: int = 10,
         data = torch.randint(1, V, size=(batch_size, seq_len), generator=generator)  # (B, L)
         data[:, 0] = COPY_START
         yield Batch(data, data.clone(), pad=COPY_PAD)
+
+
+class CopyLoader:
+    """The copy task behind the same interface as the Multi30k training loader.
+
+    Every epoch's batches are a pure function of (seed, rank, epoch), so resuming mid-epoch only
+    needs the number of batches already taken: they are generated again and skipped.
+    """
+
+    def __init__(self, V: int, batch_size: int, nbatches: int, seq_len: int, seed: int, rank: int = 0) -> None:
+        self.V, self.batch_size, self.nbatches, self.seq_len = V, batch_size, nbatches, seq_len
+        self.seed, self.rank = seed, rank
+        self.epoch = 0
+        self._taken = 0  # batches of this epoch already yielded
+        self._skip = 0  # batches to skip at the next __iter__ (set by load_state_dict)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose batches the next iteration yields."""
+        self.epoch = epoch
+        self._taken = self._skip = 0
+
+    def __len__(self) -> int:
+        return self.nbatches
+
+    def __iter__(self) -> Iterator[Batch]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rank * 10_007 + self.epoch)
+        self._taken = 0
+        for i, batch in enumerate(data_gen(self.V, self.batch_size, self.nbatches, self.seq_len, g)):
+            if i < self._skip:
+                continue
+            self._taken = i + 1
+            yield batch
+        self._skip = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the current epoch stands."""
+        return {"epoch": self.epoch, "taken": self._taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue the saved epoch with its next unseen batch."""
+        self.epoch = int(state["epoch"])
+        self._skip = self._taken = int(state["taken"])
+
+
+def copy_validation_batches(V: int, seq_len: int, seed: int, n: int = 400) -> list[Batch]:
+    """A fixed validation set of `n` sequences, disjoint in seed from the training stream."""
+    g = torch.Generator().manual_seed(seed + 7_777_777)
+    return list(data_gen(V, n, 1, seq_len, g))
+
+
+@torch.no_grad()
+def exact_copies(model, V: int, seq_len: int, n: int = 100, seed: int = 1234,
+                 device: torch.device | str = "cpu") -> int:
+    """Greedy-decode `n` fresh random sequences; return how many come back exactly."""
+    from ..decoding import greedy_decode
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(1, V, (n, seq_len), generator=g)
+    src[:, 0] = COPY_START
+    src = src.to(device)
+    model.eval()
+    out = greedy_decode(model, src, (src != COPY_PAD).unsqueeze(-2), seq_len, COPY_START)
+    return int((out == src).all(dim=1).sum())

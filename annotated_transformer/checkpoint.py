@@ -1,0 +1,155 @@
+"""Checkpoints: atomic writes, safe loads, and parameter averaging.
+
+A checkpoint is a plain dict that `torch.load(weights_only=True)` can read (tensors, numbers,
+strings, lists, dicts): nothing in it needs arbitrary unpickling, and a file that does is
+refused. Keys:
+
+    format       "annotated-transformer/1"
+    config       the resolved config (nested dict)
+    model        the model's state_dict (unwrapped from DDP / torch.compile)
+    text         the TextPipeline's state_dict (vocabulary, tokenizer settings), or None (copy task)
+    train_state  TrainState.state_dict()
+    optimizer, scheduler, loader, rng    only in resumable checkpoints (last.pt)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError
+
+FORMAT = "annotated-transformer/1"
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP and/or torch.compile wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif hasattr(model, "module") and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, write) -> None:
+    """Call `write(file_object)` on a temporary file beside `path`, fsync it, then rename it into place.
+
+    A crash at any moment leaves either the old file or the new one, never half a file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
+    """Write a checkpoint dict atomically (temporary file, fsync, rename)."""
+    payload = {"format": FORMAT, **payload}
+    atomic_write(path, lambda f: torch.save(payload, f))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with `weights_only=True`; every failure is one clear CheckpointError."""
+    path = Path(path)
+    if not path.is_file():
+        hint = " (it is a directory; name a .pt file in it)" if path.is_dir() else ""
+        raise CheckpointError(f"checkpoint {path} not found{hint}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"checkpoint {path} needs arbitrary unpickling, which is refused for safety "
+            f"(weights_only=True: {first[:160]}); re-save it as a plain dict of tensors"
+        ) from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"checkpoint {path} is unreadable or truncated ({first[:160]})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or "model" not in payload:
+        raise CheckpointError(f"{path} is not an annotated-transformer checkpoint (no '{FORMAT}' format tag)")
+    return payload
+
+
+def model_payload(model: nn.Module, config: dict[str, Any], text_state: dict[str, Any] | None,
+                  train_state: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The part of a checkpoint that evaluation and translation need (no optimizer state)."""
+    return {"config": config, "model": unwrap_model(model).state_dict(), "text": text_state,
+            "train_state": train_state or {}}
+
+
+def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
+    """Average the model parameters of several checkpoints of one architecture and vocabulary.
+
+    Returns a model-only checkpoint dict (config, text and train_state from the last file).
+    """
+    if len(paths) < 1:
+        raise CheckpointError("no checkpoints given to average")
+    first = load_checkpoint(paths[0])
+    ref_model_cfg = first["config"].get("model")
+    ref_text = first.get("text")
+    summed = {k: v.clone().double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
+    last = first
+    for path in paths[1:]:
+        ckpt = load_checkpoint(path)
+        if ckpt["config"].get("model") != ref_model_cfg:
+            raise CheckpointError(f"{path} has a different architecture from {paths[0]} (config 'model' differs); "
+                                  "only checkpoints of one run can be averaged")
+        if not _same_text(ckpt.get("text"), ref_text):
+            raise CheckpointError(f"{path} has a different vocabulary from {paths[0]}; "
+                                  "only checkpoints of one run can be averaged")
+        if ckpt["model"].keys() != summed.keys():
+            raise CheckpointError(f"{path} has different parameter names from {paths[0]}")
+        for k, v in ckpt["model"].items():
+            if v.shape != summed[k].shape:
+                raise CheckpointError(f"{path}: parameter {k} has shape {tuple(v.shape)}, "
+                                      f"expected {tuple(summed[k].shape)}")
+            if v.is_floating_point():
+                summed[k] += v.double()
+        last = ckpt
+    n = len(paths)
+    averaged = {k: (v / n).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in summed.items()}
+    return {"config": last["config"], "model": averaged, "text": last.get("text"),
+            "train_state": last.get("train_state", {}), "averaged_from": [str(p) for p in paths]}
+
+
+def _same_text(a: Any, b: Any) -> bool:
+    """Equality of two TextPipeline state dicts, tensors compared by value."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_text(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_text(x, y) for x, y in zip(a, b))
+    return a == b

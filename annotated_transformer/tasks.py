@@ -1,0 +1,149 @@
+"""What is being learned: the synthetic copy task or Multi30k translation, behind one small interface.
+
+`train_worker` asks a task for its vocabulary sizes, its training loader and validation
+batches, and how to score a model (exact copies, or BLEU on a split). Everything else in
+the training loop is the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .config import Config
+from .data.batch import Batch
+from .data.copy_task import COPY_PAD, CopyLoader, copy_validation_batches, exact_copies
+from .distributed import DistInfo
+
+
+@dataclass
+class CopyTask:
+    """The notebook's copy task: random sequences that the model learns to repeat."""
+
+    cfg: Config
+    info: DistInfo
+    text: Any = None  # no text vocabulary: ids are the tokens
+    name: str = "copy"
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.cfg.data.copy_vocab
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.cfg.data.copy_vocab
+
+    @property
+    def pad(self) -> int:
+        return COPY_PAD
+
+    def train_loader(self, pin_memory: bool = False) -> CopyLoader:
+        """Fresh random batches every epoch, different on every rank."""
+        d = self.cfg.data
+        return CopyLoader(d.copy_vocab, d.copy_batch_size, d.copy_batches, d.copy_seq_len,
+                          self.cfg.train.seed, self.info.rank)
+
+    def val_batches(self) -> list[Batch]:
+        """A fixed validation set, split between ranks."""
+        d = self.cfg.data
+        full = copy_validation_batches(d.copy_vocab, d.copy_seq_len, self.cfg.train.seed)[0]
+        rows = torch.arange(self.info.rank, len(full), self.info.world_size)
+        src = full.src[rows]  # (n/world, L); the target is the source itself
+        return [Batch(src, src.clone(), pad=COPY_PAD)] if len(rows) else []
+
+    def score(self, model, device: torch.device, split: str = "val", **_: Any) -> dict[str, Any]:
+        """Exact copies out of 100 fresh sequences (computed on every rank; identical)."""
+        d = self.cfg.data
+        k = exact_copies(model, d.copy_vocab, d.copy_seq_len, n=100, device=device)
+        return {"exact_copies": k, "copy_accuracy": k / 100}
+
+
+@dataclass
+class TranslationTask:
+    """Multi30k de->en: tokenised, numericalised, cached; scored with sacreBLEU."""
+
+    cfg: Config
+    info: DistInfo
+    data: Any  # TranslationData
+    name: str = "multi30k"
+
+    @property
+    def text(self):
+        return self.data.text
+
+    @property
+    def src_vocab_size(self) -> int:
+        return len(self.data.text.src_vocab)
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return len(self.data.text.tgt_vocab)
+
+    @property
+    def pad(self) -> int:
+        return self.data.text.pad_id
+
+    def train_loader(self, pin_memory: bool = False):
+        """Length-bucketed (or reference) batches, sharded by rank."""
+        return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size,
+                                      pin_memory=pin_memory)
+
+    def val_batches(self) -> list[Batch]:
+        """Teacher-forced validation batches of this rank's share of the val split."""
+        return self.data.eval_batches("val", self.info.rank, self.info.world_size)
+
+    def translate_split(self, model, device: torch.device, split: str, beam_size: int = 1,
+                        amp_dtype: torch.dtype | None = None, limit: int | None = None) -> list[str]:
+        """Every rank decodes its share of `split`; all ranks get the full list of hypotheses in order."""
+        from .translator import translate_ids
+
+        sp = self.data.splits[split]
+        n = len(sp.src) if limit is None else min(limit, len(sp.src))
+        mine = list(range(self.info.rank, n, self.info.world_size))
+        dec, text = self.cfg.decode, self.data.text
+        outs = translate_ids(model, [sp.src[i] for i in mine], pad=text.pad_id, bos=text.bos_id,
+                             eos=text.eos_id, device=device, beam_size=beam_size, alpha=dec.alpha,
+                             max_len_a=dec.max_len_a, batch_size=dec.batch_size, amp_dtype=amp_dtype)
+        local = [(i, text.decode(ids, "tgt")) for i, ids in zip(mine, outs)]
+        if self.info.distributed and dist.is_initialized():
+            gathered: list[Any] = [None] * self.info.world_size
+            dist.all_gather_object(gathered, local)
+            local = [pair for part in gathered for pair in part]
+        hyps = [""] * n
+        for i, h in local:
+            hyps[i] = h
+        return hyps
+
+    def references(self, split: str, limit: int | None = None) -> list[str]:
+        """References in the form BLEU compares against (tokenised for word mode, raw for subwords)."""
+        from .evaluation import bleu_references
+
+        raw = self.data.splits[split].tgt_text
+        return bleu_references(raw[:limit] if limit else raw, self.data.text)
+
+    def score(self, model, device: torch.device, split: str = "val", beam_size: int = 1,
+              amp_dtype: torch.dtype | None = None, limit: int | None = None) -> dict[str, Any]:
+        """BLEU (headline form for the tokenisation mode), its signature, chrF; plus the hypotheses."""
+        from .evaluation import corpus_scores, headline_key
+
+        hyps = self.translate_split(model, device, split, beam_size, amp_dtype, limit)
+        scores = corpus_scores(hyps, self.references(split, limit), self.data.text.mode)
+        head = scores[headline_key(self.data.text.mode)]
+        out: dict[str, Any] = {"bleu": head.score, "bleu_signature": head.signature, "hypotheses": hyps}
+        for key, s in scores.items():
+            out[f"score_{key}"] = s.score
+        return out
+
+
+def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = print):
+    """The task the config names, with its data prepared (downloaded, tokenised, cached)."""
+    if cfg.data.dataset == "copy":
+        return CopyTask(cfg, info)
+    from .data import load_translation_data
+
+    data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log)
+    return TranslationTask(cfg, info, data)

@@ -1,0 +1,20 @@
+"""Train a Transformer: `uv run python scripts/train.py --config copy.yaml [section.key=value ...]`.
+
+The same command runs one process (CPU, one GPU) or one rank of many under
+`torchrun --nproc_per_node=N scripts/train.py --config base.yaml`.
+"""
+
+from annotated_transformer.cli import config_parser, parse_config
+from annotated_transformer.errors import run_cli
+from annotated_transformer.training import train_worker
+
+
+def main() -> int:
+    parser = config_parser("Train the Transformer (copy task or Multi30k de->en).")
+    cfg = parse_config(parser)
+    train_worker(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

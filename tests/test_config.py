@@ -1,0 +1,120 @@
+"""Config loading: YAML, dotted overrides, type checks, validate(), and the one-line CLI errors."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.config import (
+    Config,
+    all_keys,
+    config_from_dict,
+    config_to_dict,
+    describe,
+    load_config,
+    save_config,
+)
+from annotated_transformer.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bare_name_and_path_load_the_same_config():
+    by_name = load_config("copy")
+    by_file = load_config("copy.yaml")
+    by_path = load_config(str(ROOT / "configs" / "copy.yaml"))
+    assert config_to_dict(by_name) == config_to_dict(by_file) == config_to_dict(by_path)
+    assert by_name.name == "copy"
+    assert by_name.data.dataset == "copy"
+    assert by_name.model.N == 2
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config("copy", ["train.epochs=2", "model.d_model=64", "train.adam_eps=1e-8",
+                               "model.norm_first=false", "train.adam_betas=[0.9, 0.99]"])
+    assert cfg.train.epochs == 2 and isinstance(cfg.train.epochs, int)
+    assert cfg.model.d_model == 64
+    assert cfg.train.adam_eps == pytest.approx(1e-8) and isinstance(cfg.train.adam_eps, float)
+    assert cfg.model.norm_first is False
+    assert cfg.train.adam_betas == [0.9, 0.99]
+
+
+def test_unknown_key_suggests_the_closest_name():
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.d_modle' \(did you mean 'model.d_model'\?\)"):
+        load_config("copy", ["model.d_modle=3"])
+    with pytest.raises(ConfigError, match="did you mean 'train.epochs'"):
+        load_config("copy", ["trian.epochs=3"])
+
+
+def test_wrong_types_are_rejected():
+    with pytest.raises(ConfigError, match="train.epochs must be an integer"):
+        load_config("copy", ["train.epochs=two"])
+    with pytest.raises(ConfigError, match="model.norm_first must be true or false"):
+        load_config("copy", ["model.norm_first=1"])
+    with pytest.raises(ConfigError, match="model.attention must be one of"):
+        load_config("copy", ["model.attention=flash"])
+
+
+def test_validate_checks_cross_field_rules():
+    with pytest.raises(ConfigError, match=r"d_model \(100\) must be divisible by model.h \(8\)"):
+        load_config("copy", ["model.d_model=100", "model.h=8"])
+    with pytest.raises(ConfigError, match="dropout must be in"):
+        load_config("copy", ["model.dropout=1.5"])
+    cfg = Config()
+    cfg.model.tie_embeddings = True
+    with pytest.raises(ConfigError, match="tie_embeddings needs one vocabulary"):
+        cfg.validate()
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file 'nope' not found; available in configs/: .*copy"):
+        load_config("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  N: 2\n   d_model: [\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml line \d+ column \d+: invalid YAML"):
+        load_config(str(bad))
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("just a string\n")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(str(scalar))
+
+
+def test_yaml_unknown_key_names_the_file(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("train:\n  epoch: 3\n")
+    with pytest.raises(ConfigError, match=r"x.yaml: unknown config key 'train.epoch' \(did you mean 'train.epochs'\?\)"):
+        load_config(str(f))
+
+
+def test_round_trip_through_yaml_and_dict(tmp_path):
+    cfg = load_config("copy", ["train.seed=7"])
+    save_config(cfg, tmp_path / "c.yaml")
+    again = load_config(str(tmp_path / "c.yaml"))
+    assert config_to_dict(again) == config_to_dict(cfg)  # the saved name wins over the file stem
+    assert config_to_dict(config_from_dict(config_to_dict(cfg))) == config_to_dict(cfg)
+
+
+def test_every_field_has_help():
+    rows = describe()
+    assert {k for k, _, _ in rows} == set(all_keys())
+    missing = [k for k, _, h in rows if not h.strip()]
+    assert not missing, f"fields without a help text: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "copy", "model.d_modle=3"], "did you mean 'model.d_model'"),
+        (["--config", "does-not-exist"], "config file 'does-not-exist' not found"),
+        (["--config", "copy", "train.epochs"], "not of the form section.key=value"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_2(args, message, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in proc.stderr

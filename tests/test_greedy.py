@@ -1,0 +1,87 @@
+"""Batched greedy decoding with the key/value cache equals the recompute-everything decoder."""
+
+import pytest
+import torch
+
+from annotated_transformer import greedy_decode, make_model
+from annotated_transformer.decoding import greedy_decode_naive, strip_special
+
+BOS, EOS, PAD = 0, 1, 2
+
+
+def random_model(seed: int, V: int = 15, norm_first: bool = True):
+    torch.manual_seed(seed)
+    model = make_model(V, V, N=2, d_model=32, d_ff=64, h=4, dropout=0.1, norm_first=norm_first).eval()
+    with torch.no_grad():  # make </s> likely enough that sentences end at different lengths
+        model.generator.proj.bias[EOS] += 1.5
+    return model
+
+
+def random_sources(seed: int, B: int, V: int = 15):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 12, (B,), generator=g)
+    src = torch.full((B, int(lengths.max())), PAD)
+    for i, L in enumerate(lengths.tolist()):
+        src[i, :L] = torch.cat([torch.tensor([BOS]), torch.randint(4, V, (L - 2,), generator=g), torch.tensor([EOS])])
+    return src, (src != PAD).unsqueeze(-2), lengths
+
+
+@pytest.mark.parametrize("B", [1, 7, 32])
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_cached_greedy_equals_naive(B, norm_first):
+    for seed in range(3):
+        model = random_model(seed, norm_first=norm_first)
+        src, mask, lengths = random_sources(seed, B)
+        max_len = lengths + 6  # per-sentence limits
+        fast = greedy_decode(model, src, mask, max_len, BOS, EOS, pad_symbol=PAD)
+        slow = greedy_decode_naive(model, src, mask, max_len, BOS, EOS, pad_symbol=PAD)
+        assert torch.equal(fast, slow), (seed, fast, slow)
+
+
+def test_each_sentence_stops_at_its_own_end_symbol():
+    model = random_model(4)
+    src, mask, lengths = random_sources(4, 16)
+    out = greedy_decode(model, src, mask, 25, BOS, EOS, pad_symbol=PAD)
+    ended = 0
+    for row in out.tolist():
+        assert row[0] == BOS
+        if EOS in row:
+            ended += 1
+            after = row[row.index(EOS) + 1:]
+            assert all(t == PAD for t in after)  # nothing is generated after </s>
+    assert 0 < ended
+    lens = {len(strip_special(r, BOS, EOS, PAD)) for r in out.tolist()}
+    assert len(lens) > 1  # sentences really ended at different lengths
+
+
+def test_batched_equals_one_at_a_time():
+    model = random_model(5)
+    src, mask, lengths = random_sources(5, 9)
+    batched = greedy_decode(model, src, mask, 20, BOS, EOS, pad_symbol=PAD)
+    for i in range(9):
+        L = int(lengths[i])
+        single = greedy_decode(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], 20, BOS, EOS, pad_symbol=PAD)
+        a = strip_special(batched[i].tolist(), BOS, EOS, PAD)
+        b = strip_special(single[0].tolist(), BOS, EOS, PAD)
+        assert a == b
+
+
+def test_finished_sentences_leave_the_working_batch():
+    model = random_model(6)
+    src, mask, _ = random_sources(6, 12)
+    sizes = []
+    handle = model.decoder.register_forward_hook(lambda m, args, out: sizes.append(out.size(0)))
+    out = greedy_decode(model, src, mask, 30, BOS, EOS, pad_symbol=PAD)
+    handle.remove()
+    assert sizes[0] == 12
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] < 12
+    finished_early = sum(1 for r in out.tolist() if EOS in r[:-1])
+    assert finished_early > 0
+
+
+def test_no_end_symbol_runs_to_max_len():
+    model = random_model(7)
+    src, mask, _ = random_sources(7, 3)
+    out = greedy_decode(model, src, mask, 9, BOS)
+    assert out.shape == (3, 9)
+    assert torch.equal(out, greedy_decode_naive(model, src, mask, 9, BOS))

@@ -1,0 +1,107 @@
+"""LabelSmoothing against its definition, SimpleLossCompute, and the Noam `rate`."""
+
+import math
+
+import pytest
+import torch
+
+from annotated_transformer import LabelSmoothing, SimpleLossCompute, rate
+from annotated_transformer.optim import build_optimizer, build_scheduler
+
+
+def explicit_kl(x: torch.Tensor, target: torch.Tensor, size: int, pad: int, smoothing: float) -> torch.Tensor:
+    """The textbook construction: build the smoothed distribution, then sum t * (log t - x) where t > 0."""
+    t = torch.full_like(x, smoothing / (size - 2))
+    t.scatter_(1, target.unsqueeze(1), 1.0 - smoothing)
+    t[:, pad] = 0
+    t[target == pad] = 0
+    pos = t > 0
+    return (t[pos] * (t[pos].log() - x[pos])).sum()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.4])
+def test_label_smoothing_equals_explicit_kl_divergence(smoothing):
+    torch.manual_seed(0)
+    V, pad = 13, 2
+    x = torch.randn(40, V).log_softmax(-1)
+    target = torch.randint(0, V, (40,))
+    target[::7] = pad
+    crit = LabelSmoothing(V, pad, smoothing)
+    assert torch.allclose(crit(x, target), explicit_kl(x, target, V, pad, smoothing), rtol=1e-5, atol=1e-5)
+    # and against torch's own KLDivLoss on the same target distribution
+    t = crit.smoothed_targets(target)
+    ref = torch.nn.KLDivLoss(reduction="sum")(x, t)
+    assert torch.allclose(crit(x, target), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_matches_explicit_kl():
+    torch.manual_seed(1)
+    V, pad = 9, 0
+    logits = torch.randn(16, V, requires_grad=True)
+    target = torch.randint(1, V, (16,))
+    LabelSmoothing(V, pad, 0.2)(logits.log_softmax(-1), target).backward()
+    g1 = logits.grad.clone()
+    logits.grad = None
+    explicit_kl(logits.log_softmax(-1), target, V, pad, 0.2).backward()
+    assert torch.allclose(g1, logits.grad, atol=1e-6)
+
+
+def test_smoothed_targets_match_the_notebook_definition():
+    crit = LabelSmoothing(5, 0, 0.4)
+    dist = crit.smoothed_targets(torch.tensor([2, 1, 0, 3, 3]))
+    expected_row0 = torch.tensor([0.0, 0.4 / 3, 0.6, 0.4 / 3, 0.4 / 3])
+    assert torch.allclose(dist[0], expected_row0)
+    assert torch.all(dist[2] == 0)  # a padding target contributes nothing
+    assert torch.allclose(dist[[0, 1, 3, 4]].sum(1), torch.ones(4))
+
+
+def test_notebook_penalty_example_is_finite_and_decreasing():
+    # The notebook's illustration: a growing probability on the right token, 0 on padding.
+    crit = LabelSmoothing(5, 0, 0.1)
+    losses = []
+    for x in range(1, 100):
+        d = x + 3 * 1
+        predict = torch.tensor([[0, x / d, 1 / d, 1 / d, 1 / d]])
+        losses.append(float(crit(predict.log(), torch.tensor([1]))))
+    assert all(math.isfinite(v) for v in losses)
+    # KL to the smoothed target falls while x/d approaches 0.9, then rises again (over-confidence is penalised)
+    best = min(range(len(losses)), key=losses.__getitem__)
+    assert 5 < best + 1 < 99
+    assert losses[0] > losses[best] < losses[-1]
+
+
+def test_simple_loss_compute_returns_sum_and_normalised():
+    torch.manual_seed(0)
+    gen = torch.nn.Sequential(torch.nn.Linear(8, 7), torch.nn.LogSoftmax(-1))
+    crit = LabelSmoothing(7, 2, 0.1)
+    x, y = torch.randn(3, 5, 8), torch.randint(0, 7, (3, 5))
+    total, normed = SimpleLossCompute(gen, crit)(x, y, 4.0)
+    assert torch.allclose(total, crit(gen(x).reshape(-1, 7), y.reshape(-1)))
+    assert torch.allclose(normed, total / 4.0)
+    assert not total.requires_grad and normed.requires_grad
+
+
+def test_rate_follows_the_paper_formula():
+    d, w = 512, 4000
+    for step in (1, 10, 3999, 4000, 4001, 20000):
+        expected = d ** -0.5 * min(step ** -0.5, step * w ** -1.5)
+        assert rate(step, d, 1.0, w) == pytest.approx(expected)
+    assert rate(0, d, 1.0, w) == rate(1, d, 1.0, w)  # step 0 counts as 1
+    assert rate(100, d, 2.0, w) == pytest.approx(2 * rate(100, d, 1.0, w))
+    peak = max(range(1, 20000, 7), key=lambda s: rate(s, d, 1.0, w))
+    assert abs(peak - w) <= 7
+
+
+def test_scheduler_drives_adam_with_the_paper_betas():
+    model = torch.nn.Linear(4, 4)
+    opt = build_optimizer(model)
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+    sched = build_scheduler(opt, 64, 1.0, 10)
+    lrs = []
+    for _ in range(30):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(rate(1, 64, 1.0, 10))
+    assert lrs[5] == pytest.approx(rate(5, 64, 1.0, 10))
+    assert lrs[25] == pytest.approx(rate(25, 64, 1.0, 10))

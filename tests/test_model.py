@@ -1,0 +1,225 @@
+"""The model: shapes, masks, parity with torch.nn.Transformer, attention retrieval, tied embeddings."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from annotated_transformer import Batch, PositionalEncoding, make_model, subsequent_mask
+from annotated_transformer.model import attention
+
+
+def tiny(**kw):
+    torch.manual_seed(0)
+    args = dict(N=2, d_model=32, d_ff=64, h=4, dropout=0.0)
+    args.update(kw)
+    return make_model(11, 13, **args)
+
+
+def test_subsequent_mask_is_lower_triangular():
+    m = subsequent_mask(5)
+    assert m.shape == (1, 5, 5) and m.dtype == torch.bool
+    for i in range(5):
+        for j in range(5):
+            assert bool(m[0, i, j]) == (j <= i)
+
+
+def test_batch_masks_hide_padding_and_the_future():
+    pad = 2
+    src = torch.tensor([[0, 5, 6, 1], [0, 7, 1, pad]])
+    tgt = torch.tensor([[0, 8, 9, 10, 1], [0, 8, 1, pad, pad]])
+    b = Batch(src, tgt, pad=pad)
+    assert b.src_mask.shape == (2, 1, 4)
+    assert b.src_mask[1].tolist() == [[True, True, True, False]]
+    assert torch.equal(b.tgt, tgt[:, :-1]) and torch.equal(b.tgt_y, tgt[:, 1:])
+    assert b.tgt_mask.shape == (2, 4, 4)
+    # row 1: positions 3 is padding, so nobody may attend to it; nobody sees the future
+    assert b.tgt_mask[1].tolist() == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, True, True, False],
+        [True, True, True, False],
+    ]
+    assert b.ntokens == 4 + 2 and isinstance(b.ntokens, int)
+
+
+def test_output_shapes_and_log_probabilities():
+    model = tiny()
+    src = torch.randint(4, 11, (3, 7))
+    tgt = torch.randint(4, 13, (3, 5))
+    out = model(src, tgt, torch.ones(3, 1, 7, dtype=torch.bool), subsequent_mask(5))
+    assert out.shape == (3, 5, 32)
+    logp = model.generator(out)
+    assert logp.shape == (3, 5, 13)
+    assert torch.allclose(logp.exp().sum(-1), torch.ones(3, 5), atol=1e-5)
+
+
+def test_padding_does_not_change_real_positions():
+    model = tiny().eval()
+    src = torch.randint(4, 11, (1, 6))
+    tgt = torch.randint(4, 13, (1, 4))
+    base = model(src, tgt, torch.ones(1, 1, 6, dtype=torch.bool), subsequent_mask(4))
+    src_p = torch.cat([src, torch.full((1, 3), 2)], 1)
+    mask_p = (src_p != 2).unsqueeze(-2)
+    padded = model(src_p, tgt, mask_p, subsequent_mask(4))
+    assert torch.allclose(base, padded, atol=1e-5)
+
+
+def test_future_tokens_do_not_leak():
+    model = tiny().eval()
+    src = torch.randint(4, 11, (1, 6))
+    smask = torch.ones(1, 1, 6, dtype=torch.bool)
+    tgt = torch.randint(4, 13, (1, 5))
+    a = model(src, tgt, smask, subsequent_mask(5))
+    tgt2 = tgt.clone()
+    tgt2[0, 3:] = 5  # change the future
+    b = model(src, tgt2, smask, subsequent_mask(5))
+    assert torch.allclose(a[:, :3], b[:, :3], atol=1e-6)
+    assert not torch.allclose(a[:, 3:], b[:, 3:], atol=1e-4)
+
+
+def test_positional_encoding_matches_the_formula():
+    pe = PositionalEncoding(16, 0.0, max_len=50)
+    x = torch.zeros(1, 50, 16)
+    y = pe(x)[0]
+    for pos in (0, 1, 17, 49):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert y[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-5)
+            assert y[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-5)
+    assert torch.allclose(pe(torch.zeros(1, 3, 16), start=17)[0], y[17:20])
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model():
+    model = tiny()
+    emb = model.src_embed[0]
+    ids = torch.tensor([[4, 5]])
+    assert torch.allclose(emb(ids), emb.lut.weight[ids] * math.sqrt(32))
+
+
+def test_xavier_initialisation_bounds():
+    model = tiny()
+    w = model.encoder.layers[0].feed_forward.w_1.weight  # (d_ff, d_model)
+    bound = math.sqrt(6.0 / (32 + 64))
+    assert w.abs().max() <= bound + 1e-6
+    assert w.abs().max() > 0.8 * bound  # uniform over the whole range, not a narrower default init
+
+
+def copy_into_torch_transformer(model, norm_first: bool, d_model: int, h: int, d_ff: int, N: int) -> nn.Transformer:
+    ref = nn.Transformer(d_model, h, N, N, d_ff, dropout=0.0, batch_first=True, norm_first=norm_first,
+                         layer_norm_eps=1e-6)
+
+    def copy_attn(dst: nn.MultiheadAttention, src) -> None:
+        dst.in_proj_weight.data.copy_(torch.cat([src.linears[i].weight for i in range(3)], 0))
+        dst.in_proj_bias.data.copy_(torch.cat([src.linears[i].bias for i in range(3)], 0))
+        dst.out_proj.weight.data.copy_(src.linears[3].weight)
+        dst.out_proj.bias.data.copy_(src.linears[3].bias)
+
+    def copy_ln(dst: nn.LayerNorm, src) -> None:
+        dst.weight.data.copy_(src.weight)
+        dst.bias.data.copy_(src.bias)
+
+    def copy_ff(dst, src) -> None:
+        dst.linear1.weight.data.copy_(src.w_1.weight)
+        dst.linear1.bias.data.copy_(src.w_1.bias)
+        dst.linear2.weight.data.copy_(src.w_2.weight)
+        dst.linear2.bias.data.copy_(src.w_2.bias)
+
+    for ours, theirs in zip(model.encoder.layers, ref.encoder.layers):
+        copy_attn(theirs.self_attn, ours.self_attn)
+        copy_ff(theirs, ours.feed_forward)
+        copy_ln(theirs.norm1, ours.sublayer[0].norm)
+        copy_ln(theirs.norm2, ours.sublayer[1].norm)
+    for ours, theirs in zip(model.decoder.layers, ref.decoder.layers):
+        copy_attn(theirs.self_attn, ours.self_attn)
+        copy_attn(theirs.multihead_attn, ours.src_attn)
+        copy_ff(theirs, ours.feed_forward)
+        copy_ln(theirs.norm1, ours.sublayer[0].norm)
+        copy_ln(theirs.norm2, ours.sublayer[1].norm)
+        copy_ln(theirs.norm3, ours.sublayer[2].norm)
+    if norm_first:
+        copy_ln(ref.encoder.norm, model.encoder.norm)
+        copy_ln(ref.decoder.norm, model.decoder.norm)
+    else:  # the paper's post-norm has no final LayerNorm after the stacks
+        ref.encoder.norm = None
+        ref.decoder.norm = None
+    return ref
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("impl", ["sdpa", "naive"])
+def test_matches_torch_nn_transformer_with_copied_weights(norm_first, impl):
+    d_model, h, d_ff, N = 32, 4, 64, 2
+    torch.manual_seed(3)
+    model = make_model(11, 13, N=N, d_model=d_model, d_ff=d_ff, h=h, dropout=0.0, norm_first=norm_first,
+                       attention=impl)
+    # non-trivial LayerNorm gains/biases, so a mix-up of norms would show
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    ref = copy_into_torch_transformer(model, norm_first, d_model, h, d_ff, N)
+    model.train()  # dropout is 0; train mode keeps torch's encoder off its fused fast path
+    ref.train()
+    B, S, T, pad = 3, 7, 6, 2
+    src = torch.randint(4, 11, (B, S))
+    src[1, 5:] = pad
+    src[2, 3:] = pad
+    tgt = torch.randint(4, 13, (B, T))
+    tgt[2, 4:] = pad
+    batch = Batch(src, torch.cat([torch.zeros(B, 1, dtype=torch.long), tgt], 1), pad=pad)
+    x_src = model.src_embed(src)
+    x_tgt = model.tgt_embed(batch.tgt)
+    ours = model.decoder(x_tgt, model.encoder(x_src, batch.src_mask), batch.src_mask, batch.tgt_mask)
+    causal = ~subsequent_mask(T)[0]  # torch: True = may NOT attend
+    theirs = ref(x_src, x_tgt, tgt_mask=causal, src_key_padding_mask=src == pad,
+                 tgt_key_padding_mask=batch.tgt == pad, memory_key_padding_mask=src == pad)
+    real = batch.tgt != pad
+    assert torch.allclose(ours[real], theirs[real], atol=1e-5), (ours[real] - theirs[real]).abs().max()
+
+
+def test_attention_probabilities_only_when_asked():
+    model = tiny().eval()
+    src = torch.randint(4, 11, (2, 5))
+    src[1, 3:] = 2
+    tgt = torch.randint(4, 13, (2, 4))
+    b = Batch(src, tgt, pad=2)
+    plain = model(b.src, b.tgt, b.src_mask, b.tgt_mask)
+    assert all(m.attn is None for m in model.attention_modules())
+    with model.keep_attention():
+        kept = model(b.src, b.tgt, b.src_mask, b.tgt_mask)
+    assert torch.allclose(plain, kept, atol=1e-5)  # the explicit path computes the same thing
+    enc = model.encoder.layers[0].self_attn.attn
+    self_ = model.decoder.layers[1].self_attn.attn
+    src_ = model.decoder.layers[1].src_attn.attn
+    assert enc.shape == (2, 4, 5, 5) and self_.shape == (2, 4, 3, 3) and src_.shape == (2, 4, 3, 5)
+    for a in (enc, self_, src_):
+        assert torch.allclose(a.sum(-1), torch.ones(a.shape[:-1]), atol=1e-5)
+    assert torch.all(src_[1, :, :, 3:] == 0)  # padding receives no attention
+    assert torch.all(self_.triu(1) == 0)  # no attention to the future
+    # outside the block nothing is stored any more
+    model(b.src, b.tgt, b.src_mask, b.tgt_mask)
+    assert all(not m.keep_attn for m in model.attention_modules())
+
+
+def test_attention_function_is_softmax_qk_v():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    out, p = attention(q, k, v)
+    expected_p = torch.softmax(q @ k.transpose(-2, -1) / 2.0, -1)
+    assert torch.allclose(p, expected_p, atol=1e-6)
+    assert torch.allclose(out, expected_p @ v, atol=1e-6)
+
+
+def test_tied_embeddings_share_one_matrix():
+    torch.manual_seed(0)
+    model = make_model(20, 20, N=1, d_model=16, d_ff=32, h=2, tie_embeddings=True)
+    w = model.src_embed[0].lut.weight
+    assert model.tgt_embed[0].lut.weight is w and model.generator.proj.weight is w
+    untied = make_model(20, 20, N=1, d_model=16, d_ff=32, h=2)
+    assert untied.num_parameters() - model.num_parameters() == 2 * 20 * 16
+    with pytest.raises(ValueError, match="shared vocabulary"):
+        make_model(20, 21, tie_embeddings=True)
