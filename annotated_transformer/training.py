@@ -424,7 +424,7 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
     if info.is_main:
         _write_charts(run, log)
     if stopped:
-        results["stopped"] = True
+        results["stopped_by"] = stopper.signum or signal.SIGTERM
         return results
 
     # Final figures with the best weights.

@@ -12,8 +12,9 @@ from annotated_transformer.training import train_worker
 def main() -> int:
     parser = config_parser("Train the Transformer (copy task or Multi30k de->en).")
     cfg = parse_config(parser)
-    train_worker(cfg)
-    return 0
+    results = train_worker(cfg)
+    # Stopped by a signal after saving last.pt: exit as the signal would have (128 + its number).
+    return 128 + int(results["stopped_by"]) if "stopped_by" in results else 0
 
 
 if __name__ == "__main__":

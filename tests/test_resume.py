@@ -1,0 +1,110 @@
+"""Checkpoints and exact resume: SIGTERM mid-epoch, then train.resume=true, ends bit-identical."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
+from annotated_transformer.errors import CheckpointError
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml"]
+# a short copy run with dropout, so the RNG state has to be restored too
+SHORT = ["train.epochs=3", "data.copy_batches=40", "data.copy_batch_size=32", "model.dropout=0.1",
+         "train.log_every=1", "train.progress=false"]
+
+
+def run(args, **kw):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([*TRAIN, *SHORT, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300, **kw)
+
+
+def test_sigterm_then_resume_is_bit_exact(tmp_path):
+    full = tmp_path / "full"
+    assert run([f"train.out_dir={full}"]).returncode == 0
+
+    part = tmp_path / "part"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([*TRAIN, *SHORT, f"train.out_dir={part}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    for line in proc.stdout:
+        if line.startswith("step") and int(line.split()[1]) >= 50:  # inside epoch 2 (40 steps an epoch)
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
+    assert "stopped by SIGTERM" in rest and "train.resume=true" in rest
+    stopped = load_checkpoint(part / "last.pt")
+    step = stopped["train_state"]["step"]
+    assert 50 <= step < 120
+    assert stopped["loader"]["taken"] == step - 40 * stopped["train_state"]["epoch"]
+
+    resumed = run([f"train.out_dir={part}", "train.resume=true"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed {part / 'last.pt'}" in resumed.stdout
+
+    a = load_checkpoint(full / "last.pt")
+    b = load_checkpoint(part / "last.pt")
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 120
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    # the optimizer moments too
+    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
+        assert torch.equal(va["exp_avg_sq"], vb["exp_avg_sq"])
+    # metrics were not duplicated by the resume
+    steps = [int(line.split('"step": ')[1].split(",")[0]) for line in (part / "metrics.jsonl").read_text().splitlines()
+             if '"kind": "train"' in line]
+    assert steps == sorted(set(steps))
+
+
+def test_resume_refuses_a_different_model(tmp_path):
+    out = tmp_path / "r"
+    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
+    bad = run([f"train.out_dir={out}", "train.resume=true", "model.d_ff=128"])
+    assert bad.returncode == 2 and "model settings differ (d_ff)" in bad.stderr
+    missing = run([f"train.out_dir={tmp_path / 'none'}", "train.resume=true"])
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_checkpoints_are_loaded_weights_only(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("unpickled!",))
+
+    bad = tmp_path / "evil.pt"
+    torch.save({"format": "annotated-transformer/1", "model": {}, "x": Evil()}, bad)
+    with pytest.raises(CheckpointError, match="needs arbitrary unpickling"):
+        load_checkpoint(bad)
+    trunc = tmp_path / "trunc.pt"
+    good = tmp_path / "good.pt"
+    save_checkpoint({"model": {"w": torch.ones(1000)}, "config": {}}, good)
+    trunc.write_bytes(good.read_bytes()[:500])
+    with pytest.raises(CheckpointError, match="unreadable or truncated"):
+        load_checkpoint(trunc)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.ones(2)}, other)
+    with pytest.raises(CheckpointError, match="not an annotated-transformer checkpoint"):
+        load_checkpoint(other)
+    assert torch.equal(load_checkpoint(good)["model"]["w"], torch.ones(1000))
+
+
+def test_atomic_save_leaves_the_old_file_on_failure(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint({"model": {"w": torch.zeros(3)}, "config": {}}, path)
+
+    class Boom:
+        def __reduce__(self):
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        save_checkpoint({"model": {"w": torch.ones(3)}, "bad": Boom()}, path)
+    assert torch.equal(load_checkpoint(path)["model"]["w"], torch.zeros(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
