@@ -1,6 +1,35 @@
-"""Data: batches and masks, the copy task, and Multi30k."""
+"""Data: batches and masks, the copy task, and Multi30k (download, tokenisation, vocabulary, batching)."""
 
 from .batch import Batch
 from .copy_task import COPY_PAD, COPY_START, data_gen
+from .loader import TrainLoader
+from .multi30k import MULTI30K_FILES, read_split, resolve_multi30k_dir
+from .pipeline import Split, TranslationData, describe, load_translation_data
+from .reference import reference_collate, reference_dataloader, reference_raw_batches
+from .text import TextPipeline
+from .vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
 
-__all__ = ["Batch", "data_gen", "COPY_PAD", "COPY_START"]
+__all__ = [
+    "BOS",
+    "COPY_PAD",
+    "COPY_START",
+    "EOS",
+    "MULTI30K_FILES",
+    "PAD",
+    "SPECIALS",
+    "UNK",
+    "Batch",
+    "Split",
+    "TextPipeline",
+    "TrainLoader",
+    "TranslationData",
+    "Vocab",
+    "data_gen",
+    "describe",
+    "load_translation_data",
+    "read_split",
+    "reference_collate",
+    "reference_dataloader",
+    "reference_raw_batches",
+    "resolve_multi30k_dir",
+]

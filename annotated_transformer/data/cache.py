@@ -1,0 +1,138 @@
+"""The tokenised-data cache: every split tokenised and numericalised once, kept on disk.
+
+    <data.cache_dir>/multi30k-<key>/
+        text/            the TextPipeline (vocabularies or SentencePiece model), TextPipeline.save format
+        train.npz ...    per split: concatenated ids (<s> ... </s>, untruncated) + offsets, for each side
+        manifest.json    the settings the key was made from, and the build statistics
+
+The key is a hash of everything that changes the ids: the data checksums, the tokenisation
+settings, the tokeniser versions and the format version. The ids are stored untruncated:
+data.max_len and data.long_policy are applied when loading (a few milliseconds), so changing
+them does not tokenise everything again. A cache folder is built under a
+temporary name and renamed into place when complete, so a folder with the final name is
+always whole; two processes building at once both produce the same folder and one rename wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .multi30k import MULTI30K_FILES
+from .text import TextPipeline
+
+CACHE_FORMAT = 1
+MANIFEST = "manifest.json"
+
+
+class CacheUnreadable(Exception):
+    """A cache folder exists but cannot be read back (it is rebuilt)."""
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:  # pragma: no cover - both are dependencies
+        return "absent"
+
+
+def cache_settings(data_cfg: Any) -> dict[str, Any]:
+    """What the cached ids depend on (only the settings of the active tokenizer)."""
+    d = data_cfg
+    settings: dict[str, Any] = {
+        "format": CACHE_FORMAT, "data": dict(sorted(MULTI30K_FILES.items())), "src_lang": d.src_lang,
+        "tgt_lang": d.tgt_lang, "tokenizer": d.tokenizer, "lowercase": bool(d.lowercase),
+    }
+    if d.tokenizer == "word":
+        settings.update(min_freq=int(d.min_freq), spacy=_version("spacy"))
+    else:
+        settings.update(spm_vocab_size=int(d.spm_vocab_size), sentencepiece=_version("sentencepiece"))
+    return settings
+
+
+def cache_key(settings: dict[str, Any]) -> str:
+    """A short stable hash of `settings`."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def cache_folder(data_cfg: Any) -> Path:
+    """The cache folder of these data settings."""
+    return Path(data_cfg.cache_dir).expanduser() / f"multi30k-{cache_key(cache_settings(data_cfg))}"
+
+
+def _pack(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((i for r in rows for i in r), dtype=np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def _unpack(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    # int64 once for the whole split: the ids feed embedding lookups, which need int64.
+    return np.split(flat.astype(np.int64), offsets[1:-1])
+
+
+def _apply_umask(folder: Path) -> None:
+    """Give a folder made by mkdtemp/mkstemp (owner-only) the usual permissions, so a shared cache_dir is shared."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for path in folder.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def write_cache(folder: Path, text: TextPipeline, splits: dict[str, dict[str, Any]], settings: dict[str, Any],
+                stats: dict[str, Any]) -> Path:
+    """Write a complete cache folder atomically. `splits[name]` = {'src': rows, 'tgt': rows}."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
+    try:
+        text.save(tmp / "text")
+        for name, sp in splits.items():
+            src_flat, src_off = _pack(sp["src"])
+            tgt_flat, tgt_off = _pack(sp["tgt"])
+            with open(tmp / f"{name}.npz", "wb") as f:
+                np.savez(f, src=src_flat, src_offsets=src_off, tgt=tgt_flat, tgt_offsets=tgt_off)
+                f.flush()
+                os.fsync(f.fileno())
+        manifest = {"settings": settings, "stats": stats, "splits": sorted(splits)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        _apply_umask(tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:
+            if not (folder / MANIFEST).is_file():
+                raise
+            # Another process finished the same cache first; its folder is identical to ours.
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def read_cache(folder: Path) -> tuple[TextPipeline, dict[str, dict[str, Any]], dict[str, Any]] | None:
+    """(text pipeline, splits, build stats) from a cache folder; None if absent; CacheUnreadable if damaged.
+
+    `splits[name]` = {'src': [np.ndarray], 'tgt': [np.ndarray]}, one array per raw line.
+    """
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        text = TextPipeline.load(folder / "text")
+        splits = {}
+        for name in manifest["splits"]:
+            with np.load(folder / f"{name}.npz") as z:
+                splits[name] = {"src": _unpack(z["src"], z["src_offsets"]), "tgt": _unpack(z["tgt"], z["tgt_offsets"])}
+        return text, splits, manifest["stats"]
+    except Exception as exc:  # any damage at all means: do not trust it, rebuild
+        raise CacheUnreadable(f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,160 @@
+"""`TrainLoader`: the training batches of one rank, resumable mid-epoch.
+
+A `StatefulDataLoader` (torchdata) draws index lists from `EpochBatchSampler` and pads them into
+`Batch` objects with `PadCollate`. The sampler's plan is a pure function of (seed, epoch), so the
+loader's state is just "epoch e, k batches taken": on resume the sampler recomputes the epoch's
+plan and the data loader skips the k index lists it already served, without loading them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Dataset, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from ..errors import DataError
+from .batch import Batch
+from .batching import (
+    REFERENCE_BATCH_SIZE,
+    REFERENCE_PADDING,
+    PadCollate,
+    bucket_batches,
+    epoch_rng,
+    reference_batches,
+    shard,
+)
+from .vocab import PAD
+
+BATCHING_MODES = ("bucket", "reference")
+
+
+class PairDataset(Dataset):
+    """Pre-numericalised (src, tgt) id arrays, indexed by sentence."""
+
+    def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray]) -> None:
+        self.src, self.tgt = src, tgt
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.src[i], self.tgt[i]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        # The DataLoader asks for a whole batch at once: one call instead of one per sentence.
+        return [(self.src[i], self.tgt[i]) for i in indices]
+
+
+class EpochBatchSampler(Sampler[list[int]]):
+    """Yields this rank's batches (lists of sentence indices) of the epoch chosen with `set_epoch`."""
+
+    def __init__(self, src_lens: np.ndarray, tgt_lens: np.ndarray, *, batching: str = "bucket",
+                 batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 batch_size: int = REFERENCE_BATCH_SIZE) -> None:
+        if batching not in BATCHING_MODES:
+            raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
+        self.src_lens, self.tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
+        self.batching, self.batch_tokens, self.batch_size = batching, batch_tokens, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+        # The number of global batches does not depend on the epoch (see bucket_batches), so one
+        # plan tells every rank the length of every epoch.
+        self._num_global = len(self.global_batches(0))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose plan the next iteration follows."""
+        self.epoch = int(epoch)
+
+    def global_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every rank's batches of `epoch`, before sharding."""
+        rng = epoch_rng(self.seed, epoch)
+        if self.batching == "reference":
+            return reference_batches(len(self.src_lens), rng, self.batch_size)
+        return bucket_batches(self.src_lens, self.tgt_lens, self.batch_tokens, rng)
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """This rank's batches of `epoch`."""
+        return shard(self.global_batches(epoch), self.rank, self.world_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for b in self.batches(self.epoch):
+            yield b.tolist()
+
+    def __len__(self) -> int:
+        return -(-self._num_global // self.world_size) if self._num_global else 0
+
+
+class TrainLoader:
+    """One rank's training batches: length-bucketed (or reference) plan, sharded, resumable.
+
+    Usage per epoch: `set_epoch(e)`, then iterate; `state_dict()` at any point mid-epoch, and
+    `load_state_dict(state)` in a new process continues with the next unseen batch.
+    """
+
+    def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], *, batching: str = "bucket",
+                 batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 pin_memory: bool = False, num_workers: int = 0, pad: int = PAD) -> None:
+        self.sampler = EpochBatchSampler(
+            np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src)),
+            np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),
+            batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size)
+        width = REFERENCE_PADDING if batching == "reference" else None
+        with warnings.catch_warnings():
+            # torchdata 0.11 calls torch.set_vital, which torch >= 2.9 flags as deprecated: not ours to fix.
+            warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+            self.loader = StatefulDataLoader(
+                PairDataset(src, tgt), batch_sampler=self.sampler, collate_fn=PadCollate(pad, width),
+                num_workers=num_workers, pin_memory=pin_memory,
+            )
+        self.epoch = 0
+        self._finished_epoch = False  # a loaded state said: this epoch has no batches left
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the batches are shared between."""
+        return self.sampler.world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` from its first batch; its order is a pure function of (seed, epoch)."""
+        self.epoch = int(epoch)
+        self.sampler.set_epoch(self.epoch)
+        self.loader.load_state_dict({})  # forget any half-used iterator of the previous epoch
+        self._finished_epoch = False
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank (the same on every rank)."""
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self._finished_epoch:  # resumed exactly at the end of an epoch: nothing left to serve
+            self._finished_epoch = False
+            return
+        yield from self.loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands (plain Python values, safe for torch.load(weights_only=True))."""
+        return {"epoch": self.epoch, "seed": self.sampler.seed, "world_size": self.world_size,
+                "batches_per_epoch": len(self), "loader": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch with its next unseen batch."""
+        if state.get("world_size") != self.world_size or state.get("batches_per_epoch") != len(self):
+            raise DataError(
+                f"the saved data position is for {state.get('world_size')} process(es) and "
+                f"{state.get('batches_per_epoch')} batches per epoch, this run has {self.world_size} and {len(self)}; "
+                "resume with the same number of processes and the same data settings")
+        if state.get("seed", self.sampler.seed) != self.sampler.seed:
+            raise DataError(f"the saved data position is for train.seed={state['seed']}, this run has "
+                            f"{self.sampler.seed}; resume with the same seed")
+        self.set_epoch(state["epoch"])
+        inner = state["loader"]
+        self.loader.load_state_dict(inner)
+        # StatefulDataLoader restarts a finished epoch from scratch; a run stopped right after the
+        # last batch must instead see an empty rest of the epoch.
+        self._finished_epoch = bool(inner.get("_iterator_finished", False))

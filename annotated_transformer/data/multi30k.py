@@ -1,0 +1,205 @@
+"""Multi30k task 1 (de<->en Flickr30k captions): find, download and verify the six raw files.
+
+Where the files come from, in order:
+
+1. `data.root` in the config, else
+2. the `MULTI30K_DIR` environment variable: a folder holding the six files (offline machines), else
+3. a download from the canonical `multi30k/dataset` GitHub repository (base URL overridable with
+   `MULTI30K_URL`) into `<data.cache_dir>/multi30k/`.
+
+Every file is checked against its sha256 before use, wherever it came from; a bad file is never
+read. Downloads go to a temporary file that is renamed into place only once verified, so an
+interrupted download never leaves a file that looks complete.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+
+MULTI30K_FILES: dict[str, str] = {
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+}
+SPLIT_FILES = {"train": "train", "val": "val", "test": "test_2016_flickr"}
+SPLIT_SIZES = {"train": 29000, "val": 1014, "test": 1000}
+DEFAULT_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
+URL_ENV = "MULTI30K_URL"
+DIR_ENV = "MULTI30K_DIR"
+
+_FIX = f"put the six Multi30k .gz files in a folder and set {DIR_ENV} (or data.root) to it"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _gzip_problem(path: Path) -> str | None:
+    """Why `path` is not a complete gzip stream, or None when it decompresses to the end."""
+    try:
+        with gzip.open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+    except EOFError:
+        return "truncated (the gzip stream ends early)"
+    except (OSError, zlib.error) as exc:
+        return f"not a valid gzip file ({exc})"
+    return None
+
+
+def verification_problem(path: Path) -> str | None:
+    """Why the Multi30k file at `path` must not be used, or None when it is the canonical file."""
+    expected = MULTI30K_FILES[path.name]
+    if not path.is_file():
+        return "missing"
+    actual = sha256_file(path)
+    if actual == expected:
+        return None
+    # A checksum says only "different"; say *how* when we can, since a cut-off copy is the usual cause.
+    return _gzip_problem(path) or f"corrupted or a different version (sha256 {actual[:12]}..., expected {expected[:12]}...)"
+
+
+def verify_dir(folder: Path, source: str) -> Path:
+    """Check that `folder` holds the six canonical files; raise one clear DataError otherwise."""
+    if not folder.is_dir():
+        raise DataError(f"{source} points at {folder}, which is not a folder; {_FIX}")
+    for name in MULTI30K_FILES:
+        problem = verification_problem(folder / name)
+        if problem == "missing":
+            raise DataError(f"Multi30k file {folder / name} is missing ({source}); {_FIX}")
+        if problem:
+            raise DataError(f"Multi30k file {folder / name} is {problem} ({source}); replace it with the "
+                            f"canonical file from {DEFAULT_URL}/{name}, or {_FIX}")
+    return folder
+
+
+class _BadDownload(Exception):
+    """The server answered, but with the wrong bytes."""
+
+
+def _download_once(url: str, dest: Path, expected: str, timeout: float) -> None:
+    """Fetch `url` into a temporary file beside `dest`; rename it into place only if its sha256 matches."""
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            for block in iter(lambda: response.read(1 << 16), b""):
+                h.update(block)
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        if h.hexdigest() != expected:
+            problem = _gzip_problem(tmp) or f"corrupted (sha256 {h.hexdigest()[:12]}..., expected {expected[:12]}...)"
+            raise _BadDownload(problem)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it owner-only; a shared cache should stay readable
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def download_file(name: str, dest_dir: Path, base_url: str, retries: int = 3, backoff_s: float = 1.0,
+                  timeout: float = 60.0, log: Callable[[str], None] | None = None) -> Path:
+    """Download one Multi30k file into `dest_dir`, verified, retrying with a growing pause; DataError on failure."""
+    url = f"{base_url.rstrip('/')}/{name}"
+    dest = dest_dir / name
+    try:
+        dest_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the download folder {dest_dir} ({exc.strerror or exc}); "
+                        f"set data.cache_dir to a writable folder, or {_FIX}") from None
+    last = ""
+    for attempt in range(1, retries + 1):
+        try:
+            _download_once(url, dest, MULTI30K_FILES[name], timeout)
+            return dest
+        except _BadDownload as exc:
+            last = f"the downloaded file is {exc}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: a malformed URL
+            last = str(getattr(exc, "reason", None) or exc) or type(exc).__name__
+        if attempt < retries:
+            if log:
+                log(f"download of {url} failed ({last}); retrying ({attempt}/{retries - 1})")
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+    raise DataError(f"cannot download Multi30k file {name} from {url} after {retries} tries ({last}); "
+                    f"check the network, or {_FIX}")
+
+
+def resolve_multi30k_dir(data_cfg: Any, base_url: str | None = None, retries: int = 3, backoff_s: float = 1.0,
+                         log: Callable[[str], None] | None = None) -> Path:
+    """The folder holding the six verified files: data.root, else $MULTI30K_DIR, else a download to the cache."""
+    root = getattr(data_cfg, "root", None)
+    if root:
+        return verify_dir(Path(root).expanduser(), "data.root")
+    env = os.environ.get(DIR_ENV)
+    if env:
+        return verify_dir(Path(env).expanduser(), DIR_ENV)
+    folder = Path(data_cfg.cache_dir).expanduser() / "multi30k"
+    base_url = base_url or os.environ.get(URL_ENV) or DEFAULT_URL
+    for name in MULTI30K_FILES:
+        path = folder / name
+        problem = verification_problem(path)
+        if problem is None:
+            continue
+        if problem != "missing":
+            # Our own cache holds a bad copy (a disk fault, an edit): replace it rather than use it.
+            if log:
+                log(f"cached {path} is {problem}; downloading it again")
+            path.unlink(missing_ok=True)
+        elif log:
+            log(f"downloading {name} from {base_url}")
+        download_file(name, folder, base_url, retries=retries, backoff_s=backoff_s, log=log)
+    return folder
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        with gzip.open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except FileNotFoundError:
+        raise DataError(f"Multi30k file {path} is missing; {_FIX}") from None
+    except (EOFError, OSError, zlib.error) as exc:
+        raise DataError(f"Multi30k file {path} is unreadable ({exc}); {_FIX}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"Multi30k file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {_FIX}") from None
+    # Split on '\n' only: str.splitlines would also break at characters like U+2028 inside a
+    # caption and misalign the two languages. Surrounding whitespace carries no meaning here.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.strip() for line in lines]
+
+
+def read_split(root: Path, split: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
+    """The aligned source and target lines of a split ('train', 'val' or 'test' = test_2016_flickr)."""
+    if split not in SPLIT_FILES:
+        raise ValueError(f"split must be one of {sorted(SPLIT_FILES)}, got {split!r}")
+    stem = SPLIT_FILES[split]
+    src_path, tgt_path = Path(root) / f"{stem}.{src_lang}.gz", Path(root) / f"{stem}.{tgt_lang}.gz"
+    src, tgt = _read_lines(src_path), _read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the two files do not "
+                        f"belong together; replace them with the canonical files, or {_FIX}")
+    return src, tgt

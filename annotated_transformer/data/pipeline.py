@@ -1,0 +1,293 @@
+"""Multi30k, ready to train on: verified files -> tokenised, numericalised, cached splits -> loaders.
+
+    data = load_translation_data(cfg)                       # first time: builds the cache (seconds)
+    loader = data.train_loader(seed=42, rank=0, world_size=1)
+    for epoch in range(n):
+        loader.set_epoch(epoch)
+        for batch in loader: ...                            # Batch objects with masks
+    val = data.eval_batches("val")
+
+Under torch.distributed, rank 0 downloads, verifies and builds the cache while the other ranks
+wait for it; then every rank loads the same cache. The vocabulary comes from the training split
+only (the notebook also counted validation and test words).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+
+from ..config import Config, DataConfig
+from ..errors import ConfigError, DataError
+from .batch import Batch
+from .batching import (
+    REFERENCE_PADDING,
+    PadCollate,
+    bucket_batches,
+    epoch_rng,
+    padding_fraction,
+    reference_batches,
+)
+from .cache import CacheUnreadable, cache_folder, cache_settings, read_cache, write_cache
+from .loader import TrainLoader
+from .multi30k import SPLIT_FILES, read_split, resolve_multi30k_dir
+from .text import TextPipeline
+from .tokenizers import word_tokenize_many
+from .vocab import EOS
+
+SPLITS = tuple(SPLIT_FILES)  # ("train", "val", "test")
+Log = Callable[[str], None] | None
+
+
+@dataclass(eq=False)  # compared by identity: element-wise == on lists of arrays is meaningless
+class Split:
+    """One split: raw lines and their ids (<s> ... </s>), aligned; lines skipped by long_policy=skip are absent."""
+
+    name: str
+    src_text: list[str]
+    tgt_text: list[str]
+    src: list[np.ndarray]
+    tgt: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @cached_property
+    def src_lens(self) -> np.ndarray:
+        """Source lengths in tokens, <s> and </s> included."""
+        return np.fromiter((len(s) for s in self.src), dtype=np.int64, count=len(self.src))
+
+    @cached_property
+    def tgt_lens(self) -> np.ndarray:
+        """Target lengths in tokens, <s> and </s> included."""
+        return np.fromiter((len(t) for t in self.tgt), dtype=np.int64, count=len(self.tgt))
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """The raw (source, target) sentence pairs."""
+        return list(zip(self.src_text, self.tgt_text))
+
+
+@dataclass(eq=False)
+class TranslationData:
+    """The text pipeline, the three splits, and statistics about them; makes the loaders."""
+
+    text: TextPipeline
+    splits: dict[str, Split]
+    stats: dict[str, Any]
+    config: DataConfig = field(default_factory=DataConfig)
+
+    def train_loader(self, seed: int, rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> TrainLoader:
+        """This rank's resumable training batches (data.batching plan, data.batch_tokens budget)."""
+        d, train = self.config, self.splits["train"]
+        return TrainLoader(train.src, train.tgt, batching=d.batching, batch_tokens=d.batch_tokens, seed=seed,
+                           rank=rank, world_size=world_size, pin_memory=pin_memory, num_workers=d.num_workers,
+                           pad=self.text.pad_id)
+
+    def eval_batches(self, split: str, rank: int = 0, world_size: int = 1) -> list[Batch]:
+        """Deterministic length-bucketed batches of this rank's share of `split` (each sentence on one rank).
+
+        Always bucketed with data.batch_tokens, also under data.batching=reference: evaluation
+        batches change no result, only the speed.
+        """
+        if split not in self.splits:
+            raise ValueError(f"split must be one of {sorted(self.splits)}, got {split!r}")
+        sp = self.splits[split]
+        # Deal sentences out in length order, so every rank gets a similar mix of lengths.
+        order = np.lexsort((sp.tgt_lens, sp.src_lens, np.maximum(sp.src_lens, sp.tgt_lens)))
+        mine = order[rank::world_size]
+        collate = PadCollate(self.text.pad_id)
+        batches = bucket_batches(sp.src_lens[mine], sp.tgt_lens[mine], self.config.batch_tokens)
+        return [collate([(sp.src[i], sp.tgt[i]) for i in mine[b]]) for b in batches]
+
+
+# --------------------------------------------------------------------------- building the cache
+
+
+def apply_long_policy(src: list[np.ndarray], tgt: list[np.ndarray], max_len: int, skip: bool
+                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[int], int, int]:
+    """(src, tgt, kept line numbers, truncated pairs, skipped pairs) for sentences longer than `max_len` ids.
+
+    Truncation keeps the first max_len - 1 ids and the closing </s> of each long side.
+    """
+    out_src, out_tgt, keep = [], [], []
+    truncated = skipped = 0
+    for i, (s, t) in enumerate(zip(src, tgt)):
+        if len(s) > max_len or len(t) > max_len:
+            if skip:
+                skipped += 1
+                continue
+            truncated += 1
+            if len(s) > max_len:
+                s = np.append(s[: max_len - 1], EOS)
+            if len(t) > max_len:
+                t = np.append(t[: max_len - 1], EOS)
+        out_src.append(s)
+        out_tgt.append(t)
+        keep.append(i)
+    return out_src, out_tgt, keep, truncated, skipped
+
+
+def build_cache(d: DataConfig, root: Path, log: Log = None) -> Path:
+    """Tokenise and numericalise every split once, build the vocabulary from train, write the cache folder."""
+    t0 = time.perf_counter()
+    raw = {split: read_split(root, split, d.src_lang, d.tgt_lang) for split in SPLITS}
+    t_tok = time.perf_counter()
+    ids: dict[str, dict[str, list[list[int]]]] = {}
+    if d.tokenizer == "word":
+        # Train is tokenised once, for both the vocabulary counts and the ids.
+        train_src = word_tokenize_many(raw["train"][0], d.src_lang, d.lowercase)
+        train_tgt = word_tokenize_many(raw["train"][1], d.tgt_lang, d.lowercase)
+        text = TextPipeline.for_words(train_src, train_tgt, src_lang=d.src_lang, tgt_lang=d.tgt_lang,
+                                      lowercase=d.lowercase, max_len=d.max_len, min_freq=d.min_freq)
+        ids["train"] = {"src": [text.numericalize(t, "src") for t in train_src],
+                        "tgt": [text.numericalize(t, "tgt") for t in train_tgt]}
+    else:
+        if log:
+            log(f"training a joint SentencePiece model ({d.spm_vocab_size} pieces) on the training split")
+        text = TextPipeline.for_subwords(raw["train"][0], raw["train"][1], src_lang=d.src_lang, tgt_lang=d.tgt_lang,
+                                         vocab_size=d.spm_vocab_size, lowercase=d.lowercase, max_len=d.max_len)
+        ids["train"] = {"src": text.ids_many(raw["train"][0], "src"), "tgt": text.ids_many(raw["train"][1], "tgt")}
+    for split in SPLITS[1:]:
+        ids[split] = {"src": text.ids_many(raw[split][0], "src"), "tgt": text.ids_many(raw[split][1], "tgt")}
+    tokenize_seconds = time.perf_counter() - t_tok
+    stats = {
+        "raw_lines": {s: len(raw[s][0]) for s in SPLITS},
+        "max_tokens": {s: {side: max(map(len, ids[s][side]), default=0) for side in ("src", "tgt")} for s in SPLITS},
+        "tokenize_seconds": round(tokenize_seconds, 3), "build_seconds": round(time.perf_counter() - t0, 3),
+    }
+    folder = cache_folder(d)
+    try:
+        write_cache(folder, text, ids, cache_settings(d), stats)
+    except OSError as exc:
+        raise DataError(f"cannot write the data cache {folder} ({exc.strerror or exc}); "
+                        f"set data.cache_dir to a writable folder with some free space") from None
+    if log:
+        log(f"tokenised Multi30k ({d.tokenizer} mode) in {tokenize_seconds:.1f} s; cached in {folder}")
+    return folder
+
+
+def _load_cached(d: DataConfig, root: Path, log: Log) -> tuple[TranslationData, bool]:
+    """Read the cache, building it first if needed; returns (data, whether it was built now)."""
+    folder = cache_folder(d)
+    built = False
+    try:
+        cached = read_cache(folder)
+    except CacheUnreadable as exc:
+        if log:
+            log(f"cache {folder} is unreadable ({exc}); rebuilding it")
+        shutil.rmtree(folder, ignore_errors=True)
+        cached = None
+    if cached is None:
+        build_cache(d, root, log)
+        built = True
+        try:
+            cached = read_cache(folder)
+        except CacheUnreadable as exc:
+            raise DataError(f"the cache just written to {folder} cannot be read back ({exc}); "
+                            f"check the disk, or set data.cache_dir to another folder") from None
+    text, cached_splits, build_stats = cached
+    text.max_len = d.max_len  # the cache holds untruncated ids; the limit is this run's
+    splits, truncated, skipped = {}, {}, {}
+    for name in SPLITS:
+        src_text, tgt_text = read_split(root, name, d.src_lang, d.tgt_lang)
+        c = cached_splits[name]
+        if not len(src_text) == len(c["src"]) == len(c["tgt"]):
+            raise DataError(f"cache {folder} does not match the data in {root} ({name} split); "
+                            f"delete the cache folder and run again")
+        # Skipping drops training pairs only: val and test keep every sentence (truncated for the
+        # teacher-forced loss), so BLEU is always computed on the complete, standard test sets.
+        src, tgt, keep, truncated[name], skipped[name] = apply_long_policy(
+            c["src"], c["tgt"], d.max_len, skip=d.long_policy == "skip" and name == "train")
+        if len(keep) == len(src_text):
+            splits[name] = Split(name, src_text, tgt_text, src, tgt)
+        else:
+            splits[name] = Split(name, [src_text[i] for i in keep], [tgt_text[i] for i in keep], src, tgt)
+    if not splits["train"].src:
+        raise DataError(f"data.max_len={d.max_len} with data.long_policy=skip leaves no training pairs; "
+                        f"raise data.max_len or use data.long_policy=truncate")
+    stats = dict(build_stats, truncated=truncated, skipped=skipped, max_len=d.max_len, long_policy=d.long_policy,
+                 cache=str(folder), cache_hit=not built)
+    return TranslationData(text, splits, stats, d), built
+
+
+def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
+    """Padding and batch counts of the first epoch on train (one rank), for the bucket and the reference plan."""
+    d, train = data.config, data.splits["train"]
+    bucket = bucket_batches(train.src_lens, train.tgt_lens, d.batch_tokens, epoch_rng(seed, 0))
+    reference = reference_batches(len(train), epoch_rng(seed, 0))
+    pf_bucket = padding_fraction(bucket, train.src_lens, train.tgt_lens)
+    pf_reference = padding_fraction(reference, train.src_lens, train.tgt_lens, pad_to=REFERENCE_PADDING)
+    return {
+        "batching": d.batching, "batch_tokens": d.batch_tokens,
+        "batches_per_epoch": len(bucket) if d.batching == "bucket" else len(reference),
+        "padding_fraction": pf_bucket if d.batching == "bucket" else pf_reference,
+        "padding_fraction_bucket": pf_bucket, "padding_fraction_reference": pf_reference,
+        "batches_per_epoch_bucket": len(bucket), "batches_per_epoch_reference": len(reference),
+    }
+
+
+def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: Log = print) -> TranslationData:
+    """Download/verify Multi30k, tokenise and cache it once, and return it ready for the loaders.
+
+    Under an initialised torch.distributed group, rank 0 does the downloading and building while
+    the others wait; an error on rank 0 is raised on every rank (nobody waits forever). `rank` and
+    `world_size` describe the caller; the loaders take their own.
+    """
+    t0 = time.perf_counter()
+    d = cfg.data
+    if d.dataset != "multi30k":
+        raise ConfigError(f"data.dataset is '{d.dataset}'; only 'multi30k' has translation data to prepare")
+    group = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    builder = not group or dist.get_rank() == 0
+    error: BaseException | None = None
+    data = None
+    if builder:
+        try:
+            root = resolve_multi30k_dir(d, log=log)
+            data, built = _load_cached(d, root, log)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
+            error = exc
+    if group:
+        box: list[Any] = [None if error is None else str(error)]
+        dist.broadcast_object_list(box, src=0)  # doubles as the barrier: the cache is complete now
+        if box[0] is not None and error is None:
+            raise DataError(f"rank 0 could not prepare the data: {box[0]}")
+    if error is not None:
+        raise error
+    if data is None:  # a waiting rank: the cache is there unless cache_dir is not shared (multi-node)
+        root = resolve_multi30k_dir(d, log=None)
+        data, built = _load_cached(d, root, None)
+    data.stats.update(_batching_stats(data, cfg.train.seed))
+    data.stats.update(
+        splits={n: len(s) for n, s in data.splits.items()},
+        vocab={"src": len(data.text.src_vocab), "tgt": len(data.text.tgt_vocab)},
+        tokenizer=d.tokenizer, built=built, data_dir=str(root), seconds=round(time.perf_counter() - t0, 3),
+    )
+    if log and builder:
+        log(describe(data.stats))
+    return data
+
+
+def describe(stats: dict[str, Any]) -> str:
+    """One human-readable paragraph of the statistics of `load_translation_data`."""
+    s = stats
+    parts = [
+        f"Multi30k: train {s['splits']['train']}, val {s['splits']['val']}, test {s['splits']['test']} pairs",
+        f"{s['tokenizer']} vocab src {s['vocab']['src']} / tgt {s['vocab']['tgt']}",
+        f"{s['batching']} batching: {s['batches_per_epoch']} batches/epoch, padding {s['padding_fraction']:.1%}",
+    ]
+    long_ = [f"{n} {split} pairs {what}" for what in ("truncated", "skipped")
+             for split, n in s[what].items() if n]
+    if long_:
+        parts.append("longer than data.max_len: " + ", ".join(long_))
+    parts.append(f"{'built' if s['built'] else 'loaded from cache'} in {s['seconds']:.2f} s")
+    return " | ".join(parts)
+

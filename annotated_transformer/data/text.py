@@ -1,0 +1,259 @@
+"""`TextPipeline`: everything that turns a sentence into ids and ids back into a sentence.
+
+One object holds the tokenisation mode, the languages, the vocabularies (or the joint
+SentencePiece model) and the length limit. It is built once from the training split, saved in
+every run directory (`save`/`load`, human-readable files) and embedded in every checkpoint
+(`state_dict`/`from_state_dict`, safe for `torch.load(weights_only=True)`), so a checkpoint
+translates on a machine that has never seen the dataset.
+
+    word mode  spaCy rule-based tokens, one vocabulary per language (min_freq from the training split)
+    spm mode   one joint de+en SentencePiece model; src_vocab and tgt_vocab are the same object
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..checkpoint import atomic_write
+from ..errors import DataError
+from .tokenizers import SubwordModel, train_sentencepiece, word_tokenize, word_tokenize_many
+from .vocab import BOS, EOS, PAD, UNK, Vocab
+
+FORMAT = 1
+SIDES = ("src", "tgt")
+MODES = ("word", "spm")
+SETTINGS_FILE = "text_pipeline.json"
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda f: f.write(data))
+
+
+def _to_int_list(ids: Any) -> list[int]:
+    if hasattr(ids, "tolist"):  # tensors and numpy arrays
+        ids = ids.tolist()
+    return [int(i) for i in ids]
+
+
+class TextPipeline:
+    """Tokenise, numericalise, truncate, and decode, the same way in training, evaluation and translation."""
+
+    pad_id, bos_id, eos_id, unk_id = PAD, BOS, EOS, UNK
+
+    def __init__(self, mode: str, src_lang: str, tgt_lang: str, src_vocab: Vocab, tgt_vocab: Vocab,
+                 lowercase: bool = False, max_len: int = 128, spm_model: bytes | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "spm" and spm_model is None:
+            raise ValueError("spm mode needs the serialized SentencePiece model")
+        if max_len < 3:
+            raise ValueError(f"max_len must be at least 3 (<s>, a token, </s>), got {max_len}")
+        self.mode, self.src_lang, self.tgt_lang = mode, src_lang, tgt_lang
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
+        self.lowercase, self.max_len = bool(lowercase), int(max_len)
+        self.spm_model = bytes(spm_model) if spm_model is not None else None
+        self._subword: SubwordModel | None = None  # loaded on first use
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def for_words(cls, src_tokens: Sequence[list[str]], tgt_tokens: Sequence[list[str]], *, src_lang: str,
+                  tgt_lang: str, lowercase: bool = False, max_len: int = 128, min_freq: int = 2) -> TextPipeline:
+        """Word mode: vocabularies counted from already tokenised training sentences."""
+        return cls("word", src_lang, tgt_lang, Vocab.build(src_tokens, min_freq), Vocab.build(tgt_tokens, min_freq),
+                   lowercase=lowercase, max_len=max_len)
+
+    @classmethod
+    def for_subwords(cls, src_texts: Sequence[str], tgt_texts: Sequence[str], *, src_lang: str, tgt_lang: str,
+                     vocab_size: int, lowercase: bool = False, max_len: int = 128) -> TextPipeline:
+        """Spm mode: one SentencePiece model trained on the training text of both languages."""
+        texts = [t.lower() if lowercase else t for t in (*src_texts, *tgt_texts)]
+        model = train_sentencepiece(texts, vocab_size)
+        vocab = Vocab(SubwordModel(model).pieces())
+        return cls("spm", src_lang, tgt_lang, vocab, vocab, lowercase=lowercase, max_len=max_len, spm_model=model)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def shared_vocab(self) -> bool:
+        """True when source and target share one vocabulary (spm mode), as tied embeddings need."""
+        return self.src_vocab is self.tgt_vocab
+
+    @property
+    def subword(self) -> SubwordModel:
+        """The loaded SentencePiece model (spm mode only)."""
+        if self.spm_model is None:
+            raise ValueError("this TextPipeline is in word mode; it has no SentencePiece model")
+        if self._subword is None:
+            self._subword = SubwordModel(self.spm_model)
+        return self._subword
+
+    def _check_side(self, side: str) -> None:
+        if side not in SIDES:
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
+
+    def lang(self, side: str) -> str:
+        """The language code of 'src' or 'tgt'."""
+        self._check_side(side)
+        return self.src_lang if side == "src" else self.tgt_lang
+
+    def vocab(self, side: str) -> Vocab:
+        """The vocabulary of 'src' or 'tgt'."""
+        self._check_side(side)
+        return self.src_vocab if side == "src" else self.tgt_vocab
+
+    # ------------------------------------------------------------------ text -> ids
+
+    def tokenize(self, text: str, side: str = "src") -> list[str]:
+        """Tokens of one sentence: spaCy words (lowercased if set), or SentencePiece pieces."""
+        if self.mode == "word":
+            return word_tokenize(text, self.lang(side), self.lowercase)
+        self._check_side(side)
+        return self.subword.encode_pieces(text.lower() if self.lowercase else text)
+
+    def tokenize_many(self, texts: Sequence[str], side: str = "src") -> list[list[str]]:
+        """`tokenize` over many sentences, batched."""
+        if self.mode == "word":
+            return word_tokenize_many(texts, self.lang(side), self.lowercase)
+        self._check_side(side)
+        return [self.subword.encode_pieces(t.lower() if self.lowercase else t) for t in texts]
+
+    def numericalize(self, tokens: Sequence[str], side: str = "src") -> list[int]:
+        """<s> ids </s> of a token list, untruncated."""
+        return [BOS, *self.vocab(side).lookup_indices(tokens), EOS]
+
+    def ids_many(self, texts: Sequence[str], side: str = "src") -> list[list[int]]:
+        """<s> ids </s> of many sentences, untruncated (the dataset builder applies the long-sentence policy)."""
+        if self.mode == "word":
+            vocab = self.vocab(side)
+            return [[BOS, *vocab.lookup_indices(toks), EOS] for toks in self.tokenize_many(texts, side)]
+        self._check_side(side)
+        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
+        return [[BOS, *ids, EOS] for ids in self.subword.encode_ids(texts)]
+
+    def truncate(self, ids: list[int]) -> list[int]:
+        """Cut ids to max_len, keeping the closing </s>."""
+        return ids if len(ids) <= self.max_len else [*ids[: self.max_len - 1], EOS]
+
+    def encode(self, text: str, side: str = "src") -> list[int]:
+        """<s> ids </s> of one sentence, truncated to max_len (the final </s> is kept)."""
+        if self.mode == "word":
+            ids = self.numericalize(self.tokenize(text, side), side)
+        else:
+            ids = self.ids_many([text], side)[0]
+        return self.truncate(ids)
+
+    # ------------------------------------------------------------------ ids -> text
+
+    def _content_ids(self, ids: Any) -> list[int]:
+        """The ids between <s> and the first </s>, padding dropped."""
+        out = []
+        for i in _to_int_list(ids):
+            if i == EOS:
+                break
+            if i not in (BOS, PAD):
+                out.append(i)
+        return out
+
+    def decode_tokens(self, ids: Any, side: str = "tgt") -> list[str]:
+        """The tokens (words or pieces) of an id sequence: <s> and <blank> dropped, stopping at </s>."""
+        return self.vocab(side).lookup_tokens(self._content_ids(ids))
+
+    def decode(self, ids: Any, side: str = "tgt") -> str:
+        """The text of an id sequence: word mode joins tokens with single spaces; spm mode detokenises."""
+        if self.mode == "word":
+            return " ".join(self.decode_tokens(ids, side))
+        self._check_side(side)
+        return self.subword.decode_ids(self._content_ids(ids))
+
+    # ------------------------------------------------------------------ persistence
+
+    def settings(self) -> dict[str, Any]:
+        """The scalar settings (no vocabularies)."""
+        return {"format": FORMAT, "mode": self.mode, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
+                "lowercase": self.lowercase, "max_len": self.max_len}
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint-safe dict: plain Python values, and the SentencePiece model as a uint8 tensor."""
+        state = self.settings()
+        if self.mode == "word":
+            state.update(src_vocab=self.src_vocab.itos, tgt_vocab=self.tgt_vocab.itos, spm_model=None)
+        else:  # the vocabulary is the model's piece list: storing the model alone keeps one source of truth
+            model = torch.frombuffer(bytearray(self.spm_model), dtype=torch.uint8)
+            state.update(src_vocab=None, tgt_vocab=None, spm_model=model)
+        return state
+
+    @classmethod
+    def from_state_dict(cls, d: dict[str, Any]) -> TextPipeline:
+        """Rebuild from `state_dict` output (no dataset needed)."""
+        try:
+            if d.get("format") != FORMAT:
+                raise DataError(f"text pipeline format {d.get('format')!r} is not supported (expected {FORMAT})")
+            common = {"lowercase": bool(d["lowercase"]), "max_len": int(d["max_len"])}
+            if d["mode"] == "word":
+                return cls("word", d["src_lang"], d["tgt_lang"], Vocab(d["src_vocab"]), Vocab(d["tgt_vocab"]), **common)
+            model = d["spm_model"]
+            model = model.cpu().numpy().tobytes() if isinstance(model, torch.Tensor) else bytes(model)
+            vocab = Vocab(SubwordModel(model).pieces())
+            return cls("spm", d["src_lang"], d["tgt_lang"], vocab, vocab, spm_model=model, **common)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise DataError(f"the saved text pipeline is incomplete or damaged ({type(exc).__name__}: {exc})") from None
+
+    def save(self, run_dir: str | Path) -> None:
+        """Write human-readable files into `run_dir`: vocab.src.json + vocab.tgt.json (word) or
+        spm.model + spm.vocab (spm), then text_pipeline.json (written last: its presence means complete)."""
+        folder = Path(run_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        settings = self.settings()
+        if self.mode == "word":
+            for side in SIDES:
+                name = f"vocab.{side}.json"
+                # indent=0: one token per line, readable and diffable
+                _atomic_write_bytes(folder / name, json.dumps(self.vocab(side).to_dict(), ensure_ascii=False,
+                                                              indent=0).encode("utf-8"))
+                settings[f"{side}_vocab_file"] = name
+        else:
+            _atomic_write_bytes(folder / "spm.model", self.spm_model)
+            _atomic_write_bytes(folder / "spm.vocab", ("\n".join(self.src_vocab.itos) + "\n").encode("utf-8"))
+            settings["spm_model_file"] = "spm.model"
+        settings["vocab_sizes"] = {"src": len(self.src_vocab), "tgt": len(self.tgt_vocab)}
+        _atomic_write_bytes(folder / SETTINGS_FILE, (json.dumps(settings, indent=2) + "\n").encode("utf-8"))
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> TextPipeline:
+        """Read what `save` wrote; a missing or damaged file is one clear DataError."""
+        folder = Path(run_dir)
+        path = folder / SETTINGS_FILE
+        try:
+            settings = json.loads(path.read_text(encoding="utf-8"))
+            state = dict(settings)
+            if settings["mode"] == "word":
+                for side in SIDES:
+                    vocab_path = folder / settings[f"{side}_vocab_file"]
+                    state[f"{side}_vocab"] = json.loads(vocab_path.read_text(encoding="utf-8"))["itos"]
+                state["spm_model"] = None
+            else:
+                state["spm_model"] = (folder / settings["spm_model_file"]).read_bytes()
+        except FileNotFoundError as exc:
+            raise DataError(f"text pipeline file {exc.filename} is missing; point at a folder written by "
+                            f"TextPipeline.save (a run's vocab/ folder)") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"text pipeline in {folder} is damaged ({type(exc).__name__}: {exc}); "
+                            f"prepare the data again or use another run's vocab/ folder") from None
+        return cls.from_state_dict(state)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, TextPipeline) and self.settings() == other.settings()
+                and self.src_vocab == other.src_vocab and self.tgt_vocab == other.tgt_vocab
+                and self.spm_model == other.spm_model)
+
+    __hash__ = None  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return (f"TextPipeline({self.mode}, {self.src_lang}->{self.tgt_lang}, vocab {len(self.src_vocab)}/"
+                f"{len(self.tgt_vocab)}, lowercase={self.lowercase}, max_len={self.max_len})")

@@ -1,0 +1,94 @@
+"""The two tokenisers: spaCy's rule-based word tokenizer and a joint SentencePiece subword model.
+
+spaCy and SentencePiece are imported on first use only, so that loading a cached dataset or a
+checkpoint does not pay for them.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from functools import cache
+from typing import Any
+
+from ..errors import ConfigError
+from .vocab import BOS, EOS, PAD, SPECIALS, UNK
+
+
+@cache
+def spacy_tokenizer(lang: str) -> Any:
+    """spaCy's tokenizer for `lang` ('de', 'en'): the `*_core_*_sm` pipelines' tokenizer, with no model download."""
+    import spacy
+
+    return spacy.blank(lang).tokenizer
+
+
+def _normalise(text: str, lowercase: bool) -> str:
+    return text.lower() if lowercase else text
+
+
+def word_tokenize(text: str, lang: str, lowercase: bool = False) -> list[str]:
+    """spaCy tokens of one sentence, whitespace tokens dropped, optionally lowercased first."""
+    # The notebook kept spaCy's whitespace tokens (a double space or a tab became a token of its own);
+    # they carry nothing to translate, so they are dropped.
+    return [t.text for t in spacy_tokenizer(lang)(_normalise(text, lowercase)) if not t.is_space]
+
+
+def word_tokenize_many(texts: Sequence[str], lang: str, lowercase: bool = False,
+                       batch_size: int = 1000) -> list[list[str]]:
+    """`word_tokenize` over many sentences with spaCy's batched `pipe` (the same tokens, less overhead)."""
+    tok = spacy_tokenizer(lang)
+    docs = tok.pipe((_normalise(t, lowercase) for t in texts), batch_size=batch_size)
+    return [[t.text for t in doc if not t.is_space] for doc in docs]
+
+
+def train_sentencepiece(texts: Iterable[str], vocab_size: int, num_threads: int = 2) -> bytes:
+    """Train a unigram SentencePiece model on `texts` and return the serialized model.
+
+    The specials get the ids of the word vocabularies (<s>=0, </s>=1, <blank>=2, <unk>=3), so the
+    rest of the code never needs to know which tokenizer made the ids.
+    """
+    import sentencepiece as spm
+
+    buffer = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size, model_type="unigram",
+            bos_id=BOS, eos_id=EOS, pad_id=PAD, unk_id=UNK,
+            bos_piece=SPECIALS[BOS], eos_piece=SPECIALS[EOS], pad_piece=SPECIALS[PAD], unk_piece=SPECIALS[UNK],
+            character_coverage=1.0,  # keep every character of both languages (umlauts, accents)
+            num_threads=num_threads, minloglevel=2,
+        )
+    except RuntimeError as exc:
+        message = " ".join(str(exc).split())
+        if "Vocabulary size" in message:  # drop SentencePiece's source-location prefix
+            raise ConfigError(f"data.spm_vocab_size={vocab_size} does not fit the training text: "
+                              f"{message[message.index('Vocabulary size'):]}") from None
+        raise
+    return buffer.getvalue()
+
+
+class SubwordModel:
+    """A loaded SentencePiece model (built from its serialized bytes, so it can be saved anywhere)."""
+
+    def __init__(self, model_bytes: bytes) -> None:
+        import sentencepiece as spm
+
+        self.model_bytes = bytes(model_bytes)
+        self.sp = spm.SentencePieceProcessor(model_proto=self.model_bytes)
+
+    def pieces(self) -> list[str]:
+        """Every piece, in id order."""
+        return [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
+
+    def encode_pieces(self, text: str) -> list[str]:
+        """The pieces of one sentence."""
+        return self.sp.encode(text, out_type=str)
+
+    def encode_ids(self, texts: list[str]) -> list[list[int]]:
+        """Piece ids of many sentences (no <s>/</s>)."""
+        return self.sp.encode(texts, out_type=int)
+
+    def decode_ids(self, ids: list[int]) -> str:
+        """Detokenised text of piece ids."""
+        return self.sp.decode(ids)

@@ -1,0 +1,55 @@
+"""Shared fixtures.
+
+Real Multi30k data: the six files are found through $MULTI30K_DIR, else in the `shared/data/multi30k`
+folder beside the project checkout. Without them the tests that need them are skipped, unless
+REQUIRE_MULTI30K=1 (CI), where a missing folder is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.config import Config, load_config
+
+DEFAULT_MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    """The folder with the six Multi30k .gz files (skips, or fails under REQUIRE_MULTI30K=1, when absent)."""
+    env = os.environ.get("MULTI30K_DIR")
+    folder = Path(env).expanduser() if env else DEFAULT_MULTI30K_DIR
+    if not (folder / "train.de.gz").is_file():
+        reason = (f"Multi30k data not found in {folder} "
+                  f"({'from MULTI30K_DIR' if env else 'set MULTI30K_DIR to the folder with the six .gz files'})")
+        if os.environ.get("REQUIRE_MULTI30K") == "1":
+            pytest.fail(f"{reason}; REQUIRE_MULTI30K=1 makes this an error")
+        pytest.skip(reason)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def data_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tokenised-data cache for the whole test session (never ~/.cache)."""
+    return tmp_path_factory.mktemp("data_cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_config(multi30k_dir: Path, data_cache_dir: Path):
+    """A factory: the tiny Multi30k config with the real data and the session cache, plus overrides."""
+
+    def make(*overrides: str) -> Config:
+        return load_config("tiny", [f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}", *overrides])
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def multi30k_data(tiny_config):
+    """Multi30k tokenised once per session (word mode, tiny config): a TranslationData."""
+    from annotated_transformer.data import load_translation_data
+
+    return load_translation_data(tiny_config(), log=None)

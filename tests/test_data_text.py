@@ -1,0 +1,159 @@
+"""Vocab and TextPipeline: specials, deterministic order, round trips, persistence (no dataset needed)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from annotated_transformer.data import BOS, EOS, PAD, SPECIALS, UNK, TextPipeline, Vocab
+from annotated_transformer.data.tokenizers import word_tokenize, word_tokenize_many
+from annotated_transformer.errors import ConfigError, DataError
+
+GERMAN = ["Ein Mann fährt Fahrrad.", "Eine Frau fährt Auto.", "Ein Hund läuft  im Park.", "Ein Mann läuft."]
+ENGLISH = ["A man rides a bike.", "A woman drives a car.", "A dog runs in the park.", "A man runs."]
+
+
+def torch_roundtrip(obj):
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+# --------------------------------------------------------------------------- Vocab
+
+
+def test_vocab_specials_frequency_order_and_min_freq():
+    vocab = Vocab.build([["b", "a", "c"], ["a", "b", "d"], ["a", "<unk>", "e", "e"]], min_freq=2)
+    # specials first at the notebook's ids; then by frequency, ties alphabetical; singletons dropped
+    assert vocab.itos == [*SPECIALS, "a", "b", "e"]
+    assert (vocab["<s>"], vocab["</s>"], vocab["<blank>"], vocab["<unk>"]) == (BOS, EOS, PAD, UNK) == (0, 1, 2, 3)
+    assert vocab["c"] == UNK and vocab["never seen"] == UNK
+    assert len(vocab) == 7
+    assert Vocab.build([["x"]], min_freq=1).itos == [*SPECIALS, "x"]
+
+
+def test_vocab_is_deterministic_and_round_trips():
+    sents = [["z", "y", "x"], ["x", "y"], ["y"]] * 3
+    v1, v2 = Vocab.build(sents, 1), Vocab.build(list(reversed(sents)), 1)
+    assert v1 == v2 and v1.itos[4:] == ["y", "x", "z"]
+    ids = v1.lookup_indices(["x", "y", "unknown"])
+    assert ids == [5, 4, UNK]
+    assert v1.lookup_tokens(ids) == ["x", "y", "<unk>"]
+    assert v1.lookup_tokens(torch.tensor([5, 4])) == ["x", "y"]
+    assert Vocab.from_dict(json.loads(json.dumps(v1.to_dict()))) == v1
+    with pytest.raises(ValueError):
+        Vocab(["a", "b"])  # no specials
+
+
+# --------------------------------------------------------------------------- word mode
+
+
+def word_pipeline(**kw) -> TextPipeline:
+    src = word_tokenize_many(GERMAN, "de", kw.get("lowercase", False))
+    tgt = word_tokenize_many(ENGLISH, "en", kw.get("lowercase", False))
+    return TextPipeline.for_words(src, tgt, src_lang="de", tgt_lang="en", min_freq=1, **kw)
+
+
+def test_word_tokenize_matches_batched_and_drops_whitespace():
+    assert word_tokenize("Ein Hund läuft  im Park.", "de") == ["Ein", "Hund", "läuft", "im", "Park", "."]
+    assert word_tokenize_many(GERMAN, "de") == [word_tokenize(s, "de") for s in GERMAN]
+    assert word_tokenize("Ein Mann.", "de", lowercase=True) == ["ein", "mann", "."]
+
+
+def test_word_encode_decode_round_trip():
+    text = word_pipeline()
+    ids = text.encode("Ein Mann fährt Auto.", "src")
+    assert ids[0] == BOS and ids[-1] == EOS and UNK not in ids
+    assert text.decode(ids, "src") == "Ein Mann fährt Auto ."
+    assert text.decode_tokens(ids, "src") == ["Ein", "Mann", "fährt", "Auto", "."]
+    # <blank> dropped, everything after </s> ignored, unknown words become <unk>
+    tgt = text.encode("A man rides a zebra.", "tgt")
+    assert text.decode([*tgt, PAD, PAD] + text.encode("dog", "tgt"), "tgt") == "A man rides a <unk> ."
+    assert text.decode(torch.tensor(tgt), "tgt") == "A man rides a <unk> ."
+    assert not text.shared_vocab and text.pad_id == PAD and text.bos_id == BOS
+
+
+def test_encode_truncates_keeping_eos():
+    text = word_pipeline(max_len=5)
+    ids = text.encode("Ein Mann fährt Fahrrad im Park .", "src")
+    assert len(ids) == 5 and ids[0] == BOS and ids[-1] == EOS
+    assert text.decode(ids, "src") == "Ein Mann fährt"
+
+
+def test_lowercase_mode():
+    text = word_pipeline(lowercase=True)
+    assert "Mann" not in text.src_vocab and "mann" in text.src_vocab
+    assert text.decode(text.encode("EIN MANN", "src"), "src") == "ein mann"
+
+
+def test_word_state_dict_is_weights_only_safe_and_round_trips(tmp_path):
+    text = word_pipeline()
+    restored = TextPipeline.from_state_dict(torch_roundtrip(text.state_dict()))
+    assert restored == text
+    text.save(tmp_path / "vocab")
+    names = sorted(p.name for p in (tmp_path / "vocab").iterdir())
+    assert names == ["text_pipeline.json", "vocab.src.json", "vocab.tgt.json"]
+    loaded = TextPipeline.load(tmp_path / "vocab")
+    assert loaded == text
+    assert loaded.encode("Ein Hund.", "src") == text.encode("Ein Hund.", "src")
+
+
+def test_load_missing_or_damaged_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="text_pipeline.json is missing"):
+        TextPipeline.load(tmp_path)
+    text = word_pipeline()
+    text.save(tmp_path)
+    (tmp_path / "vocab.src.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(DataError, match="damaged"):
+        TextPipeline.load(tmp_path)
+
+
+# --------------------------------------------------------------------------- spm mode
+
+
+@pytest.fixture(scope="module")
+def spm_pipeline() -> TextPipeline:
+    # A small synthetic corpus keeps SentencePiece training under a second.
+    words_de = ["Mann", "Frau", "Hund", "Katze", "fährt", "läuft", "springt", "Park", "Straße", "schnell"]
+    words_en = ["man", "woman", "dog", "cat", "rides", "runs", "jumps", "park", "street", "quickly"]
+    de = [f"Ein {words_de[i % 10]} {words_de[(i * 3) % 10]} im {words_de[(i * 7) % 10]}." for i in range(400)]
+    en = [f"A {words_en[i % 10]} {words_en[(i * 3) % 10]} in the {words_en[(i * 7) % 10]}." for i in range(400)]
+    return TextPipeline.for_subwords(de, en, src_lang="de", tgt_lang="en", vocab_size=50, max_len=32)
+
+
+def test_spm_shared_vocab_and_specials(spm_pipeline):
+    text = spm_pipeline
+    assert text.mode == "spm" and text.shared_vocab and text.src_vocab is text.tgt_vocab
+    assert len(text.src_vocab) == 50
+    assert text.src_vocab.itos[:4] == list(SPECIALS)
+    pieces = text.tokenize("Ein Hund läuft im Park.", "src")
+    assert pieces and all(isinstance(p, str) for p in pieces)
+
+
+def test_spm_detokenises_exactly(spm_pipeline):
+    text = spm_pipeline
+    for sentence in ["Ein Hund läuft im Park.", "A cat jumps in the street."]:
+        ids = text.encode(sentence, "src")
+        assert ids[0] == BOS and ids[-1] == EOS
+        assert text.decode(ids, "tgt") == sentence
+        assert "".join(text.decode_tokens(ids)).replace("\u2581", " ").strip() == sentence
+
+
+def test_spm_state_dict_round_trip(spm_pipeline, tmp_path):
+    state = spm_pipeline.state_dict()
+    assert isinstance(state["spm_model"], torch.Tensor) and state["spm_model"].dtype == torch.uint8
+    restored = TextPipeline.from_state_dict(torch_roundtrip(state))
+    assert restored == spm_pipeline
+    spm_pipeline.save(tmp_path)
+    assert {"spm.model", "spm.vocab", "text_pipeline.json"} <= {p.name for p in tmp_path.iterdir()}
+    loaded = TextPipeline.load(tmp_path)
+    assert loaded.encode("Ein Mann fährt.", "src") == spm_pipeline.encode("Ein Mann fährt.", "src")
+
+
+def test_spm_vocab_too_large_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"data.spm_vocab_size=5000 does not fit the training text: Vocabulary size"):
+        TextPipeline.for_subwords(["ein Hund"] * 20, ["a dog"] * 20, src_lang="de", tgt_lang="en", vocab_size=5000)
