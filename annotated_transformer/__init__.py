@@ -5,7 +5,7 @@ The public names follow the paper and the notebook, so the two can be read side 
 
 from .config import Config, load_config
 from .data import Batch, data_gen
-from .decoding import greedy_decode
+from .decoding import beam_search, decode_batch, greedy_decode
 from .loss import LabelSmoothing, SimpleLossCompute
 from .model import (
     Decoder,
@@ -26,7 +26,8 @@ from .model import (
     subsequent_mask,
 )
 from .optim import rate
-from .training import TrainState, run_epoch
+from .training import TrainState, run_epoch, train_worker
+from .translator import Translator
 
 __version__ = "0.1.0"
 
@@ -34,5 +35,6 @@ __all__ = [
     "Batch", "Config", "Decoder", "DecoderLayer", "Embeddings", "Encoder", "EncoderDecoder", "EncoderLayer",
     "Generator", "LabelSmoothing", "LayerNorm", "MultiHeadedAttention", "PositionalEncoding",
     "PositionwiseFeedForward", "SimpleLossCompute", "SublayerConnection", "TrainState", "attention", "clones",
-    "data_gen", "greedy_decode", "load_config", "make_model", "rate", "run_epoch", "subsequent_mask",
+    "Translator", "beam_search", "data_gen", "decode_batch", "greedy_decode", "load_config", "make_model", "rate",
+    "run_epoch", "subsequent_mask", "train_worker",
 ]

@@ -113,7 +113,8 @@ class TrainConfig:
     bleu_every: int = param(1, "epochs between validation BLEU evaluations (0: never)")
     best_metric: str = param("bleu", "what picks best.pt: 'bleu' (higher is better) or 'loss' (lower)",
                              choices=("bleu", "loss"))
-    progress: bool = param(True, "show a tqdm progress bar on rank 0")
+    progress: bool = param(True, "show a tqdm progress bar on rank 0 (when stderr is a terminal)")
+    final_eval: bool = param(True, "at the end, score val and test with best.pt and show example translations")
 
 
 @dataclass

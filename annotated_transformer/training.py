@@ -439,7 +439,7 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
         k = task.score(model, device)["exact_copies"]
         log(f"exact copies: {k}/100")
         results["exact_copies"] = k
-    else:
+    elif tcfg.final_eval:
         val = task.score(model, device, "val", amp_dtype=amp_dtype)
         test = task.score(model, device, "test", amp_dtype=amp_dtype)
         results.update(val_bleu=val["bleu"], test_bleu=test["bleu"], bleu_signature=test["bleu_signature"])

@@ -26,6 +26,7 @@ limit inside a `with` block for charts built elsewhere from data frames.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -290,6 +291,28 @@ def collect_attention(model: EncoderDecoder, src: Tensor, src_mask: Tensor | Non
     return {kind: [m.attn[0].cpu() for m in _attention_modules(model, kind)] for kind in ATTENTION_KINDS}
 
 
+def _heads_grid(attn: Tensor, kind: str, layer: int, n_layers: int, src_tokens: Sequence[str],
+                tgt_tokens: Sequence[str], heads: Sequence[int] | None, columns: int) -> alt.ConcatChart:
+    """The charts of `heads` of one layer's maps attn (h, T, S); `layer` is 0-based, `n_layers` for the title."""
+    rows, cols = {"encoder": (src_tokens, src_tokens), "self": (tgt_tokens, tgt_tokens),
+                  "src": (tgt_tokens, src_tokens)}[kind]
+    n_heads = attn.size(0)
+    heads = list(range(n_heads)) if heads is None else list(heads)
+    bad = [h for h in heads if not 0 <= h < n_heads]
+    if bad:
+        raise ValueError(f"heads {bad} do not exist: the layer has {n_heads} heads (0..{n_heads - 1})")
+    charts = [attention_chart(attn[h], rows, cols, title=f"head {h + 1}") for h in heads]
+    return alt.concat(*charts, columns=columns, title=alt.TitleParams(
+        f"{_KIND_TITLES[kind]}, layer {layer + 1} of {n_layers}", fontSize=16, anchor="start"))
+
+
+def _check_layer(layer: int, n_layers: int) -> int:
+    """`layer` as a non-negative index (negative ones count from the end), or a ValueError."""
+    if not -n_layers <= layer < n_layers:
+        raise ValueError(f"layer {layer} does not exist: the model has {n_layers} layers (0..{n_layers - 1})")
+    return layer % n_layers
+
+
 def attention_grid(model: EncoderDecoder, layer: int, kind: AttentionKind, src_tokens: Sequence[str],
                    tgt_tokens: Sequence[str], heads: Sequence[int] | None = None,
                    columns: int = 4) -> alt.ConcatChart:
@@ -301,23 +324,26 @@ def attention_grid(model: EncoderDecoder, layer: int, kind: AttentionKind, src_t
     (see `collect_attention`) and shows the first sentence of that batch.
     """
     modules = _attention_modules(model, kind)
-    if not -len(modules) <= layer < len(modules):
-        raise ValueError(f"layer {layer} does not exist: the model has {len(modules)} layers (0..{len(modules) - 1})")
+    layer = _check_layer(layer, len(modules))
     attn = modules[layer].attn
     if attn is None:
         raise ValueError("no attention stored: run a forward pass inside model.keep_attention() first "
                          "(collect_attention does that)")
-    rows, cols = {"encoder": (src_tokens, src_tokens), "self": (tgt_tokens, tgt_tokens),
-                  "src": (tgt_tokens, src_tokens)}[kind]
-    n_heads = attn.size(1)
-    heads = list(range(n_heads)) if heads is None else list(heads)
-    bad = [h for h in heads if not 0 <= h < n_heads]
-    if bad:
-        raise ValueError(f"heads {bad} do not exist: the layer has {n_heads} heads (0..{n_heads - 1})")
-    shown = layer % len(modules) + 1
-    charts = [attention_chart(attn[0, h], rows, cols, title=f"head {h + 1}") for h in heads]
-    return alt.concat(*charts, columns=columns, title=alt.TitleParams(
-        f"{_KIND_TITLES[kind]}, layer {shown} of {len(modules)}", fontSize=16, anchor="start"))
+    return _heads_grid(attn[0], kind, layer, len(modules), src_tokens, tgt_tokens, heads, columns)
+
+
+def attention_maps_grid(maps: dict[str, list[Tensor]], layer: int, kind: AttentionKind,
+                        src_tokens: Sequence[str], tgt_tokens: Sequence[str],
+                        heads: Sequence[int] | None = None, columns: int = 4) -> alt.ConcatChart:
+    """`attention_grid` drawn from the maps `collect_attention` returned rather than from the model.
+
+    The returned maps stay valid whatever the model runs afterwards, whereas `.attn` holds only
+    the last forward pass made inside `keep_attention`.
+    """
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"unknown attention kind {kind!r}; choose one of {', '.join(ATTENTION_KINDS)}")
+    layer = _check_layer(layer, len(maps[kind]))
+    return _heads_grid(maps[kind][layer], kind, layer, len(maps[kind]), src_tokens, tgt_tokens, heads, columns)
 
 
 # --------------------------------------------------------------------------- training curves
@@ -441,3 +467,37 @@ def save_chart(chart: alt.TopLevelMixin, path_without_suffix: str | Path,
         _write_atomically(path, data)
         written.append(path)
     return written
+
+
+# --------------------------------------------------------------------------- notebooks
+
+NOTEBOOK_RENDERER = "annotated_transformer"
+
+
+def _notebook_bundle(spec: dict, png_scale: float = 2.0, **_: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Vega-Lite spec for frontends that draw it, plus a PNG every frontend shows.
+
+    Altair's default renderer emits HTML that fetches Vega from a CDN, so charts stay blank
+    without internet. A frontend picks the richest MIME type it can render: JupyterLab or
+    VS Code draw the interactive spec (tooltips) where they support its Vega-Lite version, and
+    anything else, offline included, falls back to the PNG made locally by vl-convert.
+    """
+    import vl_convert as vlc
+
+    # The MIME type's spelling changed between Vega-Lite majors (v5+json, v6.json): ask altair.
+    major = alt.SCHEMA_VERSION.lstrip("v").split(".")[0]
+    mime = importlib.import_module(f"altair.vegalite.v{major}.display").VEGALITE_MIME_TYPE
+    png = vlc.vegalite_to_png(spec, vl_version=_vegalite_version(), scale=png_scale)
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # the IHDR chunk
+    title = spec.get("title")
+    title = title.get("text") if isinstance(title, dict) else title
+    bundle = {mime: spec, "image/png": png, "text/plain": f"<chart: {title or 'untitled'}>"}
+    # Show the PNG at its logical size: crisp on high-density screens, not twice as large.
+    return bundle, {"image/png": {"width": width / png_scale, "height": height / png_scale}}
+
+
+def enable_notebook_charts(png_scale: float = 2.0) -> None:
+    """Make charts display in Jupyter without internet (see `_notebook_bundle`); call once per notebook."""
+    if NOTEBOOK_RENDERER not in alt.renderers.names():
+        alt.renderers.register(NOTEBOOK_RENDERER, _notebook_bundle)
+    alt.renderers.enable(NOTEBOOK_RENDERER, png_scale=png_scale)

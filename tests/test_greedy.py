@@ -85,3 +85,13 @@ def test_no_end_symbol_runs_to_max_len():
     out = greedy_decode(model, src, mask, 9, BOS)
     assert out.shape == (3, 9)
     assert torch.equal(out, greedy_decode_naive(model, src, mask, 9, BOS))
+
+
+def test_a_limit_of_one_yields_only_the_start_symbol():
+    model = random_model(8)
+    src, mask, _ = random_sources(8, 3)
+    limits = torch.tensor([1, 4, 1])
+    fast = greedy_decode(model, src, mask, limits, BOS, EOS, pad_symbol=PAD)
+    slow = greedy_decode_naive(model, src, mask, limits, BOS, EOS, pad_symbol=PAD)
+    assert torch.equal(fast, slow)
+    assert fast[0].tolist()[1:] == [PAD] * (fast.size(1) - 1)

@@ -1,0 +1,101 @@
+"""Scoring translations: corpus BLEU with sacreBLEU, always with its signature, and chrF.
+
+A BLEU figure means little without knowing how the text was tokenised and cased, so every score
+carries sacreBLEU's signature (e.g. `nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.6.0`).
+The two tokenisation modes of the TextPipeline are scored differently:
+
+  word  Hypotheses and references are spaCy tokens joined by single spaces. BLEU is computed on
+        those tokens as they are (sacreBLEU `tokenize="none"`): "bleu" cased and "bleu_lc"
+        lowercased. The headline is "bleu_lc", the tokenised lowercased BLEU that published
+        Multi30k figures (and the notebook era's) report; it is not comparable with
+        detokenised sacreBLEU.
+  spm   Hypotheses are detokenised text and references the raw reference lines: the standard
+        detokenised, cased sacreBLEU (13a tokenizer) is the headline "bleu", with "bleu_lc" beside.
+
+Both modes add "chrf" (chrF2: character 6-grams, beta 2, sacreBLEU's defaults) on the same strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sacrebleu.metrics import BLEU, CHRF
+
+MODES = ("word", "spm")
+
+
+@dataclass(frozen=True)
+class Score:
+    """One corpus-level score with the sacreBLEU signature that makes it reproducible."""
+
+    name: str  # the key in `corpus_scores`' dict: "bleu", "bleu_lc" or "chrf"
+    score: float  # 0..100
+    signature: str  # sacreBLEU's signature, e.g. "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    details: str  # sacreBLEU's own line, e.g. "BLEU = 35.20 66.1/41.0/27.3/18.4 (BP = 1.000 ratio = ...)"
+
+    def __str__(self) -> str:
+        return f"{self.name:8s} {self.score:6.2f}  {self.signature}"
+
+
+def headline_key(mode: str) -> str:
+    """The key of the score to report for a tokenisation mode: "bleu_lc" for word, "bleu" for spm."""
+    _check_mode(mode)
+    return "bleu_lc" if mode == "word" else "bleu"
+
+
+def corpus_scores(hyps: list[str], refs: list[str], mode: str) -> dict[str, Score]:
+    """BLEU (cased "bleu" and lowercased "bleu_lc") and chrF ("chrf") of hypotheses against one reference each.
+
+    `mode` is the TextPipeline's: "word" (space-joined tokens on both sides, scored as they are)
+    or "spm" (detokenised hypotheses against raw references, sacreBLEU's 13a tokenizer).
+    """
+    _check_mode(mode)
+    if not hyps:
+        raise ValueError("no hypotheses to score: BLEU needs at least one translated sentence")
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references; they must pair up one to one")
+    # Word mode compares the model's own tokens: re-tokenising them with 13a would split them again.
+    tokenize = "none" if mode == "word" else "13a"
+    metrics = {
+        "bleu": BLEU(tokenize=tokenize, force=mode == "word"),
+        "bleu_lc": BLEU(tokenize=tokenize, lowercase=True, force=mode == "word"),
+        "chrf": CHRF(),
+    }
+    streams = [list(refs)]  # sacreBLEU takes one list per reference set
+    scores = {}
+    for key, metric in metrics.items():
+        result = metric.corpus_score(list(hyps), streams)
+        scores[key] = Score(key, float(result.score), str(metric.get_signature()), result.format())
+    return scores
+
+
+def format_scores(scores: dict[str, Score]) -> str:
+    """One line per score: name, value and signature."""
+    return "\n".join(str(s) for s in scores.values())
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"unknown tokenisation mode {mode!r}; expected one of {MODES}")
+
+
+def bleu_references(raw_refs: list[str], text) -> list[str]:
+    """References in the form `corpus_scores` compares against for `text`'s mode.
+
+    Word mode: the raw line tokenised by the same spaCy tokenizer as training (and lowercased when
+    the pipeline lowercases), tokens joined by single spaces. Subword mode: the raw line itself
+    (lowercased only when the pipeline lowercases, so cased BLEU is not penalised for it).
+    """
+    if text.mode == "word":
+        return [" ".join(text.tokenize(r, "tgt")) for r in raw_refs]
+    return [r.lower() for r in raw_refs] if text.lowercase else list(raw_refs)
+
+
+def check_outputs(sources: list[str], references: list[str], hypotheses: list[str], n: int = 3,
+                  start: int = 0) -> str:
+    """A readable block of `n` examples (source, reference, model output), each translated once."""
+    lines = []
+    for i in range(start, min(start + n, len(hypotheses))):
+        lines += [f"example {i}", f"  source    {sources[i]}", f"  reference {references[i]}",
+                  f"  model     {hypotheses[i]}"]
+    return "\n".join(lines)

@@ -1,0 +1,32 @@
+"""Score a checkpoint on a Multi30k split with sacreBLEU (signature included).
+
+    uv run python scripts/evaluate.py --checkpoint runs/base/best.pt --split test --beam 5
+"""
+
+import argparse
+
+from annotated_transformer.errors import run_cli
+from annotated_transformer.commands import evaluate_checkpoint
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Translate a Multi30k split and score it with sacreBLEU and chrF.")
+    parser.add_argument("--checkpoint", required=True, help="a .pt file written by training or averaging")
+    parser.add_argument("--split", default="test", choices=["val", "test"], help="which split (test = test2016 flickr)")
+    parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's decode.beam_size)")
+    parser.add_argument("--alpha", type=float, default=None, help="length-penalty exponent for beam search")
+    parser.add_argument("--output", default=None, help="where to write the hypotheses (default: beside the checkpoint)")
+    parser.add_argument("--show", type=int, default=0, metavar="N", help="print N example translations")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--data-root", default=None, help="folder with the Multi30k files (default: as configured)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: the best available)")
+    parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences (for quick checks)")
+    args = parser.parse_args()
+    evaluate_checkpoint(args.checkpoint, args.split, beam=args.beam, alpha=args.alpha, output=args.output,
+                        show=args.show, as_json=args.json, data_root=args.data_root, device=args.device,
+                        limit=args.limit)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

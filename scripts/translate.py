@@ -1,0 +1,27 @@
+"""Translate sentences with a trained checkpoint, one per line, in input order.
+
+    echo "Ein Mann fährt Fahrrad." | uv run python scripts/translate.py --checkpoint runs/base/best.pt
+    uv run python scripts/translate.py --checkpoint runs/base/best.pt --input de.txt --beam 5 > en.txt
+"""
+
+import argparse
+
+from annotated_transformer.errors import run_cli
+from annotated_transformer.commands import translate_stream
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Translate text (one sentence per line) with a checkpoint.")
+    parser.add_argument("--checkpoint", required=True, help="a .pt file written by training or averaging")
+    parser.add_argument("--input", default="-", help="UTF-8 text file, one sentence per line (default: stdin)")
+    parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's decode.beam_size)")
+    parser.add_argument("--alpha", type=float, default=None, help="length-penalty exponent for beam search")
+    parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: the best available)")
+    args = parser.parse_args()
+    return translate_stream(args.checkpoint, args.input, beam=args.beam, alpha=args.alpha,
+                            batch_size=args.batch_size, device=args.device)
+
+
+if __name__ == "__main__":
+    run_cli(main)
