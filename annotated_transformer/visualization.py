@@ -9,24 +9,26 @@ Teaching charts (no model needed):
 Model charts:
     collect_attention          one teacher-forced forward pass that keeps every attention map
     attention_grid             the heads of one layer's encoder / decoder-self / decoder-source attention
+    attention_maps_grid        the same, from the maps collect_attention returned
     attention_chart            one head's (T, S) map, tokens on the axes, weight in the tooltip
 Run charts:
     training_curves_chart      loss, learning rate and BLEU from a run's metrics.jsonl
-Saving:
+Saving and showing:
     save_chart                 .html with the Vega JavaScript inlined (opens offline) and .png
+    enable_notebook_charts     charts in Jupyter as locally drawn PNGs (no internet needed)
 
 Conventions: layer and head arguments are 0-based Python indices; chart titles count from 1,
 as the paper and the notebook do ("layer 1" is `layers[0]`).
 
 Chart data is passed as inline `alt.Data(values=[...])` records. Altair applies its
 max-rows limit (5,000) only to data frames that go through its data transformer, so
-inline records never hit it and no global altair setting is changed; `save_chart` lifts the
-limit inside a `with` block for charts built elsewhere from data frames.
+inline records never hit it and no global altair setting is changed (`enable_notebook_charts`
+switches the renderer, when asked to); `save_chart` lifts the limit inside a `with` block for
+charts built elsewhere from data frames.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -475,29 +477,26 @@ NOTEBOOK_RENDERER = "annotated_transformer"
 
 
 def _notebook_bundle(spec: dict, png_scale: float = 2.0, **_: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Vega-Lite spec for frontends that draw it, plus a PNG every frontend shows.
+    """A chart as a PNG rendered locally by vl-convert, which every notebook front end shows offline.
 
-    Altair's default renderer emits HTML that fetches Vega from a CDN, so charts stay blank
-    without internet. A frontend picks the richest MIME type it can render: JupyterLab or
-    VS Code draw the interactive spec (tooltips) where they support its Vega-Lite version, and
-    anything else, offline included, falls back to the PNG made locally by vl-convert.
+    Altair's default renderer emits HTML that fetches Vega from a CDN, so charts stay blank without
+    internet. Its Vega-Lite MIME output does not help either: JupyterLab's built-in renderer takes
+    Vega-Lite 5 specs while altair 6 writes version 6, and nbformat rejects altair's v6 MIME type
+    (it does not end in "+json") when the notebook is saved.
     """
     import vl_convert as vlc
 
-    # The MIME type's spelling changed between Vega-Lite majors (v5+json, v6.json): ask altair.
-    major = alt.SCHEMA_VERSION.lstrip("v").split(".")[0]
-    mime = importlib.import_module(f"altair.vegalite.v{major}.display").VEGALITE_MIME_TYPE
     png = vlc.vegalite_to_png(spec, vl_version=_vegalite_version(), scale=png_scale)
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # the IHDR chunk
     title = spec.get("title")
     title = title.get("text") if isinstance(title, dict) else title
-    bundle = {mime: spec, "image/png": png, "text/plain": f"<chart: {title or 'untitled'}>"}
-    # Show the PNG at its logical size: crisp on high-density screens, not twice as large.
+    bundle = {"image/png": png, "text/plain": f"<chart: {title or 'untitled'}>"}
+    # Show the PNG at its logical size: sharp on high-density screens, not twice as large.
     return bundle, {"image/png": {"width": width / png_scale, "height": height / png_scale}}
 
 
 def enable_notebook_charts(png_scale: float = 2.0) -> None:
-    """Make charts display in Jupyter without internet (see `_notebook_bundle`); call once per notebook."""
+    """Show charts in Jupyter as PNGs drawn locally (no internet needed); call once per notebook."""
     if NOTEBOOK_RENDERER not in alt.renderers.names():
         alt.renderers.register(NOTEBOOK_RENDERER, _notebook_bundle)
     alt.renderers.enable(NOTEBOOK_RENDERER, png_scale=png_scale)

@@ -38,6 +38,17 @@ def display_token(token: str) -> str:
     return token.replace(SPM_SPACE, "") or token
 
 
+# A grid row of about this many pixels still reads on a screen; wider grids wrap to fewer columns.
+GRID_ROW_PX = 2400
+
+
+def grid_columns(sa: SentenceAttention, kind: str, most: int = 4) -> int:
+    """How many heads fit side by side within GRID_ROW_PX for this sentence (1 to `most`)."""
+    n_keys = len(sa.tgt_tokens) if kind == "self" else len(sa.src_tokens)
+    head_px = max(viz.CELL_PX * n_keys, 120) + 80  # the map plus its axis labels
+    return max(1, min(most, GRID_ROW_PX // head_px))
+
+
 @dataclass
 class SentenceAttention:
     """One sentence, its translation, and every attention map of the teacher-forced pass over both.
@@ -63,8 +74,12 @@ class SentenceAttention:
         return len(self.attention["encoder"])
 
     def grid(self, layer: int, kind: viz.AttentionKind, heads: Sequence[int] | None = None,
-             columns: int = 4) -> alt.ConcatChart:
-        """The heads of one layer (0-based) for kind "encoder", "self" or "src"."""
+             columns: int | None = None) -> alt.ConcatChart:
+        """The heads (default all) of one layer (0-based) for kind "encoder", "self" or "src".
+
+        columns: heads per grid row; by default as many as fit in about GRID_ROW_PX pixels.
+        """
+        columns = columns or grid_columns(self, kind)
         return viz.attention_maps_grid(self.attention, layer, kind, self.src_tokens, self.tgt_tokens,
                                        heads=heads, columns=columns)
 
@@ -164,8 +179,8 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a folder; choose another output folder")
+    layers = layer_indices(layer_numbers, len(translator.model.encoder.layers))  # before any work is done
     sa = sentence_attention(translator, sentence, beam_size)
-    layers = layer_indices(layer_numbers, sa.n_layers)  # checked before any file is written
 
     charts = [*attention_charts(sa, layers), *teaching_charts()]
     warnings = []
@@ -200,11 +215,12 @@ def visualize_checkpoint(checkpoint: str | Path, sentence: str, out_dir: str | P
 
 
 _INDEX_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; padding: 0 1em; color: #222; }
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+p { max-width: 70em; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
 .tokens { font-family: ui-monospace, monospace; font-size: 90%; }
 figure { margin: 1.5em 0; }
-figure img { max-width: 100%; border: 1px solid #eee; }
+figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-weight: 600; margin-bottom: .4em; }
 """
 
@@ -219,7 +235,13 @@ def write_index(out_dir: Path, sa: SentenceAttention, entries: Sequence[tuple[st
     def figure(heading: str, paths: Sequence[Path]) -> str:
         links = " · ".join(f'<a href="{html.escape(p.name)}">{p.suffix[1:].upper()}</a>' for p in paths)
         png = next((p for p in paths if p.suffix == ".png"), None)
-        img = f'<br><img src="{html.escape(png.name)}" alt="{html.escape(heading)}">' if png else ""
+        img = ""
+        if png is not None:
+            # save_chart draws PNGs at twice their size: show them at their logical size (sharp, not huge).
+            with png.open("rb") as f:
+                head = f.read(24)
+            width = int.from_bytes(head[16:20], "big") // 2  # the IHDR chunk's width
+            img = f'<br><img src="{html.escape(png.name)}" width="{width}" alt="{html.escape(heading)}">'
         return f"<figure><figcaption>{html.escape(heading)} ({links})</figcaption>{img}</figure>"
 
     def tokens(labels: Sequence[str]) -> str:

@@ -53,3 +53,21 @@ def multi30k_data(tiny_config):
     from annotated_transformer.data import load_translation_data
 
     return load_translation_data(tiny_config(), log=None)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """best.pt of a tiny Multi30k model trained once per session (60 steps; it learns little).
+
+    The end-of-training BLEU pass is switched off (train.final_eval=false) and outputs are capped
+    at source length + 10 tokens, which keeps the run-on translations of an untrained model short.
+    The run directory beside best.pt holds the usual files (metrics.jsonl, vocab/, config.yaml).
+    """
+    from annotated_transformer.training import train_worker
+
+    run_dir = tmp_path_factory.mktemp("tiny_run")
+    cfg = tiny_config(f"train.out_dir={run_dir}", "train.overwrite=true", "train.max_steps=60",
+                      "train.log_every=20", "train.progress=false", "train.device=cpu", "decode.max_len_a=10",
+                      "train.final_eval=false")
+    train_worker(cfg)
+    return run_dir / "best.pt"

@@ -1,0 +1,244 @@
+"""scripts/visualize.py on a tiny trained checkpoint: the files it writes, what their charts hold, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts/visualize.py"
+SENTENCE = "Ein Mann und eine Frau gehen auf der Straße."
+# Every word is frequent in Multi30k, so the source labels are the words themselves (no "(unk)").
+SOURCE_TOKENS = ["<s>", "Ein", "Mann", "und", "eine", "Frau", "gehen", "auf", "der", "Straße", ".", "</s>"]
+TEACHING = ["mask", "positional_encoding", "lr_schedule", "label_smoothing", "loss_penalty", "training_curves"]
+ATTENTION = ["attention_layer1_encoder_self", "attention_layer1_decoder_self", "attention_layer1_decoder_src"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def chart_spec(html_path: Path) -> dict:
+    """The Vega-Lite spec inlined in an HTML file written by save_chart (`const spec = {...};`)."""
+    text = html_path.read_text(encoding="utf-8")
+    start = text.index("const spec = ") + len("const spec = ")
+    spec, _ = json.JSONDecoder().raw_decode(text, start)
+    return spec
+
+
+def axis_labels(encoding: dict) -> list[str]:
+    """The tokens printed on a position axis: the JSON array in front of its labelExpr."""
+    expr = encoding["axis"]["labelExpr"]
+    return json.loads(expr[: -len("[datum.value]")])
+
+
+def heads(spec: dict) -> list[dict]:
+    """The per-head charts of an attention grid."""
+    return spec["concat"]
+
+
+def weight_rows(head: dict) -> dict[int, list[dict]]:
+    """A head's records grouped by query row."""
+    rows: dict[int, list[dict]] = defaultdict(list)
+    for r in head["data"]["values"]:
+        rows[r["row"]].append(r)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def cli_run(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The script run once, as a user runs it: (completed process, output folder)."""
+    out = tmp_path_factory.mktemp("viz")
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(tiny_checkpoint),
+                           "--sentence", SENTENCE, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return proc, out
+
+
+def test_writes_every_chart_as_offline_html_and_png(cli_run):
+    proc, out = cli_run
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("translation: ")
+    for stem in ATTENTION + TEACHING:
+        html, png = out / f"{stem}.html", out / f"{stem}.png"
+        assert str(html) in proc.stdout and str(png) in proc.stdout  # the list of written files
+        text = html.read_text(encoding="utf-8")
+        assert "vegaEmbed(" in text and "const spec = " in text
+        # The Vega libraries are inside the page: no script or stylesheet is fetched from anywhere.
+        assert re.search(r"<script[^>]*\ssrc=", text) is None and not re.search(r"<link[^>]*href=", text)
+        assert len(text) > 300_000  # vega + vega-lite + vega-embed bundled, not linked
+        assert png.read_bytes()[:8] == PNG_MAGIC
+    index = (out / "index.html").read_text(encoding="utf-8")
+    for stem in ATTENTION + TEACHING:
+        assert f'href="{stem}.html"' in index and f'src="{stem}.png"' in index
+    assert "http" not in index  # plain, local links only
+
+
+def test_attention_charts_hold_the_translation_tokens_in_order_and_rows_sum_to_one(cli_run):
+    proc, out = cli_run
+    translation = proc.stdout.splitlines()[0].removeprefix("translation: ")
+    target_tokens = ["<s>", *translation.split()]  # word mode: the translation is its tokens joined by spaces
+    assert len(target_tokens) <= len(SOURCE_TOKENS) - 2 + 10 + 1  # the fixture's decode.max_len_a=10
+
+    expected_axes = {  # (rows = queries, columns = keys)
+        "attention_layer1_encoder_self": (SOURCE_TOKENS, SOURCE_TOKENS),
+        "attention_layer1_decoder_self": (target_tokens, target_tokens),
+        "attention_layer1_decoder_src": (target_tokens, SOURCE_TOKENS),
+    }
+    for stem, (queries, keys) in expected_axes.items():
+        spec = chart_spec(out / f"{stem}.html")
+        assert len(heads(spec)) == 4  # tiny.yaml: h = 4, every head drawn
+        for head in heads(spec):
+            assert axis_labels(head["encoding"]["y"]) == queries
+            assert axis_labels(head["encoding"]["x"]) == keys
+            rows = weight_rows(head)
+            assert sorted(rows) == list(range(len(queries)))
+            for i, row in rows.items():
+                assert sorted(r["col"] for r in row) == list(range(len(keys)))
+                assert sum(r["weight"] for r in row) == pytest.approx(1.0, abs=1e-4)
+                assert {r["query"] for r in row} == {queries[i]}
+                assert all(r["key"] == keys[r["col"]] for r in row)
+                if stem.endswith("decoder_self"):  # masked: a position never sees a later one
+                    assert all(r["weight"] == 0 for r in row if r["col"] > i)
+
+
+def test_only_the_chosen_layers_and_formats(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    # In-process (runpy): the same entry point without paying for another interpreter start.
+    monkeypatch.setattr(sys, "argv", ["visualize.py", "--checkpoint", str(tiny_checkpoint), "--sentence",
+                                      SENTENCE, "--out", str(tmp_path), "--layers", "1", "--formats", "html"])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert exc.value.code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{s}.html" for s in ATTENTION + TEACHING] + ["index.html"])
+    assert "<img" not in (tmp_path / "index.html").read_text(encoding="utf-8")
+
+
+def run_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
+    """Run the script's entry point with `args`; return (exit code, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["visualize.py", *args])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    return exc.value.code, capsys.readouterr().err
+
+
+@pytest.fixture()
+def copy_task_checkpoint(tiny_checkpoint, tmp_path) -> Path:
+    """A checkpoint without a text vocabulary, as the copy task writes."""
+    payload = load_checkpoint(tiny_checkpoint)
+    payload["text"] = None
+    path = tmp_path / "copy.pt"
+    save_checkpoint(payload, path)
+    return path
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "not found"),
+    ("empty sentence", "sentence is empty"),
+    ("layer out of range", "layer 2 does not exist"),
+    ("layer zero", "layer 0 does not exist"),
+    ("copy task", "without a text vocabulary"),
+    ("bad beam", "beam size must be at least 1"),
+])
+def test_bad_input_is_one_line_and_exit_2(case, message, tiny_checkpoint, copy_task_checkpoint, tmp_path,
+                                          monkeypatch, capsys):
+    out = tmp_path / "out"
+    base = ["--checkpoint", str(tiny_checkpoint), "--sentence", SENTENCE, "--out", str(out)]
+    args = {
+        "missing": ["--checkpoint", str(tmp_path / "nope.pt"), "--sentence", SENTENCE, "--out", str(out)],
+        "empty sentence": ["--checkpoint", str(tiny_checkpoint), "--sentence", "  ", "--out", str(out)],
+        "layer out of range": [*base, "--layers", "1", "2"],
+        "layer zero": [*base, "--layers", "0"],
+        "copy task": ["--checkpoint", str(copy_task_checkpoint), "--sentence", SENTENCE, "--out", str(out)],
+        "bad beam": [*base, "--beam", "0"],
+    }[case]
+    code, err = run_in_process(args, monkeypatch, capsys)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert not out.exists()  # nothing written before the mistake was found
+
+
+def test_bad_input_from_a_real_process(tmp_path):
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(tmp_path / "nope.pt"),
+                           "--sentence", SENTENCE], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: checkpoint") and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- token labels, no data needed
+
+GERMAN = ["ein Hund läuft im Park", "zwei Männer spielen Fußball", "eine Frau liest ein Buch",
+          "ein Kind spielt im Schnee", "zwei Hunde laufen am Strand"]
+ENGLISH = ["a dog runs in the park", "two men play football", "a woman reads a book",
+           "a child plays in the snow", "two dogs run on the beach"]
+
+
+def make_translator(text, seed: int = 0):
+    """A random 2-layer model around `text`, outputs capped at source length + 4 tokens."""
+    from annotated_transformer.config import Config
+    from annotated_transformer.model import make_model_from_config
+    from annotated_transformer.translator import Translator
+
+    cfg = Config()
+    cfg.model.N, cfg.model.d_model, cfg.model.d_ff, cfg.model.h = 2, 16, 32, 2
+    cfg.decode.max_len_a = 4
+    torch.manual_seed(seed)
+    model = make_model_from_config(cfg.model, len(text.src_vocab), len(text.tgt_vocab))
+    return Translator(model, text, cfg, "cpu")
+
+
+def check_alignment(sa) -> None:
+    """Labels match the ids position by position, and every map has their shape."""
+    assert len(sa.src_tokens) == len(sa.src_ids) and len(sa.tgt_tokens) == len(sa.tgt_ids)
+    assert sa.src_tokens[0] == "<s>" and sa.src_tokens[-1] == "</s>" and sa.tgt_tokens[0] == "<s>"
+    S, T = len(sa.src_ids), len(sa.tgt_ids)
+    for kind, shape in {"encoder": (S, S), "self": (T, T), "src": (T, S)}.items():
+        assert len(sa.attention[kind]) == 2
+        for maps in sa.attention[kind]:
+            assert tuple(maps.shape[1:]) == shape
+            assert torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5)
+
+
+def test_subword_labels_drop_the_word_marker():
+    from annotated_transformer.data.text import TextPipeline
+    from annotated_transformer.visualize import SPM_SPACE, display_token, sentence_attention
+
+    text = TextPipeline.for_subwords(GERMAN * 20, ENGLISH * 20, src_lang="de", tgt_lang="en", vocab_size=60)
+    sa = sentence_attention(make_translator(text), "zwei Hunde spielen im Park")
+    check_alignment(sa)
+    pieces = text.tokenize("zwei Hunde spielen im Park", "src")
+    assert any(p.startswith(SPM_SPACE) for p in pieces)
+    assert sa.src_tokens == ["<s>", *(p.replace(SPM_SPACE, "") or p for p in pieces), "</s>"]
+    assert not any(SPM_SPACE in t for t in sa.src_tokens + sa.tgt_tokens if t != SPM_SPACE)
+    assert display_token(SPM_SPACE) == SPM_SPACE  # a lone marker stays visible rather than an empty label
+
+
+def test_word_labels_name_unknown_words_and_follow_truncation():
+    from annotated_transformer.data.text import TextPipeline
+    from annotated_transformer.visualize import sentence_attention
+
+    text = TextPipeline.for_words([s.split() for s in GERMAN], [s.split() for s in ENGLISH], src_lang="de",
+                                  tgt_lang="en", min_freq=1, max_len=6)
+    translator = make_translator(text)
+    sa = sentence_attention(translator, "ein Zebra läuft")
+    check_alignment(sa)
+    assert sa.src_tokens == ["<s>", "ein", "Zebra (unk)", "läuft", "</s>"] and not sa.truncated
+    assert sa.translation == text.decode(sa.tgt_ids, "tgt")
+    # Longer than max_len = 6: cut to <s> + 4 words + </s>, as the model saw it.
+    sa = sentence_attention(translator, "ein Hund läuft im Park am Strand")
+    check_alignment(sa)
+    assert sa.truncated and sa.src_tokens == ["<s>", "ein", "Hund", "läuft", "im", "</s>"]
+    # The grid of each kind draws every head with these labels; layer 2 of 2 is index 1.
+    spec = sa.grid(1, "src").to_dict()
+    assert spec["title"]["text"] == "Decoder-source attention, layer 2 of 2" and len(spec["concat"]) == 2
+    assert axis_labels(spec["concat"][0]["encoding"]["x"]) == sa.src_tokens
+    assert axis_labels(spec["concat"][0]["encoding"]["y"]) == sa.tgt_tokens
