@@ -1,0 +1,233 @@
+"""Decoding as a user meets it: Translator, scripts/translate.py, scripts/evaluate.py and
+scripts/average_checkpoints.py on a tiny trained checkpoint, bad input included."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer import Translator
+from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
+from annotated_transformer.decoding import beam_search, greedy_decode, greedy_decode_naive
+from annotated_transformer.model import make_model_from_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTENCES = [
+    "Ein Mann fährt Fahrrad.",
+    "",
+    "Zwei Hunde spielen im Schnee auf einer großen Wiese neben einem Haus.",
+    "Eine Frau.",
+    "   ",
+    "Kinder spielen.",
+]
+
+
+def run_script(name: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    """Run scripts/<name> as a user would, capturing bytes."""
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], input=stdin,
+                          capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_checkpoint: Path) -> Translator:
+    return Translator.from_checkpoint(tiny_checkpoint, device="cpu")
+
+
+def val_sources(multi30k_data, n: int) -> list[list[int]]:
+    """The first n validation sources as id lists (<s> ... </s>), of mixed lengths."""
+    return [ids.tolist() for ids in multi30k_data.splits["val"].src[:n]]
+
+
+def padded(sources: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    S = max(len(s) for s in sources)
+    src = torch.full((len(sources), S), pad, dtype=torch.long)
+    for i, s in enumerate(sources):
+        src[i, : len(s)] = torch.tensor(s)
+    return src, (src != pad).unsqueeze(-2)
+
+
+# ---------------------------------------------------------------- the trained model's decoders
+
+
+@pytest.mark.parametrize("B", [1, 16])
+def test_cached_greedy_equals_naive_on_a_trained_model(translator, multi30k_data, B):
+    text = translator.text
+    src, mask = padded(val_sources(multi30k_data, B), text.pad_id)
+    lengths = mask.sum(-1).squeeze(-1)
+    max_len = lengths + 10  # per-sentence limits of mixed lengths
+    with torch.no_grad():
+        fast = greedy_decode(translator.model, src, mask, max_len, text.bos_id, text.eos_id, text.pad_id)
+        slow = greedy_decode_naive(translator.model, src, mask, max_len, text.bos_id, text.eos_id, text.pad_id)
+    assert torch.equal(fast, slow)
+
+
+def test_beam_one_equals_greedy_on_a_trained_model(translator, multi30k_data):
+    text = translator.text
+    src, mask = padded(val_sources(multi30k_data, 12), text.pad_id)
+    with torch.no_grad():
+        g = greedy_decode(translator.model, src, mask, 30, text.bos_id, text.eos_id, text.pad_id)
+        b = beam_search(translator.model, src, mask, 30, text.bos_id, text.eos_id, beam_size=1, pad_symbol=text.pad_id)
+    assert torch.equal(g, b)
+
+
+def test_translator_keeps_input_order_and_empty_lines(translator):
+    together = translator.translate(SENTENCES, batch_size=2)  # length-sorted batches of two
+    alone = [translator.translate([s])[0] for s in SENTENCES]
+    assert together == alone
+    assert together[1] == "" and together[4] == ""
+    assert all(together[i] for i in (0, 2, 3, 5))
+
+
+def test_translator_refuses_a_copy_task_checkpoint(tmp_path, tiny_checkpoint):
+    payload = load_checkpoint(tiny_checkpoint)
+    payload["text"] = None
+    save_checkpoint(payload, tmp_path / "copy.pt")
+    with pytest.raises(Exception, match="without a text vocabulary"):
+        Translator.from_checkpoint(tmp_path / "copy.pt")
+
+
+# ---------------------------------------------------------------- translate.py
+
+
+def test_translate_script_one_line_out_per_line_in(tiny_checkpoint, translator):
+    stdin = "\n".join(SENTENCES).encode("utf-8") + b"\n"
+    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
+    assert proc.returncode == 0, proc.stderr.decode()
+    lines = proc.stdout.decode("utf-8").split("\n")
+    assert lines[-1] == ""  # every output line ends with a newline
+    assert lines[:-1] == translator.translate(SENTENCES)
+    assert proc.stderr.decode().strip() == ""  # nothing to warn about
+
+
+def test_translate_script_reads_a_file_and_beam(tiny_checkpoint, translator, tmp_path):
+    src = tmp_path / "de.txt"
+    src.write_text("\n".join(SENTENCES[:4]) + "\n", encoding="utf-8")
+    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--input", str(src), "--beam", "3",
+                      "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode("utf-8").splitlines() == translator.translate(SENTENCES[:4], beam_size=3)
+
+
+def test_translate_script_truncates_a_long_line_with_a_warning(tiny_checkpoint, translator):
+    limit = translator.text.max_len
+    long_line = " ".join(["Hund"] * (limit + 20))
+    stdin = f"Ein Mann.\n{long_line}\nEine Frau.\n".encode()
+    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(proc.stdout.decode().splitlines()) == 3
+    warnings = proc.stderr.decode().strip().splitlines()
+    assert len(warnings) == 1
+    assert "line 2" in warnings[0] and "truncated" in warnings[0] and str(limit) in warnings[0]
+
+
+@pytest.mark.parametrize("args, stdin, needle", [
+    ([], "Ein Mann.\n".encode("latin-1") + b"Stra\xdfe\n", "not valid UTF-8 (line 2"),
+    (["--beam", "0"], b"Ein Mann.\n", "--beam must be at least 1"),
+    (["--input", "/nonexistent/de.txt"], b"", "cannot read /nonexistent/de.txt"),
+])
+def test_translate_script_bad_input_is_one_clear_line(tiny_checkpoint, args, stdin, needle):
+    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", *args, stdin=stdin)
+    assert proc.returncode == 2
+    err = proc.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert proc.stdout == b""
+
+
+def test_translate_script_missing_checkpoint(tmp_path):
+    proc = run_script("translate.py", "--checkpoint", str(tmp_path / "nope.pt"), stdin=b"Ein Mann.\n")
+    assert proc.returncode == 2
+    assert proc.stderr.decode().strip() == f"error: checkpoint {tmp_path / 'nope.pt'} not found"
+
+
+# ---------------------------------------------------------------- evaluate.py
+
+
+def test_evaluate_script_json(tiny_checkpoint, multi30k_dir, tmp_path):
+    hyp_file = tmp_path / "hyps.txt"
+    proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--split", "val", "--limit", "20",
+                      "--json", "--output", str(hyp_file), "--data-root", str(multi30k_dir), "--device", "cpu",
+                      "--show", "2")
+    assert proc.returncode == 0, proc.stderr.decode()
+    result = json.loads(proc.stdout)  # stdout is exactly one JSON object
+    for key in ("bleu", "signature", "split", "beam", "sentences", "seconds"):
+        assert key in result
+    assert result["split"] == "val" and result["beam"] == 1 and result["sentences"] == 20
+    assert 0.0 <= result["bleu"] <= 100.0 and result["seconds"] > 0
+    # word mode: the headline is the lowercased tokenised BLEU; the signature says so
+    assert "tok:none" in result["signature"] and "case:lc" in result["signature"]
+    assert result["bleu"] == result["scores"]["bleu_lc"]["score"]
+    assert {"bleu", "bleu_lc", "chrf"} <= set(result["scores"])
+    hyps = hyp_file.read_text(encoding="utf-8").split("\n")
+    assert len(hyps) == 21 and hyps[-1] == ""
+    assert "Ein" in proc.stderr.decode() or "ein" in proc.stderr.decode()  # --show goes to stderr with --json
+
+
+def test_evaluate_script_text_output_names_signatures(tiny_checkpoint, multi30k_dir, tmp_path):
+    proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--split", "test", "--limit", "8",
+                      "--output", str(tmp_path / "h.txt"), "--data-root", str(multi30k_dir), "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert "test: 8 sentences, beam 1" in out
+    scored = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(scored) == {"bleu", "bleu_lc", "chrf"}
+    assert all("nrefs:1" in line and "version:" in line for line in scored.values())  # each with its signature
+    assert "case:lc" in scored["bleu_lc"] and "case:mixed" in scored["bleu"]
+
+
+def test_evaluate_script_refuses_a_bad_beam(tiny_checkpoint):
+    proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--beam", "-1")
+    assert proc.returncode == 2
+    assert proc.stderr.decode().strip() == "error: --beam must be at least 1, got -1"
+
+
+# ---------------------------------------------------------------- average_checkpoints.py
+
+
+def test_average_checkpoints_script(tiny_checkpoint, tmp_path):
+    payload = load_checkpoint(tiny_checkpoint)
+    shifted = dict(payload, model={k: v + 1.0 if v.is_floating_point() else v for k, v in payload["model"].items()})
+    save_checkpoint(shifted, tmp_path / "shifted.pt")
+    out = tmp_path / "avg.pt"
+    proc = run_script("average_checkpoints.py", str(tiny_checkpoint), str(tmp_path / "shifted.pt"), "--output", str(out))
+    assert proc.returncode == 0, proc.stderr.decode()
+    avg = load_checkpoint(out)
+    for k, v in payload["model"].items():
+        if v.is_floating_point():
+            torch.testing.assert_close(avg["model"][k], v + 0.5, rtol=0, atol=1e-6)
+    tr = Translator.from_checkpoint(out, device="cpu")  # the average is a usable checkpoint
+    assert len(tr.translate(["Ein Mann fährt Fahrrad."])) == 1
+
+
+def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_path):
+    payload = load_checkpoint(tiny_checkpoint)
+    cfg = json.loads(json.dumps(payload["config"]))
+    cfg["model"]["d_ff"] *= 2
+    from annotated_transformer.config import config_from_dict
+
+    other = make_model_from_config(config_from_dict(cfg).model, payload["model"]["src_embed.0.lut.weight"].shape[0],
+                                   payload["model"]["tgt_embed.0.lut.weight"].shape[0])
+    save_checkpoint(dict(payload, config=cfg, model=other.state_dict()), tmp_path / "wide.pt")
+    out = tmp_path / "avg.pt"
+    proc = run_script("average_checkpoints.py", str(tiny_checkpoint), str(tmp_path / "wide.pt"), "--output", str(out))
+    assert proc.returncode == 2
+    err = proc.stderr.decode().strip()
+    assert err.startswith("error: ") and "different architecture" in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_average_checkpoints_refuses_another_vocabulary(tiny_checkpoint, tmp_path):
+    payload = load_checkpoint(tiny_checkpoint)
+    text = dict(payload["text"], tgt_vocab=list(payload["text"]["tgt_vocab"]))
+    text["tgt_vocab"][4], text["tgt_vocab"][5] = text["tgt_vocab"][5], text["tgt_vocab"][4]  # same size, other ids
+    save_checkpoint(dict(payload, text=text), tmp_path / "other_vocab.pt")
+    proc = run_script("average_checkpoints.py", str(tiny_checkpoint), str(tmp_path / "other_vocab.pt"),
+                      "--output", str(tmp_path / "avg.pt"))
+    assert proc.returncode == 2
+    assert "different vocabulary" in proc.stderr.decode()
+    assert not (tmp_path / "avg.pt").exists()
+
