@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError
+from .files import give_default_permissions
 
 FORMAT = "annotated-transformer/1"
 
@@ -64,9 +65,7 @@ def atomic_write(path: str | Path, write) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         # mkstemp creates owner-only files; give the result the permissions a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        give_default_permissions(tmp)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

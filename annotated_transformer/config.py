@@ -401,3 +401,22 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             rows.append((prefix + f.name, default, f.metadata.get("help", "")))
     return rows
+
+
+def reference_markdown() -> str:
+    """docs/config.md: every config key with its default and meaning, grouped by section."""
+    lines = ["# Config reference", "",
+             "Every key, its default and what it does; set any of them in a YAML file or as a dotted",
+             "override after `--config` (`train.epochs=2`). Generated from `annotated_transformer/config.py`",
+             "by `uv run python -m annotated_transformer.config_docs > docs/config.md` (a test keeps it in step).", ""]
+    section = None
+    for key, default, text in describe():
+        head = key.split(".")[0] if "." in key else "top level"
+        if head != section:
+            section = head
+            lines += [f"## {section}", "", "| key | default | meaning |", "| --- | --- | --- |"]
+        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        lines.append(f"| `{key}` | `{shown}` | {text.replace('|', '/')} |")
+        if head == "top level":
+            lines.append("")
+    return "\n".join(lines).replace("|\n## ", "|\n\n## ") + "\n"

@@ -55,6 +55,11 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
     return results
 
 
+def decode_amp_dtype(device: torch.device) -> torch.dtype | None:
+    """bf16 autocast for decoding where it is the fast path (CUDA with bf16); exact fp32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+
+
 class Translator:
     """A trained model with its vocabulary and decoding settings, ready to translate text."""
 
@@ -63,8 +68,7 @@ class Translator:
         self.text = text
         self.config = config
         self.device = torch.device(device)
-        # bf16 autocast where it is the fast path (CUDA); exact fp32 elsewhere.
-        self.amp_dtype = torch.bfloat16 if self.device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+        self.amp_dtype = decode_amp_dtype(self.device)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:

@@ -118,3 +118,13 @@ def test_cli_errors_are_one_line_and_exit_2(args, message, tmp_path):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and message in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_config_reference_doc_is_up_to_date():
+    from annotated_transformer.config import describe, reference_markdown
+
+    doc = (Path(__file__).resolve().parents[1] / "docs/config.md").read_text(encoding="utf-8")
+    assert doc == reference_markdown(), (
+        "docs/config.md is stale: uv run python -m annotated_transformer.config_docs > docs/config.md")
+    for key, _, text in describe():
+        assert f"| `{key}` |" in doc and text  # every key documented, none without a help text

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..files import give_default_permissions
 from .multi30k import MULTI30K_FILES
 from .text import TextPipeline
 
@@ -81,15 +82,6 @@ def _unpack(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
     return np.split(flat.astype(np.int64), offsets[1:-1])
 
 
-def _apply_umask(folder: Path) -> None:
-    """Give a folder made by mkdtemp/mkstemp (owner-only) the usual permissions, so a shared cache_dir is shared."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(folder, 0o777 & ~umask)
-    for path in folder.rglob("*"):
-        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~umask)
-
-
 def write_cache(folder: Path, text: TextPipeline, splits: dict[str, dict[str, Any]], settings: dict[str, Any],
                 stats: dict[str, Any]) -> Path:
     """Write a complete cache folder atomically. `splits[name]` = {'src': rows, 'tgt': rows}."""
@@ -106,7 +98,7 @@ def write_cache(folder: Path, text: TextPipeline, splits: dict[str, dict[str, An
                 os.fsync(f.fileno())
         manifest = {"settings": settings, "stats": stats, "splits": sorted(splits)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        _apply_umask(tmp)
+        give_default_permissions(tmp)  # a shared cache_dir stays shared
         try:
             os.rename(tmp, folder)
         except OSError:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..files import give_default_permissions
 
 MULTI30K_FILES: dict[str, str] = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -112,9 +113,7 @@ def _download_once(url: str, dest: Path, expected: str, timeout: float) -> None:
         if h.hexdigest() != expected:
             problem = _gzip_problem(tmp) or f"corrupted (sha256 {h.hexdigest()[:12]}..., expected {expected[:12]}...)"
             raise _BadDownload(problem)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it owner-only; a shared cache should stay readable
+        give_default_permissions(tmp)  # mkstemp made it owner-only; a shared cache should stay readable
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)

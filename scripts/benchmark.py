@@ -1,0 +1,53 @@
+"""Our fast path against the notebook-style pipeline, in one run on one machine; prints ratios.
+
+    uv run python scripts/benchmark.py --config base.yaml --steps 10
+    uv run python scripts/benchmark.py --config small.yaml --checkpoint runs/small/best.pt --json
+    uv run python scripts/benchmark.py --config base.yaml --skip-decode --sweep --out runs/benchmark
+
+What each side does is described in annotated_transformer/benchmark.py. With --json, stdout is one
+JSON object and progress goes to stderr.
+"""
+
+import json
+import sys
+
+from annotated_transformer.benchmark import format_summary, run_benchmark
+from annotated_transformer.cli import config_parser
+from annotated_transformer.config import load_config
+from annotated_transformer.errors import run_cli
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> int:
+    parser = config_parser("Benchmark training and decoding: fast path vs the notebook-style reference.")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per side (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
+    parser.add_argument("--checkpoint", default=None, help="trained weights for the decoding figures "
+                        "(without it decoding runs on untrained weights of the config's model)")
+    parser.add_argument("--one-sentence", type=int, default=100, metavar="N",
+                        help="test sentences (evenly spread) given to the slow one-sentence decoder")
+    parser.add_argument("--sentences", type=int, default=None, metavar="N",
+                        help="decode only the first N test sentences (default: all 1,000)")
+    parser.add_argument("--skip-train", action="store_true", help="decoding only")
+    parser.add_argument("--skip-decode", action="store_true", help="training only")
+    parser.add_argument("--sweep", action="store_true", help="also time the fast path over batch sizes and lengths")
+    parser.add_argument("--sweep-tokens", type=int_list, default=[1024, 4096, 16384], metavar="A,B,...")
+    parser.add_argument("--sweep-lengths", type=int_list, default=[8, 16, 32, 64, 128], metavar="A,B,...")
+    parser.add_argument("--out", default=None, help="folder for benchmark.json (and the sweep chart)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = parser.parse_args()
+    cfg = load_config(args.config, args.overrides)
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
+                           one_sentence_limit=args.one_sentence, decode_limit=args.sentences, train=not args.skip_train,
+                           decode=not args.skip_decode, sweep_tokens=args.sweep_tokens if args.sweep else None,
+                           sweep_lengths=args.sweep_lengths if args.sweep else None, out_dir=args.out, log=log)
+    print(json.dumps(result) if args.json else format_summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,40 @@
+"""Files we write get the permissions a plain open()/mkdir() would give, not mkstemp's owner-only ones."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.checkpoint import save_checkpoint
+from annotated_transformer.files import give_default_permissions
+
+
+@pytest.fixture(params=[0o022, 0o002])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_checkpoints_follow_the_umask(tmp_path, umask):
+    save_checkpoint({"x": 1}, tmp_path / "a.pt")
+    assert mode(tmp_path / "a.pt") == 0o666 & ~umask
+
+
+def test_a_temporary_tree_gets_default_permissions(tmp_path, umask):
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    (root / "sub").mkdir(mode=0o700)
+    fd, name = tempfile.mkstemp(dir=root / "sub")
+    os.close(fd)
+    assert mode(root) == 0o700 and mode(Path(name)) == 0o600  # what mkdtemp/mkstemp give
+    give_default_permissions(root)
+    assert mode(root) == mode(root / "sub") == 0o777 & ~umask
+    assert mode(Path(name)) == 0o666 & ~umask
