@@ -5,11 +5,11 @@ peak memory is its own):
 
 * reference: the notebook's pipeline. Raw sentence pairs in batches of 32, spaCy tokenisation and
   padding to 72 inside the DataLoader's collate for every batch, fp32, explicit softmax attention
-  (`model.attention=naive`), PyTorch's default Adam implementation.
+  (`model.attention=naive`), PyTorch's own nn.Dropout and default Adam implementation.
 * fast: this project's path. Tokenised once and cached, length-bucketed batches of about
   `data.batch_tokens` tokens, fused scaled_dot_product_attention, bf16 autocast where the hardware
-  has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), fused Adam, optional
-  torch.compile.
+  has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), fused Adam, the cheaper
+  CPU dropout mask of `model.Dropout`, optional torch.compile.
 
 Both sides run the real `run_epoch`, one optimizer step per call, timed from asking the loader for
 a batch to the end of the optimizer step (the device synchronised). Throughput counts target
@@ -125,6 +125,15 @@ def batch_lengths(batch: Any, pad: int) -> tuple[list[int], list[int]]:
 # --------------------------------------------------------------------------- training, one side
 
 
+def notebook_dropout(model: torch.nn.Module) -> None:
+    """Give every dropout layer back PyTorch's own implementation (the notebook's nn.Dropout)."""
+    from .model import Dropout
+
+    for m in model.modules():
+        if isinstance(m, Dropout):
+            m.__class__ = torch.nn.Dropout
+
+
 def _peak_memory_gb(device: torch.device) -> float:
     """Peak memory of this process: CUDA allocator peak on a GPU, else the resident-set high-water mark."""
     if device.type == "cuda":
@@ -160,6 +169,8 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
         loader = data.train_loader(cfg.train.seed, pin_memory=device.type == "cuda")
     model = make_model_from_config(model_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device)
+    if reference:
+        notebook_dropout(model)
     criterion = LabelSmoothing(len(text.tgt_vocab), text.pad_id, cfg.train.label_smoothing)
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
                                 fused=False if reference else None)

@@ -223,3 +223,24 @@ def test_tied_embeddings_share_one_matrix():
     assert untied.num_parameters() - model.num_parameters() == 2 * 20 * 16
     with pytest.raises(ValueError, match="shared vocabulary"):
         make_model(20, 21, tie_embeddings=True)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_cpu_dropout_keeps_the_right_fraction_and_scales(p):
+    from annotated_transformer.model import Dropout
+
+    d = Dropout(p).train()
+    torch.manual_seed(0)
+    x = torch.ones(1000, 1001, requires_grad=True)  # an odd count: the last 64-bit draw is only partly used
+    y = d(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 3e-3
+    for slot in range(4):  # every 16-bit word of the random integers is used and unbiased
+        assert abs(kept.view(-1)[slot::4].float().mean().item() - (1 - p)) < 5e-3
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 1 / (1 - p)))
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # the gradient passes through the kept elements, scaled alike
+    torch.manual_seed(0)
+    assert torch.equal(d(x), y)  # seeded: the same mask again
+    assert torch.equal(d.eval()(x), x)  # evaluation: the identity
+    assert d.train()(torch.ones(3, dtype=torch.bfloat16)).dtype == torch.bfloat16
