@@ -175,7 +175,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
                                 fused=False if reference else None)
     scheduler = build_scheduler(optimizer, model_cfg.d_model, cfg.train.lr_factor, cfg.train.warmup)
-    train_model = torch.compile(model) if (cfg.train.compile and not reference) else model
+    train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not reference) else model
     loss_compute = SimpleLossCompute(model.generator, criterion)
     peak = matmul_peak(device, amp_dtype or torch.float32)
     if device.type == "cuda":

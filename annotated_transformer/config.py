@@ -109,6 +109,9 @@ class TrainConfig:
     out_dir: str | None = param(None, "run directory (default: runs/<config name>)")
     overwrite: bool = param(False, "replace an existing run directory instead of refusing")
     resume: bool = param(False, "continue the run in out_dir from its last.pt")
+    keep_last_epochs: int = param(0, "keep only the newest N epoch_NN.pt files (0: keep them all)")
+    average_last: int = param(0, "at the end, average the last N epochs' weights into avg.pt and use it "
+                              "for the final scores if it beats best.pt on val (0 or 1: off)")
     log_every: int = param(50, "optimizer steps between log lines")
     bleu_every: int = param(1, "epochs between validation BLEU evaluations (0: never)")
     best_metric: str = param("bleu", "what picks best.pt: 'bleu' (higher is better) or 'loss' (lower)",
@@ -153,7 +156,8 @@ class Config:
                 raise ConfigError(f"{key} must be at least 1, got {value}")
         nonneg = {"train.epochs": t.epochs, "train.max_steps": t.max_steps, "train.bleu_every": t.bleu_every,
                   "data.num_workers": d.num_workers, "train.clip_grad_norm": t.clip_grad_norm,
-                  "decode.max_len_a": dec.max_len_a, "train.adam_eps": t.adam_eps}
+                  "decode.max_len_a": dec.max_len_a, "train.adam_eps": t.adam_eps,
+                  "train.keep_last_epochs": t.keep_last_epochs, "train.average_last": t.average_last}
         for key, value in nonneg.items():
             if value < 0:
                 raise ConfigError(f"{key} must not be negative, got {value}")
@@ -189,6 +193,9 @@ class Config:
             raise ConfigError(
                 "model.tie_embeddings needs one vocabulary shared by source and target: set data.tokenizer=spm"
             )
+        if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
+            raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
+                              f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
         if t.resume and t.overwrite:
             raise ConfigError("train.resume and train.overwrite are both true; pick one")
         return self

@@ -8,6 +8,7 @@
       epoch_NN.pt          model weights after epoch NN (for averaging)
       best.pt              the weights that scored best on validation
       last.pt              everything needed to resume (optimizer, scheduler, data position, RNG)
+      avg.pt               the average of the last train.average_last epochs' weights (when set)
 """
 
 from __future__ import annotations
@@ -54,9 +55,20 @@ class RunDir:
     def best(self) -> Path:
         return self.path / "best.pt"
 
+    @property
+    def avg(self) -> Path:
+        return self.path / "avg.pt"
+
     def epoch(self, epoch: int) -> Path:
         """The weights saved after `epoch` (1-based)."""
         return self.path / f"epoch_{epoch:02d}.pt"
+
+    def prune_epochs(self, keep_after: int) -> None:
+        """Delete epoch_NN.pt files of epochs up to `keep_after` (train.keep_last_epochs)."""
+        for path in self.path.glob("epoch_*.pt"):
+            number = path.stem.removeprefix("epoch_")
+            if number.isdigit() and int(number) <= keep_after:
+                path.unlink(missing_ok=True)
 
     def has_run(self) -> bool:
         """True when the folder holds a previous run's files."""

@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from .checkpoint import load_checkpoint, model_payload, save_checkpoint
+from .checkpoint import CheckpointWriter, load_checkpoint, model_payload
 from .config import Config, config_to_dict
 from .data.batch import Batch
 from .distributed import (
@@ -319,11 +319,13 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
     if info.distributed:
         train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     if tcfg.compile:
-        train_model = torch.compile(train_model)
+        # Every bucketed batch has its own (B, S, T): one compile for symbolic shapes, not one per shape.
+        train_model = torch.compile(train_model, dynamic=True)
     loss_compute = SimpleLossCompute(model.generator, criterion)
     monitor = GPUMonitor(device)
     stopper = _StopSignal()
     stopper.install()
+    writer = CheckpointWriter()  # rank 0 writes checkpoints in the background while training goes on
     text_state = task.text.state_dict() if task.text is not None else None
     cfg_dict = config_to_dict(cfg)
 
@@ -337,7 +339,7 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
             payload = model_payload(model, cfg_dict, text_state, state.state_dict())
             payload.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
                            loader=loader_pos, rng={str(r): s for r, s in enumerate(rngs)})
-            save_checkpoint(payload, run.last)
+            writer.save(payload, run.last)
 
     def better(value: float) -> bool:
         if state.best_metric is None:
@@ -404,14 +406,17 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
             if peak is not None:
                 record["peak_mem_gb"] = peak
             metric = record.get("bleu") if tcfg.best_metric == "bleu" else val_loss
+            targets = []  # the same weights go to best.pt (when they improved) and epoch_NN.pt
             if metric is not None and better(metric):
                 state.best_metric, state.best_epoch = float(metric), epoch + 1
-                if info.is_main:
-                    save_checkpoint(model_payload(model, cfg_dict, text_state, state.state_dict()), run.best)
+                targets.append(run.best)
+            if not cut_short:
+                targets.append(run.epoch(epoch + 1))
             if info.is_main:
-                if not cut_short:
-                    save_checkpoint(model_payload(model, cfg_dict, text_state, state.state_dict()),
-                                    run.epoch(epoch + 1))
+                if targets:
+                    writer.save(model_payload(model, cfg_dict, text_state, state.state_dict()), *targets)
+                if tcfg.keep_last_epochs and not cut_short:
+                    run.prune_epochs(keep_after=epoch + 1 - tcfg.keep_last_epochs)
                 run.log_metrics(record)
             save_last(loader.state_dict() if cut_short else None)
             bleu_txt = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
@@ -420,6 +425,7 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
                 f"{format_gpu(gpu_samples[-1] if gpu_samples else {})}")
     finally:
         stopper.restore()
+        writer.wait()  # every checkpoint on disk before best.pt is read back or the process exits
 
     if info.is_main:
         _write_charts(run, log)
@@ -427,12 +433,14 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
         results["stopped_by"] = stopper.signum or signal.SIGTERM
         return results
 
-    # Final figures with the best weights.
+    # Final figures with the best weights (or their average with the last epochs', if that scores higher on val).
+    best = None
     if run.best.is_file() or not info.is_main:
         barrier()
         best = load_checkpoint(run.best, map_location=device) if run.best.is_file() else None
         if best is not None:
             model.load_state_dict(best["model"])
+    averaged = _average_last_epochs(run, tcfg.average_last, info, log)
     results.update(best_epoch=state.best_epoch, best_metric=state.best_metric, steps=state.step,
                    seconds=time.perf_counter() - t_start)
     if task.name == "copy":
@@ -441,19 +449,53 @@ def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
         results["exact_copies"] = k
     elif tcfg.final_eval:
         val = task.score(model, device, "val", amp_dtype=amp_dtype)
+        chosen = f"best.pt (epoch {state.best_epoch})"
+        if averaged is not None:
+            model.load_state_dict(load_checkpoint(averaged, map_location=device)["model"])
+            val_avg = task.score(model, device, "val", amp_dtype=amp_dtype)
+            log(f"val BLEU: best.pt {val['bleu']:.2f} | {averaged.name} (last {tcfg.average_last} epochs averaged) "
+                f"{val_avg['bleu']:.2f}")
+            if val_avg["bleu"] > val["bleu"]:
+                val, chosen = val_avg, averaged.name
+            elif best is not None:
+                model.load_state_dict(best["model"])
         test = task.score(model, device, "test", amp_dtype=amp_dtype)
-        results.update(val_bleu=val["bleu"], test_bleu=test["bleu"], bleu_signature=test["bleu_signature"])
-        log(f"best epoch {state.best_epoch}: val BLEU {val['bleu']:.2f} | test BLEU {test['bleu']:.2f} "
-            f"({test['bleu_signature']})")
+        results.update(val_bleu=val["bleu"], test_bleu=test["bleu"], bleu_signature=test["bleu_signature"],
+                       final_checkpoint=chosen)
+        log(f"{chosen}: val BLEU {val['bleu']:.2f} | test BLEU {test['bleu']:.2f} (greedy; "
+            f"{test['bleu_signature']})")
+        record: dict[str, Any] = {"kind": "final", "step": state.step, "checkpoint": chosen, "val_bleu": val["bleu"],
+                                  "test_bleu": test["bleu"], "bleu_signature": test["bleu_signature"]}
+        k = cfg.decode.beam_size
+        if k > 1:
+            beam = task.score(model, device, "test", beam_size=k, amp_dtype=amp_dtype)
+            results[f"test_bleu_beam{k}"] = record[f"test_bleu_beam{k}"] = beam["bleu"]
+            log(f"{chosen}: test BLEU {beam['bleu']:.2f} (beam {k}, alpha {cfg.decode.alpha})")
         if info.is_main:
             from .evaluation import check_outputs
 
             log(check_outputs(task.data.splits["test"].src_text, task.data.splits["test"].tgt_text,
                               test["hypotheses"], n=3))
-            run.log_metrics({"kind": "final", "step": state.step, "val_bleu": val["bleu"],
-                             "test_bleu": test["bleu"], "bleu_signature": test["bleu_signature"]})
+            run.log_metrics(record)
     log(f"done in {results['seconds']:.1f} s; run directory {run.path}")
     return results
+
+
+def _average_last_epochs(run: RunDir, n: int, info: DistInfo, log: Callable[[str], None]) -> Path | None:
+    """Average the newest `n` epoch_NN.pt into avg.pt (rank 0 writes, all ranks wait); None if n < 2 or too few."""
+    if n < 2:
+        return None
+    paths = sorted(run.path.glob("epoch_*.pt"))[-n:]
+    if len(paths) < n:
+        log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
+        return None
+    if info.is_main:
+        from .checkpoint import average_checkpoints, save_checkpoint
+
+        save_checkpoint(average_checkpoints(paths), run.avg)
+        log(f"averaged {', '.join(p.name for p in paths)} into {run.avg}")
+    barrier()
+    return run.avg
 
 
 def _done(state: TrainState, tcfg: Any) -> bool:

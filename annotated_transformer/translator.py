@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from .checkpoint import load_checkpoint
 from .config import Config, config_from_dict
-from .distributed import amp_context, select_device
+from .distributed import amp_context, configure_backends, select_device
 from .errors import CheckpointError
 from .model import EncoderDecoder, make_model_from_config
 
@@ -69,6 +69,7 @@ class Translator:
         self.config = config
         self.device = torch.device(device)
         self.amp_dtype = decode_amp_dtype(self.device)
+        configure_backends(self.device)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
@@ -120,6 +121,8 @@ class Translator:
     def to(self, device: str | torch.device) -> Translator:
         """Move the model to another device."""
         self.device = torch.device(device)
+        self.amp_dtype = decode_amp_dtype(self.device)
+        configure_backends(self.device)
         self.model.to(self.device)
         return self
 

@@ -128,3 +128,11 @@ def test_config_reference_doc_is_up_to_date():
         "docs/config.md is stale: uv run python -m annotated_transformer.config_docs > docs/config.md")
     for key, _, text in describe():
         assert f"| `{key}` |" in doc and text  # every key documented, none without a help text
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_config_is_valid(path):
+    cfg = load_config(path.stem)
+    assert cfg.name == path.stem
+    text = path.read_text(encoding="utf-8")
+    assert text.lstrip().startswith("#"), "every shipped config opens with a comment saying what it is"

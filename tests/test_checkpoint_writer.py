@@ -1,0 +1,105 @@
+"""Background checkpoint writes, keeping only the last epochs, and averaging them at the end of training."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from annotated_transformer.checkpoint import CheckpointWriter, load_checkpoint
+from annotated_transformer.config import load_config
+from annotated_transformer.distributed import configure_backends
+from annotated_transformer.errors import ConfigError
+from annotated_transformer.run_dir import RunDir
+from annotated_transformer.training import train_worker
+
+
+def test_writer_snapshots_the_payload_when_save_is_called(tmp_path):
+    writer = CheckpointWriter()
+    weights = torch.zeros(100_000)
+    writer.save({"model": {"w": weights}, "config": {}}, tmp_path / "a.pt", tmp_path / "b.pt")
+    weights.add_(1.0)  # training goes on while the bytes are written
+    writer.wait()
+    for name in ("a.pt", "b.pt"):
+        assert torch.equal(load_checkpoint(tmp_path / name)["model"]["w"], torch.zeros(100_000))
+    assert (tmp_path / "a.pt").read_bytes() == (tmp_path / "b.pt").read_bytes()  # one file, copied
+
+
+def test_writes_land_in_order_and_a_failed_write_reaches_wait(tmp_path):
+    writer = CheckpointWriter()
+    path = tmp_path / "c.pt"
+    for i in range(3):
+        writer.save({"model": {"w": torch.full((10,), float(i))}, "config": {}}, path)
+    writer.wait()
+    assert load_checkpoint(path)["model"]["w"][0] == 2.0
+
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("x")
+    writer.save({"model": {}, "config": {}}, blocker / "d.pt")  # its parent is a file: fails in the thread
+    with pytest.raises(OSError):
+        writer.wait()
+    writer.wait()  # reported once, then cleared
+    assert load_checkpoint(path)["model"]["w"][0] == 2.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "not_a_folder"]  # no temporary files
+
+
+def test_prune_epochs_keeps_only_the_newest(tmp_path):
+    run = RunDir(tmp_path)
+    for epoch in range(1, 6):
+        run.epoch(epoch).write_bytes(b"x")
+    run.best.write_bytes(b"b")
+    run.prune_epochs(keep_after=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "epoch_04.pt", "epoch_05.pt"]
+
+
+def test_average_last_needs_enough_kept_epochs():
+    with pytest.raises(ConfigError, match="train.average_last .5. needs that many epoch checkpoints"):
+        load_config("copy", ["train.keep_last_epochs=3", "train.average_last=5"])
+    with pytest.raises(ConfigError, match="train.keep_last_epochs must not be negative"):
+        load_config("copy", ["train.keep_last_epochs=-1"])
+    assert load_config("copy", ["train.keep_last_epochs=0", "train.average_last=5"]).train.average_last == 5
+
+
+def test_copy_run_keeps_the_last_epochs_and_averages_them(tmp_path):
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=4", "data.copy_batches=5",
+                               "train.keep_last_epochs=2", "train.average_last=2", "train.progress=false",
+                               "train.device=cpu"])
+    train_worker(cfg)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["avg.pt", "best.pt", "epoch_03.pt", "epoch_04.pt",
+                                                              "last.pt"]
+    a, b, avg = (load_checkpoint(tmp_path / n)["model"] for n in ("epoch_03.pt", "epoch_04.pt", "avg.pt"))
+    name = "generator.proj.weight"
+    assert not torch.equal(a[name], b[name])  # two different epochs, so the average is no copy of either
+    for key, value in avg.items():
+        assert torch.allclose(value, (a[key] + b[key]) / 2, atol=1e-6), key
+
+
+def test_translation_run_scores_the_better_of_best_and_average_on_val(tiny_config, tmp_path, capsys):
+    # Two quick epochs: training on the 735 pairs of at most 9 ids (longer ones skipped); val and test stay whole.
+    cfg = tiny_config(f"train.out_dir={tmp_path}", "train.max_steps=0", "train.epochs=2", "data.max_len=9",
+                      "data.long_policy=skip", "train.keep_last_epochs=2", "train.average_last=2",
+                      "train.bleu_every=0", "train.device=cpu", "train.progress=false", "decode.max_len_a=4",
+                      "decode.beam_size=2")
+    results = train_worker(cfg)
+    out = capsys.readouterr().out
+    found = re.search(r"val BLEU: best\.pt (\S+) \| avg\.pt \(last 2 epochs averaged\) (\S+)", out)
+    assert found, out[-2000:]
+    best_bleu, avg_bleu = float(found.group(1)), float(found.group(2))
+    assert results["val_bleu"] == pytest.approx(max(best_bleu, avg_bleu), abs=0.006)
+    assert results["final_checkpoint"] == ("avg.pt" if avg_bleu > best_bleu else f"best.pt (epoch {results['best_epoch']})")
+    assert "test_bleu_beam2" in results
+    final = RunDir(tmp_path).read_metrics()[-1]
+    assert final["kind"] == "final" and final["checkpoint"] == results["final_checkpoint"]
+
+
+def test_a_cuda_device_turns_off_cudnn_attention():
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        configure_backends(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        configure_backends(torch.device("cuda"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
