@@ -102,24 +102,19 @@ class CheckpointWriter:
     The base model's last.pt (weights plus Adam's two moments) is about 0.65 GB; written in the
     foreground every epoch, it would cost seconds of a GPU epoch that itself takes seconds.
     `save` snapshots the payload first (tensors copied to the CPU), so what is written is the
-    state at the moment of the call; it is written atomically to the first path (as
-    `save_checkpoint`) and copied to the others. One write runs at a time, in call order. `wait` blocks until every
-    write is on disk and raises the error of a write that failed. `background=False` writes
-    before `save` returns.
+    state at the moment of the call; it is written to the first path with `save_checkpoint`
+    (atomic) and copied to the others. One write runs at a time, in call order. `wait` blocks
+    until every write is on disk and raises the error of a write that failed.
     """
 
-    def __init__(self, background: bool = True) -> None:
-        self.background = background
+    def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def save(self, payload: dict[str, Any], *paths: str | Path) -> None:
         """Queue `payload` for writing to every path in `paths`."""
         self.wait()  # one snapshot in memory at a time, and writes land in call order
-        snapshot = {"format": FORMAT, **_cpu_copy(payload)}
-        if not self.background:
-            self._write(snapshot, paths)
-            return
+        snapshot = _cpu_copy(payload)
         self._thread = threading.Thread(target=self._run, args=(snapshot, paths), name="checkpoint-writer")
         self._thread.start()
 
@@ -134,19 +129,15 @@ class CheckpointWriter:
 
     def _run(self, snapshot: dict[str, Any], paths: Sequence[str | Path]) -> None:
         try:
-            self._write(snapshot, paths)
+            # torch.save straight into the file: serialising into an in-memory buffer instead held
+            # the GIL throughout and slowed the training thread's Python ten-fold meanwhile (measured).
+            first, *rest = paths
+            save_checkpoint(snapshot, first)
+            for path in rest:
+                with open(first, "rb") as src:
+                    atomic_write(path, lambda f: shutil.copyfileobj(src, f, 16 << 20))
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
             self._error = exc
-
-    @staticmethod
-    def _write(snapshot: dict[str, Any], paths: Sequence[str | Path]) -> None:
-        # torch.save straight into the file: serialising into an in-memory buffer instead holds the
-        # GIL throughout and slowed the training thread's Python ten-fold while it lasted (measured).
-        first, *rest = paths
-        atomic_write(first, lambda f: torch.save(snapshot, f))
-        for path in rest:
-            with open(first, "rb") as src:
-                atomic_write(path, lambda f: shutil.copyfileobj(src, f, 16 << 20))
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

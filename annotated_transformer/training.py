@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from .checkpoint import CheckpointWriter, load_checkpoint, model_payload
+from .checkpoint import CheckpointWriter, average_checkpoints, load_checkpoint, model_payload, save_checkpoint
 from .config import Config, config_to_dict
 from .data.batch import Batch
 from .distributed import (
@@ -490,8 +490,6 @@ def _average_last_epochs(run: RunDir, n: int, info: DistInfo, log: Callable[[str
         log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
         return None
     if info.is_main:
-        from .checkpoint import average_checkpoints, save_checkpoint
-
         save_checkpoint(average_checkpoints(paths), run.avg)
         log(f"averaged {', '.join(p.name for p in paths)} into {run.avg}")
     barrier()
