@@ -63,11 +63,19 @@ class RunDir:
         """The weights saved after `epoch` (1-based)."""
         return self.path / f"epoch_{epoch:02d}.pt"
 
-    def prune_epochs(self, keep_after: int) -> None:
-        """Delete epoch_NN.pt files of epochs up to `keep_after` (train.keep_last_epochs)."""
+    def epoch_files(self) -> list[tuple[int, Path]]:
+        """(epoch, path) of every epoch_NN.pt, oldest first (by number: epoch_100 comes after epoch_99)."""
+        found = []
         for path in self.path.glob("epoch_*.pt"):
             number = path.stem.removeprefix("epoch_")
-            if number.isdigit() and int(number) <= keep_after:
+            if number.isdigit():
+                found.append((int(number), path))
+        return sorted(found)
+
+    def prune_epochs(self, keep_after: int) -> None:
+        """Delete epoch_NN.pt files of epochs up to `keep_after` (train.keep_last_epochs)."""
+        for epoch, path in self.epoch_files():
+            if epoch <= keep_after:
                 path.unlink(missing_ok=True)
 
     def has_run(self) -> bool:

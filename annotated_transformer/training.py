@@ -485,7 +485,7 @@ def _average_last_epochs(run: RunDir, n: int, info: DistInfo, log: Callable[[str
     """Average the newest `n` epoch_NN.pt into avg.pt (rank 0 writes, all ranks wait); None if n < 2 or too few."""
     if n < 2:
         return None
-    paths = sorted(run.path.glob("epoch_*.pt"))[-n:]
+    paths = [path for _, path in run.epoch_files()[-n:]]
     if len(paths) < n:
         log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
         return None

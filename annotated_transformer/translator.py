@@ -67,9 +67,7 @@ class Translator:
         self.model = model.eval()
         self.text = text
         self.config = config
-        self.device = torch.device(device)
-        self.amp_dtype = decode_amp_dtype(self.device)
-        configure_backends(self.device)
+        self.to(device)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
@@ -89,7 +87,7 @@ class Translator:
             first = str(exc).strip().splitlines()[0]
             raise CheckpointError(f"{path}: the weights do not fit the saved config ({first[:160]})") from None
         dev = select_device("auto") if device is None else torch.device(device)
-        return cls(model.to(dev), text, cfg, dev)
+        return cls(model, text, cfg, dev)  # __init__ moves it to dev
 
     def encode(self, sentence: str) -> tuple[list[int], bool]:
         """Source ids (<s> ... </s>) and whether the sentence had to be truncated to fit data.max_len."""
@@ -119,7 +117,7 @@ class Translator:
         return sum(p.numel() for p in self.model.parameters())
 
     def to(self, device: str | torch.device) -> Translator:
-        """Move the model to another device."""
+        """Move the model to `device`, with the decoding precision and kernel choices that suit it."""
         self.device = torch.device(device)
         self.amp_dtype = decode_amp_dtype(self.device)
         configure_backends(self.device)

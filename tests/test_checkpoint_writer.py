@@ -51,6 +51,11 @@ def test_prune_epochs_keeps_only_the_newest(tmp_path):
     run.best.write_bytes(b"b")
     run.prune_epochs(keep_after=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "epoch_04.pt", "epoch_05.pt"]
+    for epoch in (99, 100, 101):  # three digits sort after two: by number, not by name
+        run.epoch(epoch).write_bytes(b"x")
+    assert [e for e, _ in run.epoch_files()] == [4, 5, 99, 100, 101]
+    run.prune_epochs(keep_after=99)
+    assert [p.name for _, p in run.epoch_files()] == ["epoch_100.pt", "epoch_101.pt"]
 
 
 def test_average_last_needs_enough_kept_epochs():
