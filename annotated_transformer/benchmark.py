@@ -5,11 +5,13 @@ peak memory is its own):
 
 * reference: the notebook's pipeline. Raw sentence pairs in batches of 32, spaCy tokenisation and
   padding to 72 inside the DataLoader's collate for every batch, fp32, explicit softmax attention
-  (`model.attention=naive`), PyTorch's own nn.Dropout and default Adam implementation.
+  (`model.attention=naive`), PyTorch's own nn.Dropout and default Adam implementation, and the loss
+  on log-probabilities (log-softmax, then label smoothing).
 * fast: this project's path. Tokenised once and cached, length-bucketed batches of about
   `data.batch_tokens` tokens, fused scaled_dot_product_attention, bf16 autocast where the hardware
   has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), fused Adam, the cheaper
-  CPU dropout mask of `model.Dropout`, optional torch.compile.
+  CPU dropout mask of `model.Dropout`, the loss fused with the log-softmax
+  (`LabelSmoothing.from_logits`), optional torch.compile.
 
 Both sides run the real `run_epoch`, one optimizer step per call, timed from asking the loader for
 a batch to the end of the optimizer step (the device synchronised). Throughput counts target
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 
 from .config import Config, config_from_dict, config_to_dict
+from .distributed import native_bf16
 from .errors import ConfigError
 
 Log = Any
@@ -61,15 +64,6 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     return f"{model}, {torch.get_num_threads()} threads"
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether bf16 matmuls run natively (and so faster than fp32) on this device."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    if device.type == "cpu":
-        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-    return False
 
 
 def synchronize(device: torch.device) -> None:
@@ -176,7 +170,8 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
                                 fused=False if reference else None)
     scheduler = build_scheduler(optimizer, model_cfg.d_model, cfg.train.lr_factor, cfg.train.warmup)
     train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not reference) else model
-    loss_compute = SimpleLossCompute(model.generator, criterion)
+    # The reference keeps the notebook's order: log-softmax, then the divergence on log-probabilities.
+    loss_compute = SimpleLossCompute(model.generator, criterion, fused=not reference)
     peak = matmul_peak(device, amp_dtype or torch.float32)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -103,7 +103,7 @@ class TrainConfig:
     adam_eps: float = param(1e-9, "Adam's epsilon")
     clip_grad_norm: float = param(0.0, "clip the gradient's global norm to this (0: no clipping)")
     device: str = param("auto", "'auto' (cuda, else mps, else cpu) or an explicit torch device like 'cuda:1'")
-    precision: str = param("auto", "'auto' (bf16 autocast on CUDA, fp32 elsewhere), 'bf16' or 'fp32'",
+    precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), 'bf16' or 'fp32'",
                            choices=("auto", "bf16", "fp32"))
     compile: bool = param(False, "wrap the model in torch.compile")
     out_dir: str | None = param(None, "run directory (default: runs/<config name>)")

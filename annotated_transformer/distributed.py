@@ -137,17 +137,28 @@ def world_size() -> int:
     return 1
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether bf16 matmuls run natively (and so faster than fp32) on this device.
+
+    CUDA GPUs with bf16 support; CPUs with AVX512-BF16 or AMX (on a 2-core AVX512-BF16 machine,
+    bf16 autocast trains the small model 1.7x faster than fp32).
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return False
+
+
 def resolve_amp_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """'auto': bf16 autocast on CUDA GPUs that support it, full precision elsewhere; 'bf16'; 'fp32' (None)."""
+    """'auto': bf16 autocast where the hardware runs bf16 natively, fp32 elsewhere; 'bf16'; 'fp32' (None)."""
     if precision == "fp32":
         return None
     if precision == "bf16":
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError("train.precision=bf16 but this GPU has no bf16 support; use train.precision=fp32")
         return torch.bfloat16
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
+    return torch.bfloat16 if native_bf16(device) else None
 
 
 def amp_context(device: torch.device, dtype: torch.dtype | None):

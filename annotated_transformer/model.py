@@ -49,22 +49,22 @@ class Dropout(nn.Dropout):
 
     PyTorch's CPU dropout draws one random float per element, which costs more than the matmul
     around it (about 270 ms for the base model's 15.5M feed-forward activations on a 2-core
-    machine: a third of a training step). Here one random 63-bit integer, doubled so its random
-    bits fill the top, gives four 16-bit words with 15 random bits each (the lowest bit is 0);
-    each is compared with an even threshold, so an element is kept with probability 1 - p to
-    within 2^-15, and the kept ones are scaled by 1 / (1 - p), as nn.Dropout does: about 3x faster.
-    Draws come from torch's global generator, so seeded runs (and resumed ones) repeat exactly.
+    machine: a third of a training step). Here one random 64-bit integer gives four 16-bit words,
+    each uniform over [-2^15, 2^15); an element is kept when its word clears a threshold, so it is
+    kept with probability 1 - p to within 2^-16, and the kept ones are scaled by 1 / (1 - p), as
+    nn.Dropout does: about 4x faster. The mask is applied with `where`, then scaled in place, so
+    no full-size temporary is made. Draws come from torch's global generator, so seeded runs (and
+    resumed ones) repeat exactly.
     """
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0 or x.device.type != "cpu" or self.p >= 1.0:
             return super().forward(x)
         n = x.numel()
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # uniform over [0, 2^63)
-        bits.add_(bits)  # bits 1..63 random, bit 0 zero: every 16-bit word is uniform over the even numbers
-        words = bits.view(torch.int16)[:n].view(x.shape)  # in [-2^15, 2^15)
-        keep = words >= 2 * round(self.p * 32768) - 32768
-        return torch.where(keep, x * (1.0 / (1.0 - self.p)), 0.0)
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # all 64 bits uniform
+        words = bits.view(torch.int16)[:n].view(x.shape)  # uniform over [-2^15, 2^15)
+        keep = words >= round(self.p * 65536) - 32768
+        return torch.where(keep, x, 0.0).mul_(1.0 / (1.0 - self.p))
 
 
 class LayerNorm(nn.LayerNorm):
@@ -333,7 +333,11 @@ class Generator(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """(..., d) -> log-probabilities (..., V)."""
-        return F.log_softmax(self.proj(x), dim=-1)
+        return F.log_softmax(self.logits(x), dim=-1)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """(..., d) -> unnormalised scores (..., V), for a loss that fuses the log-softmax."""
+        return self.proj(x)
 
 
 class EncoderDecoder(nn.Module):

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from annotated_transformer import LabelSmoothing, SimpleLossCompute, rate
+from annotated_transformer import Generator, LabelSmoothing, SimpleLossCompute, rate
+from annotated_transformer import loss as loss_module
 from annotated_transformer.optim import build_optimizer, build_scheduler
 
 
@@ -105,3 +106,54 @@ def test_scheduler_drives_adam_with_the_paper_betas():
     assert lrs[0] == pytest.approx(rate(1, 64, 1.0, 10))
     assert lrs[5] == pytest.approx(rate(5, 64, 1.0, 10))
     assert lrs[25] == pytest.approx(rate(25, 64, 1.0, 10))
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.4])
+def test_fused_from_logits_matches_log_softmax_then_divergence(smoothing, monkeypatch):
+    # Small chunks so the row loop runs several times, with a ragged last chunk.
+    monkeypatch.setattr(loss_module, "_CPU_CHUNK_ELEMENTS", 5 * 13)
+    torch.manual_seed(3)
+    V, pad = 13, 2
+    logits = (3 * torch.randn(41, V)).requires_grad_()
+    target = torch.randint(0, V, (41,))
+    target[::6] = pad
+    crit = LabelSmoothing(V, pad, smoothing)
+    fused = crit.from_logits(logits, target)
+    (2.5 * fused).backward()
+    g_fused = logits.grad.clone()
+    logits.grad = None
+    plain = crit(logits.log_softmax(-1), target)
+    (2.5 * plain).backward()
+    assert torch.allclose(fused, plain, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(g_fused, logits.grad, atol=1e-6)
+    assert torch.all(g_fused[target == pad] == 0)  # padding rows get no gradient
+
+
+def test_fused_loss_compute_matches_unfused_in_bf16():
+    torch.manual_seed(4)
+    gen = Generator(16, 50)
+    crit = LabelSmoothing(50, 0, 0.1)
+    x, y = torch.randn(4, 9, 16), torch.randint(0, 50, (4, 9))
+    results = []
+    for fused in (True, False):
+        gen.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            total, normed = SimpleLossCompute(gen, crit, fused=fused)(x, y, 7.0)
+        normed.backward()
+        results.append((total, gen.proj.weight.grad.clone()))
+    (t_f, g_f), (t_u, g_u) = results
+    assert SimpleLossCompute(gen, crit).fused and not SimpleLossCompute(gen, crit, fused=False).fused
+    # CPU autocast runs the unfused log-softmax in bf16; the fused path works in fp32.
+    assert t_f.dtype == torch.float32
+    assert torch.allclose(t_f, t_u.float(), rtol=1e-2)
+    assert torch.allclose(g_f, g_u, rtol=2e-2, atol=2e-3)
+
+
+def test_fused_loss_in_eval_keeps_no_gradient_and_gives_the_same_value():
+    torch.manual_seed(5)
+    crit = LabelSmoothing(11, 1, 0.1)
+    logits, target = torch.randn(20, 11), torch.randint(0, 11, (20,))
+    with torch.no_grad():
+        value = crit.from_logits(logits, target)
+    assert not value.requires_grad
+    assert torch.allclose(value, crit(logits.log_softmax(-1), target), atol=1e-5)
