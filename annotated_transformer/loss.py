@@ -60,7 +60,6 @@ class LabelSmoothing(nn.Module):
             loss = loss - self.fill * logp_rest
         return loss.masked_fill(target == p, 0.0).sum()
 
-
     def from_logits(self, logits: Tensor, target: Tensor) -> Tensor:
         """`forward(log_softmax(logits), target)`, fused: the same value, much less memory traffic.
 
@@ -115,7 +114,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
         (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_out.to(grad.dtype)), None, None  # each forward is backed through once
+        return grad.mul_(grad_out), None, None  # in place: each forward is backed through once
 
 
 class SimpleLossCompute:
