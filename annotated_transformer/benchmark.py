@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from .config import Config, config_from_dict, config_to_dict
-from .distributed import native_bf16
+from .device import native_bf16, select_device
 from .errors import ConfigError
 
 Log = Any
@@ -142,7 +142,6 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     """Time `warmup + steps` optimizer steps of one side ('reference' or 'fast'); return its figures."""
     from .data import load_translation_data
     from .data.reference import reference_dataloader
-    from .distributed import select_device
     from .loss import LabelSmoothing, SimpleLossCompute
     from .model import make_model_from_config
     from .optim import build_optimizer, build_scheduler
@@ -317,7 +316,6 @@ def _test_sources(cfg: Config, tr: Any) -> list[str]:
 def sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps: int, log: Log = print) -> list[dict]:
     """Fast-path training cost over batch sizes (real bucketed batches) and sentence lengths (synthetic)."""
     from .data.batch import Batch
-    from .distributed import select_device
     from .loss import LabelSmoothing, SimpleLossCompute
     from .model import make_model_from_config
     from .optim import build_optimizer, build_scheduler
@@ -386,8 +384,6 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
                   sweep_tokens: list[int] | None = None, sweep_lengths: list[int] | None = None,
                   out_dir: str | None = None, log: Log = print) -> dict[str, Any]:
     """Everything scripts/benchmark.py reports, as one dict (see the module docstring)."""
-    from .distributed import select_device
-
     if steps < 1 or warmup < 0:
         raise ConfigError(f"--steps must be at least 1 and --warmup at least 0 (got {steps}, {warmup})")
     if cfg.data.dataset != "multi30k":

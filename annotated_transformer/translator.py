@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from .checkpoint import load_checkpoint
 from .config import Config, config_from_dict
-from .distributed import amp_context, configure_backends, select_device
+from .device import amp_context, configure_backends, native_bf16, select_device
 from .errors import CheckpointError
 from .model import EncoderDecoder, make_model_from_config
 
@@ -56,8 +56,8 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
 
 
 def decode_amp_dtype(device: torch.device) -> torch.dtype | None:
-    """bf16 autocast for decoding where it is the fast path (CUDA with bf16); exact fp32 elsewhere."""
-    return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    """bf16 autocast for decoding where it is the fast path (CUDA with native bf16); exact fp32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" and native_bf16(device) else None
 
 
 class Translator:
@@ -71,7 +71,11 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
-        """Load a checkpoint written by training (or by averaging); `device=None` picks cuda/mps/cpu."""
+        """Load a checkpoint written by training (or by averaging); `device=None` picks cuda/mps/cpu.
+
+        The device is chosen and checked by `select_device`, as training's is.
+        """
+        dev = select_device("auto" if device is None else str(device), option="device")
         payload = load_checkpoint(path)
         if payload.get("text") is None:
             raise CheckpointError(f"{path} holds a model without a text vocabulary (the copy task?); "
@@ -86,7 +90,6 @@ class Translator:
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0]
             raise CheckpointError(f"{path}: the weights do not fit the saved config ({first[:160]})") from None
-        dev = select_device("auto") if device is None else torch.device(device)
         return cls(model, text, cfg, dev)  # __init__ moves it to dev
 
     def encode(self, sentence: str) -> tuple[list[int], bool]:

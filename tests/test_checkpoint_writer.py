@@ -9,7 +9,6 @@ import torch
 
 from annotated_transformer.checkpoint import CheckpointWriter, load_checkpoint
 from annotated_transformer.config import load_config
-from annotated_transformer.distributed import configure_backends
 from annotated_transformer.errors import ConfigError
 from annotated_transformer.run_dir import RunDir
 from annotated_transformer.training import train_worker
@@ -100,15 +99,3 @@ def test_translation_run_scores_the_better_of_best_and_average_on_val(tiny_confi
     assert "test_bleu_beam2" in results
     final = RunDir(tmp_path).read_metrics()[-1]
     assert final["kind"] == "final" and final["checkpoint"] == results["final_checkpoint"]
-
-
-def test_a_cuda_device_turns_off_cudnn_attention():
-    before = torch.backends.cuda.cudnn_sdp_enabled()
-    try:
-        torch.backends.cuda.enable_cudnn_sdp(True)
-        configure_backends(torch.device("cpu"))
-        assert torch.backends.cuda.cudnn_sdp_enabled()
-        configure_backends(torch.device("cuda"))
-        assert not torch.backends.cuda.cudnn_sdp_enabled()
-    finally:
-        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -1,0 +1,229 @@
+"""Device choice: a GPU that NVML sees but torch cannot use is named (a warning with 'auto', a one-line
+error with 'cuda'); no GPU at all stays quiet. NVML and torch.cuda are faked, so this runs on any CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer import device as devices
+from annotated_transformer.device import configure_backends, select_device, unusable_gpu
+from annotated_transformer.errors import ConfigError, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def fake_nvml(names=(A100,), driver="535.104.05", cuda_driver: int | None = 12020, fail_at: str = ""):
+    """A stand-in for nvidia-ml-py's `pynvml` module; `fail_at` names the call that raises."""
+    nvml = types.ModuleType("pynvml")
+
+    def call(name, result):
+        def f(*_):
+            if name == fail_at:
+                raise RuntimeError(f"{name} failed")
+            return result(*_) if callable(result) else result
+        return f
+
+    nvml.nvmlInit = call("nvmlInit", None)
+    nvml.nvmlShutdown = call("nvmlShutdown", None)
+    nvml.nvmlDeviceGetCount = call("nvmlDeviceGetCount", len(names))
+    nvml.nvmlDeviceGetHandleByIndex = call("nvmlDeviceGetHandleByIndex", lambda i: i)
+    nvml.nvmlDeviceGetName = call("nvmlDeviceGetName", lambda i: names[i])
+    nvml.nvmlSystemGetDriverVersion = call("nvmlSystemGetDriverVersion", driver)
+    if cuda_driver is not None:
+        nvml.nvmlSystemGetCudaDriverVersion = call("nvmlSystemGetCudaDriverVersion", cuda_driver)
+    return nvml
+
+
+@pytest.fixture
+def torch_without_cuda(monkeypatch):
+    """torch 2.15.0+cu132 that cannot start CUDA (and no MPS), the warning not yet printed."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.2")
+    monkeypatch.setattr(torch, "__version__", "2.15.0+cu132")
+    monkeypatch.setattr(devices, "_warned", False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+@pytest.fixture
+def nvml(monkeypatch, torch_without_cuda):
+    """Install a fake pynvml: nvml(**kwargs) as in fake_nvml, or nvml(None) for no nvidia-ml-py at all."""
+    def install(module=..., **kwargs):
+        monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(**kwargs) if module is ... else module)
+    return install
+
+
+def test_auto_names_an_unusable_gpu_once_and_falls_back_to_the_cpu(nvml, capsys):
+    nvml()
+    assert select_device("auto") == torch.device("cpu")
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: "), err
+    for fact in (A100, "driver 535.104.05", "supports CUDA 12.2", "torch 2.15.0+cu132", "built for CUDA 13.2",
+                 "580 series", "running on the CPU", "CUDA 12.x", '"GPU set-up"'):
+        assert fact in lines[0], (fact, lines[0])
+    select_device("auto")  # once per process
+    assert capsys.readouterr().err == ""
+
+
+def test_only_local_rank_0_warns(nvml, capsys):
+    nvml()
+    assert select_device("auto", local_rank=3) == torch.device("cpu")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("spec", ["cuda", "cuda:1"])
+def test_an_explicit_cuda_device_is_a_config_error_naming_the_facts(nvml, spec):
+    nvml(names=(A100, A100))
+    with pytest.raises(ConfigError) as info:
+        select_device(spec)
+    message = str(info.value)
+    assert "\n" not in message
+    for fact in (f"train.device is '{spec}'", f"2x {A100}", "driver 535.104.05", "CUDA 13.2", "580 series",
+                 "train.device=cpu"):
+        assert fact in message, (fact, message)
+
+
+def test_the_cli_exits_2_with_one_error_line(nvml, capsys):
+    nvml()
+    with pytest.raises(SystemExit) as info:
+        run_cli(lambda: select_device("cuda").index)
+    assert info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: train.device is 'cuda' but torch"), lines
+    assert A100 in lines[0] and "535.104.05" in lines[0]
+
+
+def test_a_cpu_only_torch_build_is_named(nvml, monkeypatch):
+    nvml(driver="580.95.05", cuda_driver=13000)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch, "__version__", "2.15.0+cpu")
+    problem, fix = unusable_gpu()
+    assert "torch 2.15.0+cpu" in problem and "a CPU-only torch build" in problem and "580.95.05" in problem
+    assert "install a CUDA build of torch" in fix
+
+
+def test_older_nvml_bindings_bytes_names_and_no_cuda_version(nvml):
+    # Without nvmlSystemGetCudaDriverVersion the driver branch decides: 570 is too old for CUDA 13.
+    nvml(names=(b"Tesla V100-SXM2-32GB",), driver=b"570.86.10", cuda_driver=None)
+    problem, _ = unusable_gpu()
+    assert "Tesla V100-SXM2-32GB" in problem and "driver 570.86.10" in problem and "580 series" in problem
+    assert "b'" not in problem
+
+
+def test_a_recent_driver_points_at_cuda_visible_devices_or_torchs_own_warning(nvml, monkeypatch):
+    nvml(driver="580.95.05", cuda_driver=13000)
+    problem, _ = unusable_gpu()
+    assert "did not start although the driver is recent enough" in problem
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    problem, fix = unusable_gpu()
+    assert "CUDA_VISIBLE_DEVICES=''" in problem and "unset CUDA_VISIBLE_DEVICES" in fix
+
+
+@pytest.mark.parametrize("case", ["no nvidia-ml-py", "no driver", "no device", "a failing call"])
+def test_no_gpu_seen_is_quiet(nvml, capsys, case):
+    if case == "no nvidia-ml-py":
+        nvml(None)  # `import pynvml` raises ImportError
+    elif case == "no driver":
+        nvml(fail_at="nvmlInit")
+    elif case == "no device":
+        nvml(names=())
+    else:
+        nvml(fail_at="nvmlDeviceGetName")
+    assert select_device("auto") == torch.device("cpu")
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError, match="CUDA is not available here .no NVIDIA GPU found.; use train.device=cpu"):
+        select_device("cuda")
+
+
+def test_the_option_is_named_in_errors():
+    with pytest.raises(ConfigError, match="^device 'gpu' is not a torch device"):
+        select_device("gpu", option="device")
+
+
+@pytest.mark.parametrize(("capability", "dtype"), [((7, 0), None), ((7, 5), None), ((8, 0), torch.bfloat16)])
+def test_precision_auto_is_fp32_on_gpus_that_only_emulate_bf16(monkeypatch, capability, dtype):
+    # torch.cuda.is_bf16_supported() is true on a V100 or T4 too, where bf16 is emulated and slow.
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    gpu = torch.device("cuda", 0)
+    assert devices.resolve_amp_dtype("auto", gpu) == dtype
+    assert devices.resolve_amp_dtype("fp32", gpu) is None
+    assert devices.resolve_amp_dtype("bf16", gpu) == torch.bfloat16
+
+
+def test_a_cuda_device_turns_off_cudnn_attention():
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        configure_backends(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        configure_backends(torch.device("cuda"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+# ---------------------------------------------------------------- the scripts, as a user runs them
+
+
+def one_error_line(tmp_path: Path, script: str, *args: str, nvml_sees_a_gpu: bool = False) -> str:
+    """Run scripts/<script> in a child process; it must exit 2 with one `error:` line, which is returned."""
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if nvml_sees_a_gpu:  # a pynvml.py first on the path stands in for nvidia-ml-py
+        fake = tmp_path / "fake_nvml"
+        fake.mkdir()
+        (fake / "pynvml.py").write_text(
+            "def nvmlInit(): pass\n"
+            "def nvmlShutdown(): pass\n"
+            "def nvmlDeviceGetCount(): return 1\n"
+            "def nvmlDeviceGetHandleByIndex(i): return i\n"
+            f"def nvmlDeviceGetName(h): return {A100!r}\n"
+            "def nvmlSystemGetDriverVersion(): return '535.104.05'\n"
+            "def nvmlSystemGetCudaDriverVersion(): return 12020\n"
+        )
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine can use CUDA")
+
+
+@needs_no_cuda
+def test_train_device_cuda_without_cuda_exits_2(tmp_path):
+    line = one_error_line(tmp_path, "train.py", "--config", "copy", "train.device=cuda",
+                          f"train.out_dir={tmp_path / 'run'}")
+    assert line.startswith("error: train.device is 'cuda' but ")
+
+
+@needs_no_cuda
+def test_train_device_cuda_names_the_gpu_nvml_sees(tmp_path):
+    line = one_error_line(tmp_path, "train.py", "--config", "copy", "train.device=cuda",
+                          f"train.out_dir={tmp_path / 'run'}", nvml_sees_a_gpu=True)
+    assert line.startswith("error: train.device is 'cuda' but torch ")
+    assert A100 in line and "driver 535.104.05" in line and f"torch {torch.__version__}" in line
+
+
+@needs_no_cuda
+def test_translate_chooses_its_device_the_same_way(tmp_path):
+    source = tmp_path / "de.txt"
+    source.write_text("Ein Mann.\n")
+    line = one_error_line(tmp_path, "translate.py", "--checkpoint", str(tmp_path / "missing.pt"),
+                          "--input", str(source), "--device", "cuda", nvml_sees_a_gpu=True)
+    assert line.startswith("error: device is 'cuda' but torch ") and A100 in line
