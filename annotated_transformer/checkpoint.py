@@ -14,10 +14,8 @@ refused. Keys:
 
 from __future__ import annotations
 
-import os
 import pickle
 import shutil
-import tempfile
 import threading
 import zipfile
 from collections.abc import Sequence
@@ -28,7 +26,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError
-from .files import give_default_permissions
+from .files import atomic_write, run_dir_error
 
 FORMAT = "annotated-transformer/1"
 
@@ -44,55 +42,27 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # some filesystems do not allow opening directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | Path, write) -> None:
-    """Call `write(file_object)` on a temporary file beside `path`, fsync it, then rename it into place.
-
-    A crash at any moment leaves either the old file or the new one, never half a file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp creates owner-only files; give the result the permissions a plain open() would.
-        give_default_permissions(tmp)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
     """Write a checkpoint dict atomically (temporary file, fsync, rename)."""
     payload = {"format": FORMAT, **payload}
     atomic_write(path, lambda f: torch.save(payload, f))
 
 
-def _cpu_copy(obj: Any) -> Any:
-    """`obj` with every tensor copied to the CPU: a snapshot that later training steps cannot change."""
+def _cpu_copy(obj: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
+    """`obj` with every tensor copied to the CPU: a snapshot that later training steps cannot change.
+
+    `memo` maps tensors already copied (by id) to their copy, so payloads that share the model's
+    weights (last.pt and best.pt at an epoch's end) copy them once.
+    """
+    memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        if id(obj) not in memo:
+            memo[id(obj)] = obj.detach().to("cpu", copy=True)
+        return memo[id(obj)]
     if isinstance(obj, dict):
-        return {k: _cpu_copy(v) for k, v in obj.items()}
+        return {k: _cpu_copy(v, memo) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu_copy(v) for v in obj)
+        return type(obj)(_cpu_copy(v, memo) for v in obj)
     return obj  # numbers, strings, None: immutable
 
 
@@ -101,21 +71,24 @@ class CheckpointWriter:
 
     The base model's last.pt (weights plus Adam's two moments) is about 0.65 GB; written in the
     foreground every epoch, it would cost seconds of a GPU epoch that itself takes seconds.
-    `save` snapshots the payload first (tensors copied to the CPU), so what is written is the
-    state at the moment of the call; it is written to the first path with `save_checkpoint`
-    (atomic) and copied to the others. One write runs at a time, in call order. `wait` blocks
-    until every write is on disk and raises the error of a write that failed.
+    `save` snapshots its payloads (tensors copied to the CPU, shared ones once), so what is
+    written is the state at the moment of the call, and returns at once; the files are written
+    by `save_checkpoint` (atomic), a payload to its first path and copied to the others. Writes
+    land in call order. A `save` waits only while the previous one is still being written (one
+    snapshot in memory at a time). `wait` blocks until every write is on disk and raises the
+    error of one that failed (an OSError as a one-line RunDirError naming the file).
     """
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def save(self, payload: dict[str, Any], *paths: str | Path) -> None:
-        """Queue `payload` for writing to every path in `paths`."""
-        self.wait()  # one snapshot in memory at a time, and writes land in call order
-        snapshot = _cpu_copy(payload)
-        self._thread = threading.Thread(target=self._run, args=(snapshot, paths), name="checkpoint-writer")
+    def save(self, *jobs: tuple[dict[str, Any], Sequence[str | Path]]) -> None:
+        """Queue each (payload, paths) job: the payload is written to every path in `paths`."""
+        self.wait()
+        memo: dict[int, torch.Tensor] = {}
+        snapshots = [(_cpu_copy(payload, memo), tuple(paths)) for payload, paths in jobs]
+        self._thread = threading.Thread(target=self._run, args=(snapshots,), name="checkpoint-writer")
         self._thread.start()
 
     def wait(self) -> None:
@@ -127,15 +100,19 @@ class CheckpointWriter:
             error, self._error = self._error, None
             raise error
 
-    def _run(self, snapshot: dict[str, Any], paths: Sequence[str | Path]) -> None:
+    def _run(self, snapshots: list[tuple[dict[str, Any], tuple[str | Path, ...]]]) -> None:
+        target: str | Path = ""
         try:
-            # torch.save straight into the file: serialising into an in-memory buffer instead held
-            # the GIL throughout and slowed the training thread's Python ten-fold meanwhile (measured).
-            first, *rest = paths
-            save_checkpoint(snapshot, first)
-            for path in rest:
-                with open(first, "rb") as src:
-                    atomic_write(path, lambda f: shutil.copyfileobj(src, f, 16 << 20))
+            for snapshot, (first, *rest) in snapshots:
+                # torch.save straight into the file: serialising into an in-memory buffer instead held
+                # the GIL throughout and slowed the training thread's Python ten-fold meanwhile (measured).
+                target = first
+                save_checkpoint(snapshot, first)
+                for target in rest:
+                    with open(first, "rb") as src:
+                        atomic_write(target, lambda f: shutil.copyfileobj(src, f, 16 << 20))
+        except OSError as exc:
+            self._error = run_dir_error(exc, target)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
             self._error = exc
 

@@ -75,7 +75,7 @@ def evaluate_checkpoint(checkpoint: str, split: str = "test", beam: int | None =
     hyps = translator.translate(src_lines, beam_size=k, alpha=a)
     seconds = time.perf_counter() - t0
     out_path = Path(output) if output else Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}.beam{k}.txt")
-    from .checkpoint import atomic_write
+    from .files import atomic_write
 
     atomic_write(out_path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")))
     mode = translator.text.mode

@@ -82,7 +82,7 @@ class DataConfig:
                           "(the notebook: 32 sentences padded to 72)", choices=("bucket", "reference"))
     batch_tokens: int = param(4096, "bucket mode: about this many padded tokens (source or target) per batch")
     num_workers: int = param(0, "data-loader worker processes (batches are pre-numericalised, so 0 is fine)")
-    copy_vocab: int = param(11, "copy task: vocabulary size (token 0 is the start symbol)")
+    copy_vocab: int = param(11, "copy task: vocabulary size (token 0 pads, token 1 starts every sequence)")
     copy_seq_len: int = param(10, "copy task: sequence length, start symbol included")
     copy_batch_size: int = param(80, "copy task: sequences per batch")
     copy_batches: int = param(20, "copy task: batches per epoch")
@@ -108,7 +108,10 @@ class TrainConfig:
     compile: bool = param(False, "wrap the model in torch.compile")
     out_dir: str | None = param(None, "run directory (default: runs/<config name>)")
     overwrite: bool = param(False, "replace an existing run directory instead of refusing")
-    resume: bool = param(False, "continue the run in out_dir from its last.pt")
+    resume: bool | str = param(
+        "auto", "'auto': continue out_dir's run from its last.pt when there is one (a finished run is left as "
+        "it is), else start; true: continue it, and fail without last.pt; false: refuse an existing run",
+        choices=("auto", True, False))
     keep_last_epochs: int = param(0, "keep only the newest N epoch_NN.pt files (0: keep them all)")
     average_last: int = param(0, "at the end, average the last N epochs' weights into avg.pt and use it "
                               "for the final scores if it beats best.pt on val (0 or 1: off)")
@@ -118,6 +121,10 @@ class TrainConfig:
                              choices=("bleu", "loss"))
     progress: bool = param(True, "show a tqdm progress bar on rank 0 (when stderr is a terminal)")
     final_eval: bool = param(True, "at the end, score val and test with best.pt and show example translations")
+
+    def finished(self, epoch: int, step: int) -> bool:
+        """Whether a run that completed `epoch` epochs and `step` optimizer steps is done with this recipe."""
+        return bool((self.epochs and epoch >= self.epochs) or (self.max_steps and step >= self.max_steps))
 
 
 @dataclass
@@ -189,6 +196,9 @@ class Config:
                 raise ConfigError(f"data.copy_seq_len must be at least 2, got {d.copy_seq_len}")
             if t.best_metric == "bleu":
                 raise ConfigError("train.best_metric 'bleu' needs translation data; use 'loss' for the copy task")
+        if d.dataset == "multi30k" and t.best_metric == "bleu" and t.bleu_every == 0:
+            raise ConfigError("train.best_metric=bleu needs validation BLEU, but train.bleu_every is 0; "
+                              "set train.bleu_every to 1 or more, or train.best_metric=loss")
         if m.tie_embeddings and d.dataset == "multi30k" and d.tokenizer != "spm":
             raise ConfigError(
                 "model.tie_embeddings needs one vocabulary shared by source and target: set data.tokenizer=spm"
@@ -196,7 +206,7 @@ class Config:
         if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
             raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
                               f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
-        if t.resume and t.overwrite:
+        if t.resume is True and t.overwrite:
             raise ConfigError("train.resume and train.overwrite are both true; pick one")
         return self
 
@@ -204,8 +214,6 @@ class Config:
         """The run directory: train.out_dir, or runs/<name>."""
         return Path(self.train.out_dir) if self.train.out_dir else Path("runs") / self.name
 
-
-SECTIONS = ("model", "data", "train", "decode")
 
 
 # --------------------------------------------------------------------------- loading
@@ -248,7 +256,12 @@ def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key, from_cli)
+        for option in inner[:-1]:  # the first type that takes the value (bool | str: true, false or a word)
+            try:
+                return _coerce(value, option, key, from_cli)
+            except ConfigError:
+                pass
+        return _coerce(value, inner[-1], key, from_cli)
     if origin is list:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list like [0.9, 0.98], got {value!r}")
@@ -302,8 +315,9 @@ def _set_key(obj: Any, parts: list[str], value: Any, full: str, from_cli: bool) 
         raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
     value = _coerce(value, ftype, full, from_cli)
     choices = f.metadata.get("choices")
-    if choices and value not in choices:
-        raise ConfigError(f"{full} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    if choices and not any(value == c and type(value) is type(c) for c in choices):
+        shown = ", ".join(str(c).lower() if isinstance(c, bool) else repr(c) for c in choices)
+        raise ConfigError(f"{full} must be one of {shown}; got {value!r}")
     setattr(obj, name, value)
 
 
@@ -392,9 +406,9 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return apply_dict(Config(), data, source="saved config").validate()
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML, in field order."""
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+def config_yaml(cfg: Config) -> str:
+    """The resolved config as YAML text, in field order."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
 
 
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:

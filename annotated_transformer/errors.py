@@ -3,7 +3,8 @@
 Every mistake a user can make (a bad config key, a missing data file, a
 corrupted checkpoint, an unreadable input) raises a subclass of `UserError`
 whose message names the problem and the fix. The scripts wrap their `main` in
-`run_cli`, which prints that one line on stderr and exits with status 2.
+`run_cli`, which prints that one line on stderr and exits with the error's code:
+2 for most, 3 for a diverged training run (`TrainingDiverged`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,20 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint is missing, unreadable, unsafe or does not match."""
+
+
+class RunDirError(UserError):
+    """The run directory (or a file in it) cannot be created or written: a path, permission or disk problem."""
+
+
+class TrainingDiverged(UserError):
+    """The loss (or gradient norm) stopped being finite; nothing was saved from the broken weights."""
+
+    exit_code = 3
+
+
+class DistributedError(UserError):
+    """A rank could not join the process group under torchrun: unreachable address, mismatched command, stale store."""
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

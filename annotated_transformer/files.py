@@ -1,9 +1,16 @@
-"""Small file-system helpers shared by checkpoints, downloads and the data cache."""
+"""Small file-system helpers shared by checkpoints, downloads, the data cache and the run directory."""
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from .errors import RunDirError
 
 
 def current_umask() -> int:
@@ -23,3 +30,65 @@ def give_default_permissions(path: str | Path) -> None:
     paths = [path, *path.rglob("*")] if path.is_dir() else [path]
     for p in paths:
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | Path, write: Callable[[Any], object]) -> None:
+    """Call `write(file_object)` on a temporary file beside `path`, fsync it, then rename it into place.
+
+    A crash at any moment leaves either the old file or the new one, never half a file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        # mkstemp creates owner-only files; give the result the permissions a plain open() would.
+        give_default_permissions(tmp)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+_HINTS = {
+    errno.ENOSPC: "free some disk space or choose another train.out_dir",
+    errno.EDQUOT: "free some quota or choose another train.out_dir",
+    errno.EACCES: "check its permissions or choose another train.out_dir",
+    errno.EPERM: "check its permissions or choose another train.out_dir",
+    errno.EROFS: "the filesystem is read-only; choose another train.out_dir",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another train.out_dir",
+    errno.EEXIST: "a file is in the way; remove it or choose another train.out_dir",
+}
+
+
+@contextmanager
+def writing(path: str | Path, what: str = "write") -> Iterator[None]:
+    """Turn an OSError raised inside the block into one RunDirError line: the path, the cause, a fix."""
+    try:
+        yield
+    except OSError as exc:
+        raise run_dir_error(exc, path, what) from None
+
+
+def run_dir_error(exc: OSError, path: str | Path, what: str = "write") -> RunDirError:
+    """The one-line RunDirError for an OSError met while writing `path`."""
+    where = exc.filename or path
+    hint = _HINTS.get(exc.errno or 0, "check the path or choose another train.out_dir")
+    return RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {hint}")

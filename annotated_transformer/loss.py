@@ -114,7 +114,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
         (grad,) = ctx.saved_tensors
-        return grad.mul_(grad_out), None, None  # in place: each forward is backed through once
+        return grad * grad_out, None, None  # a new tensor: the saved gradient stays intact for a second backward
 
 
 class SimpleLossCompute:

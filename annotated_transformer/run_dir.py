@@ -19,10 +19,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import Config, save_config
-from .errors import ConfigError
+from .checkpoint import load_checkpoint
+from .config import Config, config_to_dict, config_yaml
+from .errors import ConfigError, RunDirError
+from .files import atomic_write, writing
 
-CHECKPOINT_GLOBS = ("epoch_*.pt", "best.pt", "last.pt")
+# What a run writes before its first checkpoint: a folder holding only these may start again.
+STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts"}
+
+
+def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
+    """A run can only be continued with the model and data settings that wrote its last.pt."""
+    now = config_to_dict(cfg)
+    for section in ("model", "data"):
+        if saved.get(section) != now[section]:
+            diffs = [k for k in now[section] if saved.get(section, {}).get(k) != now[section][k]]
+            raise ConfigError(f"cannot resume {path}: its {section} settings differ ({', '.join(diffs)}); "
+                              "resume with the same config, replace the run with train.overwrite=true, "
+                              "or choose another train.out_dir")
 
 
 class RunDir:
@@ -82,29 +96,48 @@ class RunDir:
         """True when the folder holds a previous run's files."""
         return self.path.is_dir() and any(self.path.iterdir())
 
-    def check(self, cfg: Config) -> None:
-        """Refuse to clobber an earlier run unless resuming or overwriting; refuse to resume nothing."""
-        if cfg.train.resume:
-            if not self.last.is_file():
-                raise ConfigError(f"train.resume=true but {self.last} does not exist; "
-                                  "start a new run without train.resume")
-        elif self.has_run() and not cfg.train.overwrite:
-            raise ConfigError(f"run directory {self.path} already holds a run; resume it with "
-                              "train.resume=true, replace it with train.overwrite=true, "
-                              "or choose another train.out_dir")
+    def plan(self, cfg: Config) -> tuple[str, dict[str, Any] | None]:
+        """What to do with this folder: ('start', None), ('resume', last.pt) or ('finished', last.pt).
 
-    def prepare(self, cfg: Config) -> None:
-        """Create (or, with train.overwrite, empty) the folder and write the resolved config."""
-        self.check(cfg)
-        if not cfg.train.resume and self.has_run():
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.config)
+        `train.resume=auto` continues a run whose last.pt has the same model and data settings and
+        leaves a finished one as it is; `true` insists on last.pt; `false` refuses any earlier run;
+        `train.overwrite=true` replaces it. A folder that holds only what a run writes before its
+        first checkpoint (it died in its first epoch) starts again. Anything else raises one line.
+        """
+        t = cfg.train
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"train.out_dir {self.path} is a file, not a folder; choose another train.out_dir")
+        if t.resume is True and not self.last.is_file():
+            raise ConfigError(f"train.resume=true but {self.last} does not exist; start a new run without "
+                              "train.resume")
+        if t.overwrite or not self.has_run():
+            return "start", None
+        if t.resume is False:
+            raise ConfigError(f"run directory {self.path} already holds a run; continue it with train.resume=auto, "
+                              "replace it with train.overwrite=true, or choose another train.out_dir")
+        if not self.last.is_file():
+            if {p.name for p in self.path.iterdir()} <= STARTED_FILES:
+                return "start", None
+            raise ConfigError(f"run directory {self.path} holds files but no last.pt, so it cannot be continued; "
+                              "replace it with train.overwrite=true or choose another train.out_dir")
+        last = load_checkpoint(self.last)
+        check_same_settings(last.get("config", {}), cfg, self.last)
+        done = t.finished(last.get("train_state", {}).get("epoch", 0), last.get("train_state", {}).get("step", 0))
+        return ("finished" if done and t.resume == "auto" else "resume"), last
+
+    def prepare(self, cfg: Config, plan: str) -> None:
+        """Create the folder (emptied for a fresh start) and write the resolved config."""
+        with writing(self.path, "create the run directory"):
+            if plan == "start" and self.has_run():  # train.overwrite, or a run that died before its first checkpoint
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True, exist_ok=True)
+        with writing(self.config):
+            atomic_write(self.config, lambda f: f.write(config_yaml(cfg).encode("utf-8")))
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one JSON line (with a wall-clock time stamp) to metrics.jsonl."""
         record = {**record, "time": round(time.time(), 3)}
-        with self.metrics.open("a", encoding="utf-8") as f:
+        with writing(self.metrics), self.metrics.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
@@ -117,6 +150,5 @@ class RunDir:
         """Drop records logged after optimizer step `step` (a resumed run logs them again)."""
         kept = [r for r in self.read_metrics() if int(r.get("step", 0)) <= step]
         text = "".join(json.dumps(r) + "\n" for r in kept)
-        tmp = self.metrics.with_suffix(".jsonl.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(self.metrics)
+        with writing(self.metrics):
+            atomic_write(self.metrics, lambda f: f.write(text.encode("utf-8")))

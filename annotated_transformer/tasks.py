@@ -45,7 +45,7 @@ class CopyTask:
         """Fresh random batches every epoch, different on every rank."""
         d = self.cfg.data
         return CopyLoader(d.copy_vocab, d.copy_batch_size, d.copy_batches, d.copy_seq_len,
-                          self.cfg.train.seed, self.info.rank)
+                          self.cfg.train.seed, self.info.rank, self.info.world_size)
 
     def val_batches(self) -> list[Batch]:
         """A fixed validation set, split between ranks."""

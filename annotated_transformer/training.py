@@ -1,11 +1,14 @@
-"""The training core: `TrainState` and `run_epoch`.
+"""Training: the notebook's `TrainState` and `run_epoch`, one `train_step`, and the `Trainer` behind `train_worker`.
 
-Loss normalisation: a training step may span `accum_iter` micro-batches on each of
-`world_size` ranks. Its loss is the sum of the per-token losses of all of them divided by
-their total number of non-padding target tokens, so the gradient is exactly the gradient of
-one big batch, however the tokens are split between micro-batches and ranks. Each rank
-divides its summed micro-batch loss by (global tokens / world_size) because DDP averages
-gradients over ranks.
+Loss normalisation: an optimizer step may span `accum_iter` micro-batches on each of
+`world_size` ranks. Its loss is the sum of the per-token losses of all of them divided by their
+total number of non-padding target tokens, so the gradient is exactly the gradient of one big
+batch, however the tokens are split between micro-batches and ranks. Every rank knows that total
+on the host (all ranks follow one batch plan, see `data.loader`), and divides its summed loss by
+(global tokens / world_size) because DDP averages gradients over ranks.
+
+No host synchronisation per step: losses (and gradient norms) are summed on the device and read
+once per log interval (`LossMeter`), where a non-finite value stops the run (`TrainingDiverged`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -24,31 +27,25 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from .checkpoint import CheckpointWriter, average_checkpoints, load_checkpoint, model_payload, save_checkpoint
+from .checkpoint import CheckpointWriter, average_checkpoints, load_checkpoint, save_checkpoint, unwrap_model
 from .config import Config, config_to_dict
 from .data.batch import Batch
-from .distributed import (
-    DistInfo,
-    all_reduce_sum,
-    amp_context,
-    barrier,
-    cleanup,
-    init_distributed,
-    print0,
-    resolve_amp_dtype,
-    world_size,
-)
-from .errors import ConfigError
+from .device import amp_context, resolve_amp_dtype
+from .distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed, print0, world_size
+from .errors import CheckpointError, TrainingDiverged
+from .files import writing
 from .loss import LabelSmoothing, SimpleLossCompute
 from .model import make_model_from_config
 from .monitor import GPUMonitor, format_gpu, peak_memory_gb
 from .optim import build_optimizer, build_scheduler
 from .run_dir import RunDir
 from .tasks import build_task
+
+Log = Callable[[str], None]
 
 
 @dataclass
@@ -78,8 +75,104 @@ class TrainState:
             setattr(self, key, value)
 
 
-def _lr(optimizer: torch.optim.Optimizer | None) -> float:
-    return optimizer.param_groups[0]["lr"] if optimizer is not None else 0.0
+class LossMeter:
+    """Summed token losses of the epoch and of the current log window, kept on the device.
+
+    Adding costs no host synchronisation; `read_window` and `read_epoch` sum over ranks and
+    bring the figures to the host (one sync per log interval). A NaN or inf loss (or gradient
+    norm, when clipping) poisons the sums it enters, so the reads also say whether every step
+    since the last read was finite.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.epoch_loss = torch.zeros((), device=self.device)  # summed per-token losses of the epoch (this rank)
+        self.window_loss = torch.zeros((), device=self.device)  # the same since the last log line
+        self.window_grad_norm = torch.zeros((), device=self.device)  # summed gradient norms since the last log line
+        self.epoch_tokens = self.window_tokens = 0  # non-padding target tokens (host ints, this rank)
+        self.window_time = time.perf_counter()
+
+    def add(self, loss_sum: Tensor, tokens: int, grad_norm: Tensor | None = None) -> None:
+        """Count one batch's (or step's) summed loss and tokens; device additions only."""
+        self.epoch_loss += loss_sum
+        self.window_loss += loss_sum
+        if grad_norm is not None:
+            self.window_grad_norm += grad_norm
+        self.epoch_tokens += tokens
+        self.window_tokens += tokens
+
+    def read_window(self) -> dict[str, float]:
+        """Loss per token, tokens/s and finiteness of the window over all ranks; starts a new window."""
+        stats = torch.stack([self.window_loss.float(), self.window_grad_norm.float(),
+                             torch.tensor(float(self.window_tokens), device=self.device)])
+        loss, grad_norm, tokens = all_reduce_sum(stats).tolist()
+        elapsed = time.perf_counter() - self.window_time
+        self.window_loss.zero_()
+        self.window_grad_norm.zero_()
+        self.window_tokens, self.window_time = 0, time.perf_counter()
+        return {"loss": loss / max(tokens, 1.0), "tokens_per_s": tokens / max(elapsed, 1e-9),
+                "finite": math.isfinite(loss) and math.isfinite(grad_norm)}
+
+    def read_epoch(self) -> float:
+        """Loss per token of the epoch so far over all ranks (nan when no tokens)."""
+        stats = torch.stack([self.epoch_loss.float(), torch.tensor(float(self.epoch_tokens), device=self.device)])
+        loss, tokens = all_reduce_sum(stats).tolist()
+        return loss / tokens if tokens else math.nan
+
+    def state_dict(self) -> dict[str, float]:
+        """The sums as plain numbers (a host sync), so a resumed epoch reports the whole epoch's loss."""
+        return {"epoch_loss": self.epoch_loss.item(), "epoch_tokens": self.epoch_tokens,
+                "window_loss": self.window_loss.item(), "window_grad_norm": self.window_grad_norm.item(),
+                "window_tokens": self.window_tokens}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Continue from `state_dict()` output."""
+        for name in ("epoch_loss", "window_loss", "window_grad_norm"):
+            getattr(self, name).fill_(state[name])
+        self.epoch_tokens, self.window_tokens = int(state["epoch_tokens"]), int(state["window_tokens"])
+
+
+def step_norm(group: list[Batch], ws: int) -> float:
+    """What this rank divides its summed loss by: global non-padding target tokens / world size (host ints)."""
+    if ws == 1:
+        return float(max(sum(b.ntokens for b in group), 1))
+    if any(b.global_ntokens is None for b in group):
+        raise ValueError("under torchrun each training batch needs global_ntokens (set by the training loaders)")
+    return max(sum(b.global_ntokens for b in group), 1) / ws
+
+
+def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCompute,
+               optimizer: torch.optim.Optimizer, scheduler: Any, *, amp_dtype: torch.dtype | None = None,
+               clip_grad_norm: float = 0.0, ws: int = 1) -> tuple[Tensor, Tensor | None]:
+    """One optimizer step over the micro-batches of `group` (already on the device).
+
+    Forward and backward of each micro-batch (DDP all-reduces only after the last), optional
+    clipping, the optimizer and the schedule. Returns the summed loss and the gradient norm
+    (when clipping) as device tensors: nothing here waits for the device.
+    """
+    norm = step_norm(group, ws)
+    device = group[0].src.device
+    loss_sum = torch.zeros((), device=device)
+    for i, batch in enumerate(group):
+        sync = model.no_sync() if isinstance(model, DDP) and i < len(group) - 1 else nullcontext()
+        with sync:
+            with amp_context(device, amp_dtype):
+                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
+                batch_loss, loss = loss_compute(out, batch.tgt_y, norm)
+            loss.backward()
+        loss_sum += batch_loss
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm) if clip_grad_norm > 0 else None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return loss_sum, grad_norm
+
+
+def _groups(data_iter: Iterable[Batch], size: int) -> Iterator[list[Batch]]:
+    """Consecutive lists of `size` batches (the last may be shorter), drawn only when asked for."""
+    it = iter(data_iter)
+    while group := list(islice(it, size)):
+        yield group
 
 
 def run_epoch(
@@ -97,19 +190,20 @@ def run_epoch(
     clip_grad_norm: float = 0.0,
     max_steps: int = 0,
     log_every: int = 50,
-    log: Callable[[str], None] | None = print,
+    log: Log | None = print,
     on_log: Callable[[dict[str, float]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     progress: Any = None,
+    meter: LossMeter | None = None,
 ) -> tuple[float, TrainState]:
     """Train (mode='train') or evaluate (mode='eval') over `data_iter`; return (mean loss per token, state).
 
-    Training groups `accum_iter` micro-batches into one optimizer step and steps the scheduler
-    once per optimizer step. The returned loss is summed over ranks, divided by the tokens of
-    all ranks. `log` gets a line with step, loss, tokens/s and learning rate every `log_every`
-    steps; `on_log` gets the same figures as a dict. `should_stop` is asked after every
-    optimizer step (e.g. a signal arrived); `max_steps` > 0 stops when `train_state.step` reaches it.
-    `progress` (a tqdm bar) is advanced once per step.
+    Training groups `accum_iter` micro-batches into one `train_step`. Every `log_every` steps the
+    window's loss, tokens/s and learning rate go to `log` (a line) and `on_log` (a dict), and a
+    non-finite loss raises `TrainingDiverged`. `should_stop` is asked after every step;
+    `max_steps` > 0 stops when `train_state.step` reaches it; `progress` (a tqdm bar) advances
+    once per step; `meter` carries the loss sums of an epoch resumed mid-way. The returned loss
+    is summed over ranks and divided by the tokens of all ranks.
     """
     if mode not in ("train", "eval"):
         raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
@@ -118,82 +212,69 @@ def run_epoch(
         raise ValueError("training needs an optimizer and a scheduler")
     state = train_state if train_state is not None else TrainState()
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    ws = world_size()
-    is_ddp = isinstance(model, DDP)
+    meter = meter if meter is not None else LossMeter(device)
     model.train(training)
-
-    total_loss = torch.zeros((), device=device)  # summed loss, kept on the device: no sync per step
-    total_tokens = 0
-    window_loss = torch.zeros((), device=device)
-    window_tokens, window_time = 0, time.perf_counter()
-    it = iter(data_iter)
-    group_size = accum_iter if training else 1
-    grad_ctx = nullcontext() if training else torch.no_grad()
-    with grad_ctx:
-        while True:
-            if training and max_steps and state.step >= max_steps:
-                break
-            group = list(islice(it, group_size))
-            if not group:
-                break
+    ws = world_size()
+    with nullcontext() if training else torch.no_grad():
+        for group in _groups(data_iter, accum_iter if training else 1):
             group = [b.to(device, non_blocking=True) for b in group]
-            n_tokens = sum(b.ntokens for b in group)
-            norm: float | torch.Tensor = max(n_tokens, 1)
-            if training and ws > 1:
-                # Divide by the global token count over ranks (see module docstring).
-                norm = all_reduce_sum(torch.tensor(float(n_tokens), device=device)).clamp_min(1.0) / ws
-            for i, batch in enumerate(group):
-                sync = model.no_sync() if (training and is_ddp and i < len(group) - 1) else nullcontext()
-                with sync:
-                    with amp_context(device, amp_dtype):
-                        out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
-                        loss_sum, loss = loss_compute(out, batch.tgt_y, norm)
-                    if training:
-                        loss.backward()
-                total_loss += loss_sum
-                window_loss += loss_sum
-            total_tokens += n_tokens
-            window_tokens += n_tokens
+            tokens = sum(b.ntokens for b in group)
+            if training:
+                loss_sum, grad_norm = train_step(group, model, loss_compute, optimizer, scheduler, amp_dtype=amp_dtype,
+                                                 clip_grad_norm=clip_grad_norm, ws=ws)
+            else:
+                with amp_context(device, amp_dtype):
+                    out = model(group[0].src, group[0].tgt, group[0].src_mask, group[0].tgt_mask)  # (B, T, d)
+                    loss_sum, grad_norm = loss_compute(out, group[0].tgt_y, 1.0)[0], None
+            meter.add(loss_sum, tokens, grad_norm)
             state.micro_step += len(group)
             state.samples += sum(len(b) for b in group)
-            state.tokens += n_tokens
+            state.tokens += tokens
             if not training:
                 continue
-
-            if clip_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
             state.step += 1
             if progress is not None:
                 progress.update(1)
-
             if state.step % log_every == 0:
-                stats = all_reduce_sum(torch.stack([window_loss, torch.tensor(float(window_tokens), device=device)]))
-                elapsed = time.perf_counter() - window_time
-                w_loss, w_tokens = (float(v) for v in stats.tolist())
-                figures = {"step": state.step, "loss": w_loss / max(w_tokens, 1.0),
-                           "tokens_per_s": w_tokens / max(elapsed, 1e-9), "lr": _lr(optimizer)}
-                if log is not None:
-                    log(f"step {figures['step']:6d} | loss {figures['loss']:7.4f} | "
-                        f"{figures['tokens_per_s']:9.0f} tok/s | lr {figures['lr']:.3e}")
-                if progress is not None:
-                    progress.set_postfix(loss=f"{figures['loss']:.3f}", tok_s=f"{figures['tokens_per_s']:.0f}",
-                                         lr=f"{figures['lr']:.2e}")
-                if on_log is not None:
-                    on_log(figures)
-                window_loss.zero_()
-                window_tokens, window_time = 0, time.perf_counter()
-            if should_stop is not None and should_stop():
+                _log_window(meter, state, optimizer, log, on_log, progress, log_every)
+            if (max_steps and state.step >= max_steps) or (should_stop is not None and should_stop()):
                 break
+    loss = meter.read_epoch()
+    if training and not math.isfinite(loss):
+        raise _diverged(state, "the epoch's loss", loss, state.step - state.step % log_every)
+    return loss, state
 
-    stats = all_reduce_sum(torch.stack([total_loss.float(), torch.tensor(float(total_tokens), device=device)]))
-    loss_sum, tokens = (float(v) for v in stats.tolist())
-    return (loss_sum / tokens if tokens else math.nan), state
+
+def _log_window(meter: LossMeter, state: TrainState, optimizer: torch.optim.Optimizer, log: Log | None,
+                on_log: Callable[[dict[str, float]], None] | None, progress: Any, log_every: int) -> None:
+    """Read the window's figures (one sync), stop on a non-finite loss, report them."""
+    window = meter.read_window()
+    if not window.pop("finite"):
+        raise _diverged(state, "the loss or the gradient norm", window["loss"], state.step - log_every)
+    figures = {"step": state.step, **window, "lr": optimizer.param_groups[0]["lr"]}
+    if log is not None:
+        log(f"step {state.step:6d} | loss {figures['loss']:7.4f} | {figures['tokens_per_s']:9.0f} tok/s | "
+            f"lr {figures['lr']:.3e}")
+    if progress is not None:
+        progress.set_postfix(loss=f"{figures['loss']:.3f}", tok_s=f"{figures['tokens_per_s']:.0f}",
+                             lr=f"{figures['lr']:.2e}")
+    if on_log is not None:
+        on_log(figures)
 
 
-# --------------------------------------------------------------------------- the driver
+def _diverged(state: TrainState, what: str, value: float, after_step: int) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"training diverged: {what} became {value} between steps {after_step + 1} and {state.step} "
+        f"(epoch {state.epoch + 1}); nothing was saved from these weights. Lower train.lr_factor or set "
+        "train.clip_grad_norm (e.g. 1.0)")
+
+
+def weights_finite(model: nn.Module) -> bool:
+    """True when every parameter is finite (one host sync)."""
+    return bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all())
+
+
+# --------------------------------------------------------------------------- everything a resume needs
 
 
 def _rng_state() -> dict[str, Any]:
@@ -215,20 +296,81 @@ def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-class _StopSignal:
-    """Turns SIGTERM / SIGINT into a flag the training loop polls after every optimizer step."""
+RESUMABLE_KEYS = ("train_state", "model", "optimizer", "scheduler", "rng")
+
+
+@dataclass
+class RunState:
+    """Everything `last.pt` holds to continue a run exactly, behind one state_dict() / load_state_dict().
+
+    The counters, the model, the optimizer, the schedule, every rank's random-number state and,
+    for a run stopped inside an epoch, the data loader's position and the epoch's loss sums.
+    """
+
+    counters: TrainState
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loader: Any  # TrainLoader or CopyLoader: state_dict() / load_state_dict()
+    meter: LossMeter
+    rank: int = 0
+
+    def state_dict(self, mid_epoch: bool = False) -> dict[str, Any]:
+        """The resumable state; under torchrun a collective (every rank's RNG state is gathered)."""
+        rngs: list[Any] = [_rng_state()]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            rngs = [None] * dist.get_world_size()
+            dist.all_gather_object(rngs, _rng_state())
+        return {"train_state": self.counters.state_dict(), "model": unwrap_model(self.model).state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "loader": self.loader.state_dict() if mid_epoch else None,
+                "meter": self.meter.state_dict() if mid_epoch else None,
+                "rng": {str(r): s for r, s in enumerate(rngs)}}
+
+    def load_state_dict(self, payload: dict[str, Any], source: Path | str = "last.pt") -> bool:
+        """Restore everything from a `state_dict()` payload; returns True when it stopped inside an epoch."""
+        missing = [k for k in RESUMABLE_KEYS if k not in payload]
+        if missing:
+            raise CheckpointError(f"{source} is not a resumable checkpoint (no {', '.join(missing)}); "
+                                  "resume from the run's last.pt, or start a new run")
+        try:
+            unwrap_model(self.model).load_state_dict(payload["model"])
+            self.optimizer.load_state_dict(payload["optimizer"])
+            self.scheduler.load_state_dict(payload["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(f"cannot resume from {source}: {first[:200]}") from None
+        self.counters.load_state_dict(payload["train_state"])
+        rng = payload["rng"].get(str(self.rank))
+        if rng is not None:
+            _set_rng_state(rng)
+        if payload.get("loader") is None:
+            return False
+        self.loader.load_state_dict(payload["loader"])
+        if payload.get("meter") is not None:  # absent in files written before the meter was saved
+            self.meter.load_state_dict(payload["meter"])
+        return True
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class StopSignal:
+    """Turns SIGTERM / SIGINT into a flag the training loop reads between steps (host only)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
+        """Catch SIGTERM and SIGINT from now on (main thread only)."""
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def restore(self) -> None:
+        """Put the previous handlers back."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
@@ -238,270 +380,328 @@ class _StopSignal:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.signum = signum
 
-    def requested(self, device: torch.device) -> bool:
-        """True when any rank received a signal (agreed over ranks, so all stop at the same step)."""
+    def agreed(self, device: torch.device) -> bool:
+        """True when any rank received a signal: a collective, so every rank stops at the same step."""
         flag = torch.tensor(0.0 if self.signum is None else 1.0, device=device)
-        return bool(all_reduce_sum(flag) > 0) if world_size() > 1 else self.signum is not None
+        return bool(all_reduce_sum(flag) > 0)
 
 
-def _check_resume_compatible(saved: dict[str, Any], cfg: Config, path: Path) -> None:
-    """A resumed run must have the same model and data settings as the run that wrote last.pt."""
-    now = config_to_dict(cfg)
-    for section in ("model", "data"):
-        if saved.get(section) != now[section]:
-            diffs = [k for k in now[section] if saved.get(section, {}).get(k) != now[section][k]]
-            raise ConfigError(f"cannot resume {path}: its {section} settings differ ({', '.join(diffs)}); "
-                              "resume with the same config, or start a new run")
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: bool) -> nn.Module:
+    """The module the training step calls: compiled inside, DDP outside.
+
+    DDP must be the outer wrapper: `train_step` finds it with isinstance to skip the gradient
+    all-reduce (`no_sync`) on all but the last micro-batch; torch.compile(DDP(...)) would hide it.
+    Every bucketed batch has its own (B, S, T): one compile for symbolic shapes, not one per shape.
+    """
+    wrapped = torch.compile(model, dynamic=True) if compile else model
+    if info.distributed:
+        wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+    return wrapped
+
+
+def _broadcast_weights(model: nn.Module) -> None:
+    """Give every rank rank 0's weights (no-op on one process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
+class Trainer:
+    """One rank's training run: built from a config, then `fit()`.
+
+    The loop reads like the paper's training section: for each epoch, `train_step` over its
+    batches (inside `run_epoch`), then `evaluate` and `save`; at the end `finish` (averaging,
+    final scores, examples).
+    """
+
+    def __init__(self, cfg: Config, info: DistInfo, device: torch.device, plan: str = "start",
+                 last: dict[str, Any] | None = None) -> None:
+        self.cfg, self.info, self.device, self.log = cfg, info, device, print0
+        self.t_start = time.perf_counter()
+        self.run = RunDir(cfg.run_dir())
+        if info.is_main:
+            self.run.prepare(cfg, plan)
+        barrier()
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        self.task = build_task(cfg, info, log=self.log)
+        if info.is_main and self.task.text is not None:
+            with writing(self.run.vocab):
+                self.task.text.save(self.run.vocab)
+        self._build_model()
+        self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
+        self.val_batches = self.task.val_batches()
+        self.state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
+                              LossMeter(device), info.rank)
+        self.counters = self.state.counters
+        self.mid_epoch = self._resume(last) if plan == "resume" else False
+        self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
+        self.writer = CheckpointWriter()  # rank 0 writes checkpoints in the background while training goes on
+        self.stopper = StopSignal()
+        self.monitor = GPUMonitor(device)
+        self.gpu_samples: list[dict[str, float]] = []
+        self.text_state = self.task.text.state_dict() if self.task.text is not None else None
+        self.cfg_dict = config_to_dict(cfg)
+
+    def _build_model(self) -> None:
+        """Model, loss, optimizer, schedule and precision from the config."""
+        m, t = self.cfg.model, self.cfg.train
+        self.model = make_model_from_config(m, self.task.src_vocab_size, self.task.tgt_vocab_size).to(self.device)
+        criterion = LabelSmoothing(self.task.tgt_vocab_size, self.task.pad, t.label_smoothing)
+        self.loss_compute = SimpleLossCompute(self.model.generator, criterion)
+        self.optimizer = build_optimizer(self.model, betas=tuple(t.adam_betas), eps=t.adam_eps)
+        self.scheduler = build_scheduler(self.optimizer, m.d_model, t.lr_factor, t.warmup)
+        self.amp_dtype = resolve_amp_dtype(t.precision, self.device)
+
+    def _resume(self, last: dict[str, Any]) -> bool:
+        """Load last.pt into the run state; True when it stopped inside an epoch."""
+        mid_epoch = self.state.load_state_dict(last, self.run.last)
+        if self.info.is_main:
+            self.run.truncate_metrics(self.counters.step)
+        self.log(f"resumed {self.run.last}: epoch {self.counters.epoch}, step {self.counters.step}")
+        return mid_epoch
+
+    def done(self) -> bool:
+        """Training is over when the epochs are done or the step budget is spent."""
+        return self.cfg.train.finished(self.counters.epoch, self.counters.step)
+
+    def fit(self) -> dict[str, Any]:
+        """Train epoch by epoch until done; a signal saves last.pt and stops; then finish."""
+        m, t = self.model, self.cfg.train
+        self.log(f"{self.cfg.name}: {m.num_parameters() / 1e6:.2f}M parameters | device {self.device}"
+                 f"{f' x {self.info.world_size} ranks' if self.info.distributed else ''} | precision "
+                 f"{'bf16 autocast' if self.amp_dtype else 'fp32'} | {len(self.loader)} batches/epoch/rank | "
+                 f"accumulating {t.accum_steps} | run dir {self.run.path}")
+        self.stopper.install()
+        try:
+            while not self.done():
+                epoch, t_epoch = self.counters.epoch, time.perf_counter()
+                train_loss = self.train_epoch()
+                if self.stopping:
+                    return self.stop(epoch)
+                record = self.evaluate(epoch, train_loss, time.perf_counter() - t_epoch)
+                self.save(record)
+        except TrainingDiverged as exc:
+            raise TrainingDiverged(f"{exc}, then {self._restart_hint()}") from None
+        finally:
+            self.stopper.restore()
+            self.writer.wait()  # every checkpoint on disk before best.pt is read back or the process exits
+        return self.finish()
+
+    def _restart_hint(self) -> str:
+        """How to go on after a divergence: from the last good last.pt, or from scratch."""
+        self.writer.wait()
+        if self.run.last.is_file():
+            step = load_checkpoint(self.run.last)["train_state"].get("step", 0)
+            return f"rerun to continue from {self.run.last} (step {step}, the last good state)"
+        return "start again with train.overwrite=true (no checkpoint was written before the divergence)"
+
+    def train_epoch(self) -> float:
+        """One epoch (or the rest of a resumed one) of `train_step`; returns its mean training loss."""
+        t = self.cfg.train
+        if not self.mid_epoch:
+            self.loader.set_epoch(self.counters.epoch)
+            self.state.meter = LossMeter(self.device)
+        self.mid_epoch, self.stopping = False, False
+        steps = -(-len(self.loader) // t.accum_steps)  # the last group may be short
+        bar = tqdm(total=steps, desc=f"epoch {self.counters.epoch + 1}", leave=False, dynamic_ncols=True,
+                   disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.gpu_samples.clear()
+        with bar:
+            loss, _ = run_epoch(
+                self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler,
+                accum_iter=t.accum_steps, train_state=self.counters, device=self.device, amp_dtype=self.amp_dtype,
+                clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
+                log=(self.log if bar.disable else bar.write) if self.info.is_main else None, on_log=self._on_log,
+                should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.state.meter)
+        return loss
+
+    def _should_stop(self) -> bool:
+        """After each step: a signal arrived (on one process at once; under torchrun agreed at log intervals)."""
+        if not self.info.distributed:
+            self.stopping = self.stopper.signum is not None
+        elif self.counters.step % self.cfg.train.log_every == 0:
+            self.stopping = self.stopper.agreed(self.device)
+        return self.stopping
+
+    def _on_log(self, figures: dict[str, float]) -> None:
+        sample = self.monitor.sample()
+        if sample:
+            self.gpu_samples.append(sample)
+        if self.info.is_main:
+            self.run.log_metrics({"kind": "train", "epoch": self.counters.epoch + 1, **figures})
+
+    def stop(self, epoch: int) -> dict[str, Any]:
+        """A signal stopped training inside `epoch`: save last.pt with the data position, report, return."""
+        self._save_checkpoints({}, mid_epoch=True)
+        name = signal.Signals(self.stopper.signum).name if self.stopper.signum else "a signal on another rank"
+        self.log(f"stopped by {name} in epoch {epoch + 1} at step {self.counters.step}; saved {self.run.last}; "
+                 "run the same command again to continue (train.resume=auto)")
+        return {"stopped_by": self.stopper.signum or signal.SIGTERM}
+
+    def evaluate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
+        """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record."""
+        t, s = self.cfg.train, self.counters
+        # max_steps may end training inside an epoch: that epoch then stays unfinished.
+        self.cut_short = bool(t.max_steps) and s.step >= t.max_steps
+        if not self.cut_short:
+            s.epoch = epoch + 1
+        val_loss, _ = run_epoch(self.val_batches, self.model, self.loss_compute, mode="eval", device=self.device,
+                                amp_dtype=self.amp_dtype, log=None)
+        record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": s.step, "train_loss": train_loss,
+                                  "val_loss": val_loss, "seconds": seconds}
+        if self.task.name == "multi30k" and t.bleu_every and ((epoch + 1) % t.bleu_every == 0 or self.done()):
+            scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype)
+            record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
+        if self.gpu_samples:
+            record["gpu_util"] = sum(x["gpu_util"] for x in self.gpu_samples) / len(self.gpu_samples)
+            record["gpu_mem_used_gb"] = max(x["gpu_mem_used_gb"] for x in self.gpu_samples)
+        peak = peak_memory_gb(self.device)
+        if peak is not None:
+            record["peak_mem_gb"] = peak
+        return record
+
+    def save(self, record: dict[str, Any]) -> None:
+        """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""
+        t, s, epoch = self.cfg.train, self.counters, record["epoch"]
+        metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
+        improved = metric is not None and (s.best_metric is None or (
+            metric > s.best_metric if t.best_metric == "bleu" else metric < s.best_metric))
+        if improved:
+            s.best_metric, s.best_epoch = float(metric), epoch
+        targets = ([self.run.best] if improved else []) + ([] if self.cut_short else [self.run.epoch(epoch)])
+        self._save_checkpoints(record, mid_epoch=self.cut_short, weights_to=targets)
+        if self.info.is_main and t.keep_last_epochs and not self.cut_short:
+            self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
+        bleu = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
+        self.log(f"epoch {epoch}/{t.epochs} | step {s.step} | train loss {record['train_loss']:.4f} | "
+                 f"val loss {record['val_loss']:.4f}{bleu} | {record['seconds']:.1f} s"
+                 f"{format_gpu(self.gpu_samples[-1] if self.gpu_samples else {})}")
+
+    def _save_checkpoints(self, record: dict[str, Any], mid_epoch: bool, weights_to: list[Path] = ()) -> None:
+        """Queue last.pt (and the weights alone to `weights_to`) on the background writer; rank 0 writes."""
+        if not weights_finite(self.model):  # a last line of defence: never overwrite good files with broken weights
+            raise TrainingDiverged(f"training diverged: the weights are not finite at step {self.counters.step}; "
+                                   "nothing was saved from them. Lower train.lr_factor or set train.clip_grad_norm")
+        resumable = self.state.state_dict(mid_epoch=mid_epoch)  # a collective: every rank takes part
+        if not self.info.is_main:
+            return
+        common = {"config": self.cfg_dict, "text": self.text_state}
+        weights = {**common, "model": resumable["model"], "train_state": resumable["train_state"]}
+        jobs = ([(weights, weights_to)] if weights_to else []) + [({**common, **resumable}, [self.run.last])]
+        self.writer.save(*jobs)
+        if record:
+            self.run.log_metrics(record)
+
+    def finish(self) -> dict[str, Any]:
+        """Charts; the best (or averaged) weights scored on val and test; a few example translations."""
+        if self.info.is_main:
+            _write_charts(self.run, self.log)
+        found_best = self._use_weights(self.run.best)
+        averaged = self._average_last_epochs()
+        s = self.counters
+        results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step}
+        chosen = f"best.pt (epoch {s.best_epoch})" if found_best else "the final weights"
+        if self.task.name == "copy":
+            k = self.task.score(self.model, self.device)["exact_copies"]
+            self.log(f"exact copies: {k}/100")
+            results["exact_copies"] = k
+        elif self.cfg.train.final_eval:
+            self._final_scores(results, chosen, averaged)
+        results["seconds"] = time.perf_counter() - self.t_start
+        self.log(f"done in {results['seconds']:.1f} s; run directory {self.run.path}")
+        return results
+
+    def _use_weights(self, path: Path) -> bool:
+        """Load `path`'s weights on rank 0 and give them to every rank; False when rank 0 has no such file."""
+        found = [self.info.is_main and path.is_file()]
+        if self.info.distributed:
+            dist.broadcast_object_list(found, src=0)
+        if found[0]:
+            if self.info.is_main:
+                self.model.load_state_dict(load_checkpoint(path, map_location=self.device)["model"])
+            _broadcast_weights(self.model)
+        return found[0]
+
+    def _average_last_epochs(self) -> Path | None:
+        """Average the newest `train.average_last` epoch files into avg.pt (rank 0); None if off or too few."""
+        n = self.cfg.train.average_last
+        if n < 2:
+            return None
+        paths = [path for _, path in self.run.epoch_files()[-n:]]
+        enough = [len(paths) >= n]
+        if self.info.distributed:
+            dist.broadcast_object_list(enough, src=0)
+        if not enough[0]:
+            self.log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
+            return None
+        if self.info.is_main:
+            with writing(self.run.avg):
+                save_checkpoint(average_checkpoints(paths), self.run.avg)
+            self.log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
+        return self.run.avg
+
+    def _final_scores(self, results: dict[str, Any], chosen: str, averaged: Path | None) -> None:
+        """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then test greedy and beam."""
+        score = self.task.score
+        val = score(self.model, self.device, "val", amp_dtype=self.amp_dtype)
+        if averaged is not None:
+            kept = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            self._use_weights(averaged)
+            val_avg = score(self.model, self.device, "val", amp_dtype=self.amp_dtype)
+            self.log(f"val BLEU: best.pt {val['bleu']:.2f} | {averaged.name} (last {self.cfg.train.average_last} "
+                     f"epochs averaged) {val_avg['bleu']:.2f}")
+            if val_avg["bleu"] > val["bleu"]:
+                val, chosen = val_avg, averaged.name
+            else:
+                self.model.load_state_dict(kept)
+        test = score(self.model, self.device, "test", amp_dtype=self.amp_dtype)
+        results.update(val_bleu=val["bleu"], test_bleu=test["bleu"], bleu_signature=test["bleu_signature"],
+                       final_checkpoint=chosen)
+        self.log(f"{chosen}: val BLEU {val['bleu']:.2f} | test BLEU {test['bleu']:.2f} (greedy; "
+                 f"{test['bleu_signature']})")
+        record: dict[str, Any] = {"kind": "final", "step": self.counters.step, "checkpoint": chosen,
+                                  "val_bleu": val["bleu"], "test_bleu": test["bleu"],
+                                  "bleu_signature": test["bleu_signature"]}
+        k = self.cfg.decode.beam_size
+        if k > 1:
+            beam = score(self.model, self.device, "test", beam_size=k, amp_dtype=self.amp_dtype)
+            results[f"test_bleu_beam{k}"] = record[f"test_bleu_beam{k}"] = beam["bleu"]
+            self.log(f"{chosen}: test BLEU {beam['bleu']:.2f} (beam {k}, alpha {self.cfg.decode.alpha})")
+        if self.info.is_main:
+            from .evaluation import check_outputs
+
+            test_split = self.task.data.splits["test"]
+            self.log(check_outputs(test_split.src_text, test_split.tgt_text, test["hypotheses"], n=3))
+            self.run.log_metrics(record)
 
 
 def train_worker(cfg: Config) -> dict[str, Any]:
     """Train one rank (of one or many, under torchrun) from a validated config; return the final figures.
 
-    Builds data, model, loss, optimizer and schedule; trains epoch by epoch with `run_epoch`;
-    evaluates validation loss every epoch and validation BLEU every `train.bleu_every` epochs;
-    keeps `best.pt`, `last.pt` and `epoch_NN.pt`; finally scores the test split with the best
-    weights and shows a few translations (or, for the copy task, counts exact copies).
+    Builds data, model, loss, optimizer and schedule; trains epoch by epoch; evaluates validation
+    loss every epoch and validation BLEU every `train.bleu_every` epochs; keeps `best.pt`,
+    `last.pt` and `epoch_NN.pt`; finally scores the test split with the best weights and shows a
+    few translations (or, for the copy task, counts exact copies).
     """
     info, device = init_distributed(cfg.train.device)
     try:
-        return _train(cfg, info, device)
+        run = RunDir(cfg.run_dir())
+        plan, last = run.plan(cfg)  # on every rank, so every rank decides (or fails) alike
+        if plan == "finished":
+            s = last["train_state"]
+            print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
+                   "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
+                   "train.out_dir, or raise train.epochs to continue it")
+            return {"finished": True, "steps": s["step"]}
+        return Trainer(cfg, info, device, plan, last).fit()
     finally:
         cleanup()
 
 
-def _train(cfg: Config, info: DistInfo, device: torch.device) -> dict[str, Any]:
-    t_start = time.perf_counter()
-    tcfg = cfg.train
-    log = print0
-    run = RunDir(cfg.run_dir())
-    run.check(cfg)  # on every rank, so every rank fails alike; rank 0 alone writes
-    barrier()
-    if info.is_main:
-        run.prepare(cfg)
-    barrier()
-
-    torch.manual_seed(tcfg.seed)
-    random.seed(tcfg.seed)
-    task = build_task(cfg, info, log=log)
-    if info.is_main and task.text is not None:
-        task.text.save(run.vocab)
-    model = make_model_from_config(cfg.model, task.src_vocab_size, task.tgt_vocab_size).to(device)
-    criterion = LabelSmoothing(task.tgt_vocab_size, task.pad, tcfg.label_smoothing)
-    optimizer = build_optimizer(model, betas=tuple(tcfg.adam_betas), eps=tcfg.adam_eps)
-    scheduler = build_scheduler(optimizer, cfg.model.d_model, tcfg.lr_factor, tcfg.warmup)
-    amp_dtype = resolve_amp_dtype(tcfg.precision, device)
-    loader = task.train_loader(pin_memory=device.type == "cuda")
-    val_batches = task.val_batches()
-    state = TrainState()
-    loader_state = None
-
-    if tcfg.resume:
-        ckpt = load_checkpoint(run.last, map_location=device)
-        _check_resume_compatible(ckpt["config"], cfg, run.last)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        state.load_state_dict(ckpt["train_state"])
-        loader_state = ckpt.get("loader")
-        rng = ckpt.get("rng", {}).get(str(info.rank))
-        if rng is not None:
-            _set_rng_state(rng)
-        if info.is_main:
-            run.truncate_metrics(state.step)
-        log(f"resumed {run.last}: epoch {state.epoch}, step {state.step}")
-
-    log(f"{cfg.name}: {model.num_parameters() / 1e6:.2f}M parameters | device {device}"
-        f"{f' x {info.world_size} ranks' if info.distributed else ''} | "
-        f"precision {'bf16 autocast' if amp_dtype else 'fp32'} | {len(loader)} batches/epoch/rank | "
-        f"run dir {run.path}")
-
-    train_model: nn.Module = model
-    if info.distributed:
-        train_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if tcfg.compile:
-        # Every bucketed batch has its own (B, S, T): one compile for symbolic shapes, not one per shape.
-        train_model = torch.compile(train_model, dynamic=True)
-    loss_compute = SimpleLossCompute(model.generator, criterion)
-    monitor = GPUMonitor(device)
-    stopper = _StopSignal()
-    stopper.install()
-    writer = CheckpointWriter()  # rank 0 writes checkpoints in the background while training goes on
-    text_state = task.text.state_dict() if task.text is not None else None
-    cfg_dict = config_to_dict(cfg)
-
-    def save_last(loader_pos: dict[str, Any] | None) -> None:
-        # Every rank's RNG state is gathered so each rank resumes its own dropout stream.
-        rngs: list[Any] = [_rng_state()]
-        if info.distributed:
-            rngs = [None] * info.world_size
-            dist.all_gather_object(rngs, _rng_state())
-        if info.is_main:
-            payload = model_payload(model, cfg_dict, text_state, state.state_dict())
-            payload.update(optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                           loader=loader_pos, rng={str(r): s for r, s in enumerate(rngs)})
-            writer.save(payload, run.last)
-
-    def better(value: float) -> bool:
-        if state.best_metric is None:
-            return True
-        return value > state.best_metric if tcfg.best_metric == "bleu" else value < state.best_metric
-
-    steps_per_epoch = max(len(loader) // tcfg.accum_steps, 1)
-    results: dict[str, Any] = {}
-    stopped = False
-    gpu_samples: list[dict[str, float]] = []
-
-    def on_log(fig: dict[str, float]) -> None:
-        sample = monitor.sample()
-        if sample:
-            gpu_samples.append(sample)
-        if info.is_main:
-            run.log_metrics({"kind": "train", "epoch": state.epoch + 1, **fig})
-
-    try:
-        while not _done(state, tcfg):
-            epoch = state.epoch
-            loader.set_epoch(epoch)
-            if loader_state is not None:
-                loader.load_state_dict(loader_state)
-                loader_state = None
-            t_epoch = time.perf_counter()
-            bar = tqdm(total=steps_per_epoch, desc=f"epoch {epoch + 1}", leave=False, dynamic_ncols=True,
-                       disable=True if not (info.is_main and tcfg.progress) else None)  # None: off without a TTY
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            gpu_samples.clear()
-            train_loss, state = run_epoch(
-                loader, train_model, loss_compute, optimizer, scheduler, mode="train",
-                accum_iter=tcfg.accum_steps, train_state=state, device=device, amp_dtype=amp_dtype,
-                clip_grad_norm=tcfg.clip_grad_norm, max_steps=tcfg.max_steps, log_every=tcfg.log_every,
-                log=(log if bar.disable else bar.write) if info.is_main else None, on_log=on_log,
-                should_stop=lambda: stopper.requested(device), progress=None if bar.disable else bar,
-            )
-            bar.close()
-            if stopper.requested(device):
-                save_last(loader.state_dict())
-                stopped = True
-                name = signal.Signals(stopper.signum).name if stopper.signum else "a signal on another rank"
-                log(f"stopped by {name} in epoch {epoch + 1} at step {state.step}; saved {run.last}; "
-                    f"continue with train.resume=true")
-                break
-            # max_steps may end training inside an epoch: that epoch then stays unfinished.
-            cut_short = bool(tcfg.max_steps) and state.step >= tcfg.max_steps
-            if not cut_short:
-                state.epoch = epoch + 1
-            epoch_seconds = time.perf_counter() - t_epoch
-            val_loss, _ = run_epoch(val_batches, model, loss_compute, mode="eval", device=device,
-                                    amp_dtype=amp_dtype, log=None)
-            record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": state.step,
-                                      "train_loss": train_loss, "val_loss": val_loss, "seconds": epoch_seconds}
-            is_last = _done(state, tcfg)
-            if task.name == "multi30k" and tcfg.bleu_every and ((epoch + 1) % tcfg.bleu_every == 0 or is_last):
-                scored = task.score(model, device, "val", beam_size=1, amp_dtype=amp_dtype)
-                record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
-            if gpu_samples:
-                record["gpu_util"] = sum(s["gpu_util"] for s in gpu_samples) / len(gpu_samples)
-                record["gpu_mem_used_gb"] = max(s["gpu_mem_used_gb"] for s in gpu_samples)
-            peak = peak_memory_gb(device)
-            if peak is not None:
-                record["peak_mem_gb"] = peak
-            metric = record.get("bleu") if tcfg.best_metric == "bleu" else val_loss
-            targets = []  # the same weights go to best.pt (when they improved) and epoch_NN.pt
-            if metric is not None and better(metric):
-                state.best_metric, state.best_epoch = float(metric), epoch + 1
-                targets.append(run.best)
-            if not cut_short:
-                targets.append(run.epoch(epoch + 1))
-            if info.is_main:
-                if targets:
-                    writer.save(model_payload(model, cfg_dict, text_state, state.state_dict()), *targets)
-                if tcfg.keep_last_epochs and not cut_short:
-                    run.prune_epochs(keep_after=epoch + 1 - tcfg.keep_last_epochs)
-                run.log_metrics(record)
-            save_last(loader.state_dict() if cut_short else None)
-            bleu_txt = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
-            log(f"epoch {epoch + 1}/{tcfg.epochs} | step {state.step} | train loss {train_loss:.4f} | "
-                f"val loss {val_loss:.4f}{bleu_txt} | {epoch_seconds:.1f} s"
-                f"{format_gpu(gpu_samples[-1] if gpu_samples else {})}")
-    finally:
-        stopper.restore()
-        writer.wait()  # every checkpoint on disk before best.pt is read back or the process exits
-
-    if info.is_main:
-        _write_charts(run, log)
-    if stopped:
-        results["stopped_by"] = stopper.signum or signal.SIGTERM
-        return results
-
-    # Final figures with the best weights (or their average with the last epochs', if that scores higher on val).
-    best = None
-    if run.best.is_file() or not info.is_main:
-        barrier()
-        best = load_checkpoint(run.best, map_location=device) if run.best.is_file() else None
-        if best is not None:
-            model.load_state_dict(best["model"])
-    averaged = _average_last_epochs(run, tcfg.average_last, info, log)
-    results.update(best_epoch=state.best_epoch, best_metric=state.best_metric, steps=state.step,
-                   seconds=time.perf_counter() - t_start)
-    if task.name == "copy":
-        k = task.score(model, device)["exact_copies"]
-        log(f"exact copies: {k}/100")
-        results["exact_copies"] = k
-    elif tcfg.final_eval:
-        val = task.score(model, device, "val", amp_dtype=amp_dtype)
-        chosen = f"best.pt (epoch {state.best_epoch})"
-        if averaged is not None:
-            model.load_state_dict(load_checkpoint(averaged, map_location=device)["model"])
-            val_avg = task.score(model, device, "val", amp_dtype=amp_dtype)
-            log(f"val BLEU: best.pt {val['bleu']:.2f} | {averaged.name} (last {tcfg.average_last} epochs averaged) "
-                f"{val_avg['bleu']:.2f}")
-            if val_avg["bleu"] > val["bleu"]:
-                val, chosen = val_avg, averaged.name
-            elif best is not None:
-                model.load_state_dict(best["model"])
-        test = task.score(model, device, "test", amp_dtype=amp_dtype)
-        results.update(val_bleu=val["bleu"], test_bleu=test["bleu"], bleu_signature=test["bleu_signature"],
-                       final_checkpoint=chosen)
-        log(f"{chosen}: val BLEU {val['bleu']:.2f} | test BLEU {test['bleu']:.2f} (greedy; "
-            f"{test['bleu_signature']})")
-        record: dict[str, Any] = {"kind": "final", "step": state.step, "checkpoint": chosen, "val_bleu": val["bleu"],
-                                  "test_bleu": test["bleu"], "bleu_signature": test["bleu_signature"]}
-        k = cfg.decode.beam_size
-        if k > 1:
-            beam = task.score(model, device, "test", beam_size=k, amp_dtype=amp_dtype)
-            results[f"test_bleu_beam{k}"] = record[f"test_bleu_beam{k}"] = beam["bleu"]
-            log(f"{chosen}: test BLEU {beam['bleu']:.2f} (beam {k}, alpha {cfg.decode.alpha})")
-        if info.is_main:
-            from .evaluation import check_outputs
-
-            log(check_outputs(task.data.splits["test"].src_text, task.data.splits["test"].tgt_text,
-                              test["hypotheses"], n=3))
-            run.log_metrics(record)
-    log(f"done in {results['seconds']:.1f} s; run directory {run.path}")
-    return results
-
-
-def _average_last_epochs(run: RunDir, n: int, info: DistInfo, log: Callable[[str], None]) -> Path | None:
-    """Average the newest `n` epoch_NN.pt into avg.pt (rank 0 writes, all ranks wait); None if n < 2 or too few."""
-    if n < 2:
-        return None
-    paths = [path for _, path in run.epoch_files()[-n:]]
-    if len(paths) < n:
-        log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
-        return None
-    if info.is_main:
-        save_checkpoint(average_checkpoints(paths), run.avg)
-        log(f"averaged {', '.join(p.name for p in paths)} into {run.avg}")
-    barrier()
-    return run.avg
-
-
-def _done(state: TrainState, tcfg: Any) -> bool:
-    """Training is over when the epochs are done or the step budget is spent."""
-    return bool((tcfg.epochs and state.epoch >= tcfg.epochs) or (tcfg.max_steps and state.step >= tcfg.max_steps))
-
-
-def _write_charts(run: RunDir, log: Callable[[str], None]) -> None:
+def _write_charts(run: RunDir, log: Log) -> None:
     """Loss / learning-rate / BLEU curves from metrics.jsonl, as HTML and PNG (best effort)."""
     try:
         from .visualization import save_chart, training_curves_chart

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from . import visualization as viz
-from .checkpoint import atomic_write
+from .files import atomic_write
 from .errors import UserError
 from .translator import Translator, translate_ids
 

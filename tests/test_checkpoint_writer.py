@@ -9,7 +9,7 @@ import torch
 
 from annotated_transformer.checkpoint import CheckpointWriter, load_checkpoint
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.errors import ConfigError, RunDirError
 from annotated_transformer.run_dir import RunDir
 from annotated_transformer.training import train_worker
 
@@ -17,7 +17,7 @@ from annotated_transformer.training import train_worker
 def test_writer_snapshots_the_payload_when_save_is_called(tmp_path):
     writer = CheckpointWriter()
     weights = torch.zeros(100_000)
-    writer.save({"model": {"w": weights}, "config": {}}, tmp_path / "a.pt", tmp_path / "b.pt")
+    writer.save(({"model": {"w": weights}, "config": {}}, [tmp_path / "a.pt", tmp_path / "b.pt"]))
     weights.add_(1.0)  # training goes on while the bytes are written
     writer.wait()
     for name in ("a.pt", "b.pt"):
@@ -29,18 +29,30 @@ def test_writes_land_in_order_and_a_failed_write_reaches_wait(tmp_path):
     writer = CheckpointWriter()
     path = tmp_path / "c.pt"
     for i in range(3):
-        writer.save({"model": {"w": torch.full((10,), float(i))}, "config": {}}, path)
+        writer.save(({"model": {"w": torch.full((10,), float(i))}, "config": {}}, [path]))
     writer.wait()
     assert load_checkpoint(path)["model"]["w"][0] == 2.0
 
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("x")
-    writer.save({"model": {}, "config": {}}, blocker / "d.pt")  # its parent is a file: fails in the thread
-    with pytest.raises(OSError):
+    writer.save(({"model": {}, "config": {}}, [blocker / "d.pt"]))  # its parent is a file: fails in the thread
+    with pytest.raises(RunDirError, match=r"cannot write .*not_a_folder.*: .*; "):
         writer.wait()
     writer.wait()  # reported once, then cleared
     assert load_checkpoint(path)["model"]["w"][0] == 2.0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "not_a_folder"]  # no temporary files
+
+
+def test_one_save_copies_shared_weights_once_and_writes_every_job(tmp_path):
+    writer = CheckpointWriter()
+    weights = {"w": torch.arange(10.0)}
+    writer.save(({"model": weights, "config": {}}, [tmp_path / "best.pt"]),
+                ({"model": weights, "config": {}, "optimizer": {"lr": 1.0}}, [tmp_path / "last.pt"]))
+    weights["w"].zero_()
+    writer.wait()
+    assert torch.equal(load_checkpoint(tmp_path / "best.pt")["model"]["w"], torch.arange(10.0))
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert torch.equal(last["model"]["w"], torch.arange(10.0)) and last["optimizer"] == {"lr": 1.0}
 
 
 def test_prune_epochs_keeps_only_the_newest(tmp_path):

@@ -39,13 +39,13 @@ def test_sigterm_then_resume_is_bit_exact(tmp_path):
             break
     rest = proc.stdout.read()
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
-    assert "stopped by SIGTERM" in rest and "train.resume=true" in rest
+    assert "stopped by SIGTERM" in rest and "run the same command again to continue" in rest
     stopped = load_checkpoint(part / "last.pt")
     step = stopped["train_state"]["step"]
     assert 50 <= step < 120
     assert stopped["loader"]["taken"] == step - 40 * stopped["train_state"]["epoch"]
 
-    resumed = run([f"train.out_dir={part}", "train.resume=true"])
+    resumed = run([f"train.out_dir={part}"])  # train.resume=auto, the default
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed {part / 'last.pt'}" in resumed.stdout
 
@@ -108,3 +108,60 @@ def test_atomic_save_leaves_the_old_file_on_failure(tmp_path):
         save_checkpoint({"model": {"w": torch.ones(3)}, "bad": Boom()}, path)
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.zeros(3))
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
+
+
+# --------------------------------------------------------------------------- train.resume=auto
+
+
+def plan_of(out, *overrides):
+    from annotated_transformer.config import load_config
+    from annotated_transformer.run_dir import RunDir
+
+    cfg = load_config("copy", [*SHORT, f"train.out_dir={out}", *overrides])
+    return RunDir(out).plan(cfg)[0]
+
+
+def test_resume_setting_takes_auto_true_and_false_only():
+    from annotated_transformer.config import load_config
+    from annotated_transformer.errors import ConfigError
+
+    assert load_config("copy").train.resume == "auto"
+    assert load_config("copy", ["train.resume=true"]).train.resume is True
+    assert load_config("copy", ["train.resume=false"]).train.resume is False
+    with pytest.raises(ConfigError, match="train.resume must be one of 'auto', true, false; got 'maybe'"):
+        load_config("copy", ["train.resume=maybe"])
+
+
+def test_auto_resume_decides_from_what_the_folder_holds(tmp_path):
+    from annotated_transformer.errors import ConfigError
+
+    out = tmp_path / "r"
+    assert plan_of(out) == "start"  # absent
+    out.mkdir()
+    assert plan_of(out) == "start"  # empty
+    (out / "config.yaml").write_text("x")
+    (out / "metrics.jsonl").write_text("")
+    assert plan_of(out) == "start"  # died before its first checkpoint: starts again
+    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
+    assert plan_of(out) == "resume"  # one of three epochs done
+    assert plan_of(out, "train.epochs=1") == "finished"
+    assert plan_of(out, "train.epochs=1", "train.resume=true") == "resume"  # true keeps its meaning
+    assert plan_of(out, "train.overwrite=true") == "start"
+    with pytest.raises(ConfigError, match="already holds a run"):
+        plan_of(out, "train.resume=false")
+    with pytest.raises(ConfigError, match=r"its model settings differ \(d_ff\)"):
+        plan_of(out, "model.d_ff=64")
+    (out / "last.pt").unlink()
+    with pytest.raises(ConfigError, match="holds files but no last.pt, so it cannot be continued"):
+        plan_of(out)
+
+
+def test_rerunning_after_a_stop_continues_and_a_finished_run_is_left_alone(tmp_path):
+    out = tmp_path / "r"
+    first = run([f"train.out_dir={out}", "train.epochs=1"])
+    assert first.returncode == 0
+    second = run([f"train.out_dir={out}", "train.epochs=2"])
+    assert second.returncode == 0 and f"resumed {out / 'last.pt'}: epoch 1, step 40" in second.stdout
+    again = run([f"train.out_dir={out}", "train.epochs=2"])
+    assert again.returncode == 0 and "holds a finished run (2 epochs, 80 steps)" in again.stdout
+    assert "resumed" not in again.stdout

@@ -14,7 +14,9 @@ class Batch:
     src (B, S); tgt (B, T+1) including <s> ... </s>. The decoder reads `tgt` = tgt[:, :-1]
     and is trained to predict `tgt_y` = tgt[:, 1:] (teacher forcing).
     `ntokens` is the number of non-padding tokens in `tgt_y`, a plain int computed once on
-    the host so that dividing by it never waits for the GPU.
+    the host so that dividing by it never waits for the GPU. `global_ntokens` is the same count
+    summed over the batches that every rank trains on at this position of the epoch; the
+    training loaders set it from the shared batch plan (None: nobody computed it).
     """
 
     def __init__(self, src: Tensor, tgt: Tensor | None = None, pad: int = 2) -> None:
@@ -22,6 +24,7 @@ class Batch:
         self.src = src
         self.src_mask = (src != pad).unsqueeze(-2)  # (B, 1, S)
         self.ntokens = 0
+        self.global_ntokens: int | None = None
         if tgt is not None:
             self.tgt = tgt[:, :-1]  # (B, T)
             self.tgt_y = tgt[:, 1:]  # (B, T)

@@ -31,9 +31,10 @@ class CopyLoader:
     needs the number of batches already taken: they are generated again and skipped.
     """
 
-    def __init__(self, V: int, batch_size: int, nbatches: int, seq_len: int, seed: int, rank: int = 0) -> None:
+    def __init__(self, V: int, batch_size: int, nbatches: int, seq_len: int, seed: int, rank: int = 0,
+                 world_size: int = 1) -> None:
         self.V, self.batch_size, self.nbatches, self.seq_len = V, batch_size, nbatches, seq_len
-        self.seed, self.rank = seed, rank
+        self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
         self._taken = 0  # batches of this epoch already yielded
         self._skip = 0  # batches to skip at the next __iter__ (set by load_state_dict)
@@ -53,6 +54,7 @@ class CopyLoader:
             if i < self._skip:
                 continue
             self._taken = i + 1
+            batch.global_ntokens = batch.ntokens * self.world_size  # every rank's batch has the same size, no padding
             yield batch
         self._skip = 0
 
@@ -82,6 +84,10 @@ def exact_copies(model, V: int, seq_len: int, n: int = 100, seed: int = 1234,
     src = torch.randint(1, V, (n, seq_len), generator=g)
     src[:, 0] = COPY_START
     src = src.to(device)
+    was_training = model.training
     model.eval()
-    out = greedy_decode(model, src, (src != COPY_PAD).unsqueeze(-2), seq_len, COPY_START)
+    try:
+        out = greedy_decode(model, src, (src != COPY_PAD).unsqueeze(-2), seq_len, COPY_START)
+    finally:
+        model.train(was_training)
     return int((out == src).all(dim=1).sum())

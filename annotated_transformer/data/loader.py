@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -105,15 +106,21 @@ class TrainLoader:
             np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),
             batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size)
         width = REFERENCE_PADDING if batching == "reference" else None
+        self.width = width
         with warnings.catch_warnings():
             # torchdata 0.11 calls torch.set_vital, which torch >= 2.9 flags as deprecated: not ours to fix.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             self.loader = StatefulDataLoader(
                 PairDataset(src, tgt), batch_sampler=self.sampler, collate_fn=PadCollate(pad, width),
                 num_workers=num_workers, pin_memory=pin_memory,
+                # Its own generator: a DataLoader draws a seed for every new iterator, and from the global
+                # RNG that would shift the dropout stream of a run resumed mid-epoch (measured: the first
+                # step after a resume differed from the uninterrupted run's).
+                generator=torch.Generator().manual_seed(seed),
             )
         self.epoch = 0
         self._finished_epoch = False  # a loaded state said: this epoch has no batches left
+        self._taken = 0  # batches of this epoch already served
 
     @property
     def world_size(self) -> int:
@@ -126,6 +133,7 @@ class TrainLoader:
         self.sampler.set_epoch(self.epoch)
         self.loader.load_state_dict({})  # forget any half-used iterator of the previous epoch
         self._finished_epoch = False
+        self._taken = 0
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (the same on every rank)."""
@@ -135,12 +143,29 @@ class TrainLoader:
         if self._finished_epoch:  # resumed exactly at the end of an epoch: nothing left to serve
             self._finished_epoch = False
             return
-        yield from self.loader
+        totals = self.global_tokens(self.epoch) if self.world_size > 1 else None
+        for batch in self.loader:
+            if totals is not None:
+                batch.global_ntokens = totals[self._taken]
+            self._taken += 1
+            yield batch
+
+    def global_tokens(self, epoch: int) -> list[int]:
+        """Non-padding target tokens at each position of this rank's epoch, summed over all ranks.
+
+        Every rank computes the same global plan, so the loss divisor of a DDP step is known on the
+        host of every rank without an all-reduce. A target row of n ids (<s> and </s> included,
+        cut to the fixed width in reference mode) gives n - 1 predicted tokens.
+        """
+        lens = self.sampler.tgt_lens if self.width is None else np.minimum(self.sampler.tgt_lens, self.width)
+        per_batch = [int(lens[b].sum()) - len(b) for b in self.sampler.global_batches(epoch)]
+        ws, n = self.world_size, len(per_batch)
+        return [sum(per_batch[(r + k * ws) % n] for r in range(ws)) for k in range(len(self))]
 
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands (plain Python values, safe for torch.load(weights_only=True))."""
         return {"epoch": self.epoch, "seed": self.sampler.seed, "world_size": self.world_size,
-                "batches_per_epoch": len(self), "loader": self.loader.state_dict()}
+                "batches_per_epoch": len(self), "taken": self._taken, "loader": self.loader.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the saved epoch with its next unseen batch."""
@@ -158,3 +183,4 @@ class TrainLoader:
         # StatefulDataLoader restarts a finished epoch from scratch; a run stopped right after the
         # last batch must instead see an empty rest of the epoch.
         self._finished_epoch = bool(inner.get("_iterator_finished", False))
+        self._taken = int(state.get("taken", inner.get("_num_yielded", 0)))

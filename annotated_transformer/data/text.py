@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import atomic_write
+from ..files import atomic_write
 from ..errors import DataError
 from .tokenizers import SubwordModel, train_sentencepiece, word_tokenize, word_tokenize_many
 from .vocab import BOS, EOS, PAD, UNK, Vocab

@@ -1,0 +1,327 @@
+"""The Trainer and its guards: divergence, filesystem errors, resume on real data, DDP accumulation, sync-free steps."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, make_model, run_epoch
+from annotated_transformer import training
+from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
+from annotated_transformer.config import load_config
+from annotated_transformer.distributed import DistInfo
+from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError
+from annotated_transformer.optim import build_optimizer, build_scheduler
+from annotated_transformer.training import train_step, train_worker, wrap_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
+QUIET = ["train.progress=false", "train.device=cpu"]
+
+
+def tiny_model_and_batches(n: int = 4, V: int = 12, seed: int = 0):
+    torch.manual_seed(seed)
+    model = make_model(V, V, N=1, d_model=16, d_ff=32, h=2, dropout=0.0)
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        t = torch.randint(4, V, (3, 6), generator=g)
+        t[:, 0] = 0
+        batches.append(Batch(t, t.clone(), pad=2))
+    return model, SimpleLossCompute(model.generator, LabelSmoothing(V, 2, 0.1)), batches
+
+
+def all_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from all_tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from all_tensors(v)
+
+
+# --------------------------------------------------------------------------- divergence
+
+
+def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp_path):
+    out = tmp_path / "run"
+    common = ["--config", "copy.yaml", f"train.out_dir={out}", "train.log_every=5", *QUIET]
+    good = subprocess.run([*TRAIN, *common, "train.epochs=2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert good.returncode == 0, good.stderr
+    before = {p.name: p.read_bytes() for p in out.glob("*.pt")}
+    bad = subprocess.run([*TRAIN, *common, "train.epochs=4", "train.resume=true", "train.lr_factor=1e12"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert bad.returncode == 3, bad.stderr
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in bad.stderr
+    line = errors[0]
+    assert "training diverged" in line and "nan" in line and "between steps 41 and 45 (epoch 3)" in line
+    assert "train.lr_factor" in line and "train.clip_grad_norm" in line and "rerun to continue" in line
+    assert "(step 40, the last good state)" in line
+    after = {p.name: p.read_bytes() for p in out.glob("*.pt")}
+    assert after == before  # last.pt, best.pt and the epoch files are untouched
+    for path in out.glob("*.pt"):
+        assert all(torch.isfinite(t).all() for t in all_tensors(load_checkpoint(path)) if t.is_floating_point())
+
+
+def test_a_diverging_first_epoch_suggests_starting_again(tiny_config, tmp_path):
+    cfg = tiny_config(f"train.out_dir={tmp_path}", "train.lr_factor=1e12", "train.log_every=10", *QUIET)
+    with pytest.raises(training.TrainingDiverged, match=r"between steps 1 and 10 .* train.overwrite=true"):
+        train_worker(cfg)
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=1", "data.copy_batches=2", *QUIET])
+    info, device = DistInfo(), torch.device("cpu")
+    trainer = training.Trainer(cfg, info, device)
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("inf"))
+    with pytest.raises(training.TrainingDiverged, match="weights are not finite"):
+        trainer._save_checkpoints({}, mid_epoch=False, weights_to=[trainer.run.best])
+    trainer.writer.wait()
+    assert not list(tmp_path.glob("*.pt"))
+
+
+# --------------------------------------------------------------------------- filesystem errors
+
+
+def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = subprocess.run([*TRAIN, "--config", "copy.yaml", f"train.out_dir={blocker / 'run'}", *QUIET],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (f"error: cannot create the run directory {blocker / 'run'}: Not a directory; "
+                                   "a part of the path is a file, not a folder; choose another train.out_dir")
+    proc = subprocess.run([*TRAIN, "--config", "copy.yaml", f"train.out_dir={blocker}", *QUIET],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr
+
+
+def test_disk_full_while_writing_a_checkpoint_keeps_the_old_files(tmp_path, monkeypatch):
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=3", "data.copy_batches=3", *QUIET])
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def full_disk(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 2:  # epoch 1's two files (weights, last.pt) fit; then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(RunDirError, match=r"cannot write .*\.pt: No space left on device; free some disk space"):
+        train_worker(cfg)
+    monkeypatch.setattr(torch, "save", real_save)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".pt") == ["best.pt", "epoch_01.pt", "last.pt"]
+    assert load_checkpoint(tmp_path / "last.pt")["train_state"]["epoch"] == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+# --------------------------------------------------------------------------- the driver's bugs
+
+
+def test_best_metric_bleu_without_bleu_evaluations_is_refused(tiny_config):
+    with pytest.raises(ConfigError, match="train.best_metric=bleu needs validation BLEU, but train.bleu_every is 0"):
+        tiny_config("train.best_metric=bleu", "train.bleu_every=0")
+
+
+def test_progress_total_equals_the_optimizer_steps(tmp_path, monkeypatch):
+    bars = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            self.total, self.n, self.disable = total, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def write(self, line):
+            pass
+
+        def set_postfix(self, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(training, "tqdm", Bar)
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=10",
+                               "train.accum_steps=3", *QUIET])
+    results = train_worker(cfg)
+    assert [(b.total, b.n) for b in bars] == [(4, 4), (4, 4)]  # 10 micro-batches in groups of 3: 3 + 3 + 3 + 1
+    assert results["steps"] == 8
+
+
+def test_accumulation_under_ddp_with_compile_all_reduces_once_per_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model, loss_compute, batches = tiny_model_and_batches(n=4)
+        wrapped = wrap_model(model, DistInfo(world_size=2), torch.device("cpu"), compile=True)
+        calls = []
+
+        def counting_hook(state, bucket):
+            calls.append(1)
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        wrapped.register_comm_hook(None, counting_hook)
+        opt = build_optimizer(model)
+        _, state = run_epoch(batches, wrapped, loss_compute, opt, build_scheduler(opt, 16, 1.0, 10), accum_iter=2,
+                             log=None)
+    finally:
+        dist.destroy_process_group()
+    assert state.step == 2 and state.micro_step == 4
+    assert len(calls) == 2  # one bucket all-reduced per optimizer step, not per micro-batch
+
+
+def test_exact_copies_restores_the_training_mode():
+    from annotated_transformer.data.copy_task import exact_copies
+
+    model = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2)
+    model.train()
+    exact_copies(model, 11, 5, n=4)
+    assert model.training
+    model.eval()
+    exact_copies(model, 11, 5, n=4)
+    assert not model.training
+
+
+def test_the_fused_loss_backward_leaves_its_saved_gradient_intact():
+    crit = LabelSmoothing(7, 2, 0.1)
+    logits = torch.randn(5, 7, requires_grad=True)
+    target = torch.tensor([0, 3, 2, 6, 1])
+    loss = crit.from_logits(logits, target)
+    (2.0 * loss).backward(retain_graph=True)
+    first = logits.grad.clone()
+    logits.grad = None
+    (2.0 * loss).backward()
+    assert torch.allclose(logits.grad, first)  # in place, the second backward saw the saved gradient doubled
+
+
+# --------------------------------------------------------------------------- no host sync in a step
+
+
+def test_train_step_never_reads_a_tensor_on_the_host(monkeypatch):
+    model, loss_compute, batches = tiny_model_and_batches(n=2)
+    for b in batches:
+        b.global_ntokens = 2 * b.ntokens
+    opt = build_optimizer(model)
+    sched = build_scheduler(opt, 16, 1.0, 10)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("host synchronisation inside train_step")
+
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
+            m.setattr(torch.Tensor, name, forbidden)
+        m.setattr(torch, "tensor", forbidden)
+        with pytest.raises(AssertionError):  # the trap works
+            torch.ones(1).item()
+        loss_sum, grad_norm = train_step(batches, model, loss_compute, opt, sched, clip_grad_norm=1.0, ws=2)
+    assert loss_sum.item() > 0 and grad_norm.item() > 0 and sched.last_epoch == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU test above checks the same path)")
+def test_train_step_runs_under_cuda_sync_debug_mode_error():
+    model, loss_compute, batches = tiny_model_and_batches(n=2)
+    model = model.cuda()
+    loss_compute = SimpleLossCompute(model.generator, loss_compute.criterion)
+    batches = [b.to("cuda") for b in batches]
+    opt = build_optimizer(model)
+    sched = build_scheduler(opt, 16, 1.0, 10)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            train_step(batches, model, loss_compute, opt, sched, amp_dtype=torch.bfloat16, clip_grad_norm=1.0)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert sched.last_epoch == 3
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def metrics_without_clocks(path: Path) -> list[dict]:
+    clocks = ("time", "seconds", "tokens_per_s")
+    return [{k: v for k, v in json.loads(line).items() if k not in clocks}
+            for line in path.read_text().splitlines()]
+
+
+def test_sigterm_mid_epoch_then_resume_on_multi30k_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir):
+    common = ["--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
+              "data.max_len=12", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
+              "train.log_every=1", "train.final_eval=false", "model.dropout=0.1", *QUIET]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    full = subprocess.run([*TRAIN, *common, f"train.out_dir={tmp_path / 'full'}"], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=600)
+    assert full.returncode == 0, full.stderr[-2000:]
+    per_epoch = int(full.stdout.split(" batches/epoch/rank")[0].rsplit("| ", 1)[1])
+
+    part = tmp_path / "part"
+    proc = subprocess.Popen([*TRAIN, *common, f"train.out_dir={part}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    for line in proc.stdout:
+        if line.startswith("step") and int(line.split()[1]) >= per_epoch + per_epoch // 3:  # inside epoch 2
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
+    stopped = load_checkpoint(part / "last.pt")
+    assert stopped["train_state"]["epoch"] == 1 and stopped["meter"]["epoch_tokens"] > 0
+    assert per_epoch < stopped["train_state"]["step"] < 2 * per_epoch
+
+    resumed = subprocess.run([*TRAIN, *common, f"train.out_dir={part}", "train.resume=true"], capture_output=True,
+                             text=True, cwd=ROOT, env=env, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
+    assert a["train_state"] == b["train_state"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    # every metrics line, the resumed epoch's train_loss over the whole epoch included
+    assert metrics_without_clocks(part / "metrics.jsonl") == metrics_without_clocks(tmp_path / "full" / "metrics.jsonl")
+
+
+def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path):
+    out = tmp_path / "run"
+    cfg = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=4", *QUIET]
+    assert subprocess.run([*TRAIN, *cfg, "train.epochs=1"], capture_output=True, cwd=ROOT, timeout=300).returncode == 0
+    old = load_checkpoint(out / "last.pt")
+    old.pop("format")
+    old.pop("meter")  # files written before the loss sums were saved
+    save_checkpoint(old, out / "last.pt")
+    again = subprocess.run([*TRAIN, *cfg, "train.epochs=2", "train.resume=true"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 2
+
+    weights_only = load_checkpoint(out / "best.pt")
+    weights_only.pop("format")
+    save_checkpoint(weights_only, out / "last.pt")
+    refused = subprocess.run([*TRAIN, *cfg, "train.epochs=3", "train.resume=true"], capture_output=True, text=True,
+                             cwd=ROOT, timeout=300)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (f"error: {out / 'last.pt'} is not a resumable checkpoint (no optimizer, "
+                                      "scheduler, rng); resume from the run's last.pt, or start a new run")
+    with pytest.raises(CheckpointError):
+        training.RunState(training.TrainState(), *([None] * 4), training.LossMeter()).load_state_dict({"model": {}})
