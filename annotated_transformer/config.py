@@ -120,6 +120,8 @@ class TrainConfig:
     best_metric: str = param("bleu", "what picks best.pt: 'bleu' (higher is better) or 'loss' (lower)",
                              choices=("bleu", "loss"))
     progress: bool = param(True, "show a tqdm progress bar on rank 0 (when stderr is a terminal)")
+    tensorboard: bool = param(False, "also write the metrics as TensorBoard event files in <run dir>/tensorboard "
+                              "(rank 0; needs the tensorboard extra: uv sync --extra tensorboard)")
     final_eval: bool = param(True, "at the end, score val and test with best.pt and show example translations")
 
     def finished(self, epoch: int, step: int) -> bool:

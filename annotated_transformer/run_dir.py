@@ -5,6 +5,7 @@
       vocab/               the TextPipeline: vocabularies, SentencePiece model, settings
       metrics.jsonl        one JSON object per log line and per epoch
       charts/              loss, learning rate and BLEU curves (.html with inlined JavaScript, .png)
+      tensorboard/         the same figures as TensorBoard event files (train.tensorboard=true)
       epoch_NN.pt          model weights after epoch NN (for averaging)
       best.pt              the weights that scored best on validation
       last.pt              everything needed to resume (optimizer, scheduler, data position, RNG)
@@ -25,7 +26,7 @@ from .errors import ConfigError, RunDirError
 from .files import atomic_write, writing
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
-STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts"}
+STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts", "tensorboard"}
 
 
 def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
@@ -60,6 +61,10 @@ class RunDir:
     @property
     def charts(self) -> Path:
         return self.path / "charts"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
 
     @property
     def last(self) -> Path:

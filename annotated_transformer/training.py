@@ -44,6 +44,7 @@ from .monitor import GPUMonitor, format_gpu, peak_memory_gb
 from .optim import build_optimizer, build_scheduler
 from .run_dir import RunDir
 from .tasks import build_task
+from .tensorboard_log import TensorBoardLog, summary_writer_class
 
 Log = Callable[[str], None]
 
@@ -419,6 +420,8 @@ class Trainer:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
         self.t_start = time.perf_counter()
         self.run = RunDir(cfg.run_dir())
+        if cfg.train.tensorboard and info.is_main:
+            summary_writer_class()  # a missing package is an error before anything is written
         if info.is_main:
             self.run.prepare(cfg, plan)
         barrier()
@@ -442,6 +445,7 @@ class Trainer:
         self.gpu_samples: list[dict[str, float]] = []
         self.text_state = self.task.text.state_dict() if self.task.text is not None else None
         self.cfg_dict = config_to_dict(cfg)
+        self.tensorboard = TensorBoardLog(self.run.tensorboard) if cfg.train.tensorboard and info.is_main else None
 
     def _build_model(self) -> None:
         """Model, loss, optimizer, schedule and precision from the config."""
@@ -481,12 +485,16 @@ class Trainer:
                     return self.stop(epoch)
                 record = self.evaluate(epoch, train_loss, time.perf_counter() - t_epoch)
                 self.save(record)
+            self.stopper.restore()  # from here on Ctrl-C interrupts at once
+            self.writer.wait()  # best.pt on disk before finish reads it back
+            return self.finish()
         except TrainingDiverged as exc:
             raise TrainingDiverged(f"{exc}, then {self._restart_hint()}") from None
         finally:
             self.stopper.restore()
-            self.writer.wait()  # every checkpoint on disk before best.pt is read back or the process exits
-        return self.finish()
+            self.writer.wait()  # every checkpoint on disk before the process exits
+            if self.tensorboard is not None:
+                self.tensorboard.close()
 
     def _restart_hint(self) -> str:
         """How to go on after a divergence: from the last good last.pt, or from scratch."""
@@ -531,7 +539,13 @@ class Trainer:
         if sample:
             self.gpu_samples.append(sample)
         if self.info.is_main:
-            self.run.log_metrics({"kind": "train", "epoch": self.counters.epoch + 1, **figures})
+            self.record({"kind": "train", "epoch": self.counters.epoch + 1, **figures})
+
+    def record(self, record: dict[str, Any]) -> None:
+        """One metrics record (rank 0): a line of metrics.jsonl, and scalars for TensorBoard when asked."""
+        self.run.log_metrics(record)
+        if self.tensorboard is not None:
+            self.tensorboard.add(record)
 
     def stop(self, epoch: int) -> dict[str, Any]:
         """A signal stopped training inside `epoch`: save last.pt with the data position, report, return."""
@@ -593,7 +607,7 @@ class Trainer:
         jobs = ([(weights, weights_to)] if weights_to else []) + [({**common, **resumable}, [self.run.last])]
         self.writer.save(*jobs)
         if record:
-            self.run.log_metrics(record)
+            self.record(record)
 
     def finish(self) -> dict[str, Any]:
         """Charts; the best (or averaged) weights scored on val and test; a few example translations."""
@@ -675,7 +689,7 @@ class Trainer:
 
             test_split = self.task.data.splits["test"]
             self.log(check_outputs(test_split.src_text, test_split.tgt_text, test["hypotheses"], n=3))
-            self.run.log_metrics(record)
+            self.record(record)
 
 
 def train_worker(cfg: Config) -> dict[str, Any]:

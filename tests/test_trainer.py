@@ -325,3 +325,33 @@ def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path):
                                       "scheduler, rng); resume from the run's last.pt, or start a new run")
     with pytest.raises(CheckpointError):
         training.RunState(training.TrainState(), *([None] * 4), training.LossMeter()).load_state_dict({"model": {}})
+
+
+# --------------------------------------------------------------------------- TensorBoard
+
+
+def test_tensorboard_event_files_hold_the_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=10",
+                               "train.log_every=5", "train.tensorboard=true", *QUIET])
+    train_worker(cfg)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    logged = events.Scalars("train/loss")
+    assert [e.step for e in logged] == [r["step"] for r in train] == [5, 10, 15, 20]
+    assert [e.value for e in logged] == pytest.approx([r["loss"] for r in train], rel=1e-6)
+    assert [e.value for e in events.Scalars("epoch/val_loss")] == pytest.approx([r["val_loss"] for r in epochs],
+                                                                                rel=1e-6)
+    assert {"train/lr", "train/tokens_per_s", "epoch/train_loss"} <= set(events.Tags()["scalars"])
+
+
+def test_tensorboard_without_the_package_is_one_clear_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as when not installed
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=1", "train.tensorboard=true", *QUIET])
+    with pytest.raises(ConfigError, match=r"train.tensorboard=true needs the tensorboard package: .*uv sync --extra"):
+        train_worker(cfg)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
