@@ -81,3 +81,20 @@ def test_benchmark_bad_input_is_one_clear_line(args, needle):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
+    from annotated_transformer import benchmark
+
+    durations = iter([9.0, 9.0] + [1.0, 0.25, 2.0] + [1.0] * 17)  # two untimed, then 20 timed
+    clock = {"t": 0.0, "start": True}
+
+    def fake_clock():
+        if not clock["start"]:
+            clock["t"] += next(durations)
+        clock["start"] = not clock["start"]
+        return clock["t"]
+
+    monkeypatch.setattr(benchmark.time, "perf_counter", fake_clock)
+    peak = benchmark.matmul_peak(torch.device("cpu"), torch.float32, n=8, repeats=20)
+    assert peak == pytest.approx(2 * 8**3 / 0.25)  # the fastest run, not the median (1.0) nor the first ones
