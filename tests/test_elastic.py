@@ -1,0 +1,156 @@
+"""torchrun's elastic restarts: restarted ranks join a fresh process group; a rank that cannot join says why.
+
+Under torchrun every rank is a client of one store the elastic agent keeps, on the same port, across
+restarts; `init_distributed` puts each restart's keys under their own prefix so that the restarted
+ranks never read a killed worker's gloo address (pytorch/pytorch#135712).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from annotated_transformer.distributed import DistInfo, _restart_scoped_store, init_distributed
+from annotated_transformer.errors import DistributedError, UserError, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    """A function that replaces torchrun's environment variables with the given ones."""
+
+    def set_env(**values):
+        for name in TORCHRUN_VARS:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in values.items():
+            monkeypatch.setenv(name, str(value))
+
+    return set_env
+
+
+@pytest.fixture
+def agent_store():
+    """A TCPStore server standing in for the one torchrun's agent hosts at MASTER_ADDR:MASTER_PORT."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
+
+
+def agent_env(store, restart: int, **extra) -> dict:
+    return dict(RANK=0, LOCAL_RANK=0, WORLD_SIZE=2, GROUP_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=store.port, TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT=restart,
+                **extra)
+
+
+def test_init_failure_is_one_line_user_error(torchrun_env, monkeypatch, capsys):
+    torchrun_env(RANK=1, LOCAL_RANK=1, WORLD_SIZE=2, MASTER_ADDR="10.1.2.3", MASTER_PORT=29500)
+
+    def refuse(**kwargs):
+        raise RuntimeError("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
+                           "Connection refused, remote=[127.0.0.1]:50052$1\nframe #0: c10d::ProcessGroupGloo")
+
+    monkeypatch.setattr(dist, "init_process_group", refuse)
+    with pytest.raises(DistributedError) as err:
+        init_distributed("cpu")
+    message = str(err.value)
+    assert isinstance(err.value, UserError)
+    assert "\n" not in message and "frame #0" not in message
+    for part in ("rank 1 of 2", "gloo process group", "10.1.2.3:29500",
+                 "RuntimeError: Gloo connectFullMesh failed", "Connection refused",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        assert part in message
+
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(lambda: init_distributed("cpu"))
+    assert exit_.value.code == 2
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("error: rank 1 of 2 could not join the gloo process group at 10.1.2.3:29500")
+    assert stderr.count("\n") == 1
+
+
+def test_bad_agent_address_is_a_user_error_too(torchrun_env, agent_store):
+    torchrun_env(**{**agent_env(agent_store, 0), "MASTER_PORT": "not-a-port"})
+    with pytest.raises(DistributedError, match=r"rank 0 of 2 could not join .*:not-a-port \(ValueError"):
+        init_distributed("cpu")
+
+
+def test_a_restart_does_not_see_the_killed_workers_keys(torchrun_env, agent_store):
+    torchrun_env(**agent_env(agent_store, 0))
+    first = _restart_scoped_store(DistInfo(0, 0, 2), timedelta(seconds=10))
+    first.set("0/1", "address of a worker that was killed")
+    torchrun_env(**agent_env(agent_store, 1))
+    second = _restart_scoped_store(DistInfo(0, 0, 2), timedelta(seconds=10))
+    assert not second.check(["0/1"])
+    second.set("0/1", "address of its replacement")
+    assert first.get("0/1") == b"address of a worker that was killed"
+    assert sorted(agent_store.list_keys()) == ["annotated_transformer/restart_0/0/1",
+                                               "annotated_transformer/restart_1/0/1"]
+
+
+@pytest.mark.parametrize("env", [{}, {"TORCHELASTIC_USE_AGENT_STORE": "False"},
+                                 {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": 2}],
+                         ids=["no-agent-store", "agent-store-off", "several-nodes"])
+def test_torch_default_store_elsewhere(torchrun_env, env):
+    torchrun_env(RANK=0, LOCAL_RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=1, **env)
+    assert _restart_scoped_store(DistInfo(0, 0, 2), timedelta(seconds=1)) is None
+
+
+def test_init_joins_with_the_restart_scoped_store(torchrun_env, agent_store, monkeypatch):
+    torchrun_env(**agent_env(agent_store, 2))
+    seen = {}
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.update(kwargs))
+    info, device = init_distributed("cpu")
+    assert (info.rank, info.world_size, device.type) == (0, 2, "cpu")
+    assert (seen["backend"], seen["rank"], seen["world_size"]) == ("gloo", 0, 2)
+    assert isinstance(seen["store"], dist.PrefixStore)
+    seen["store"].set("probe", "1")
+    assert "annotated_transformer/restart_2/probe" in agent_store.list_keys()
+
+
+WORKER = """
+import os, signal, time
+import torch, torch.distributed as dist
+from annotated_transformer.distributed import cleanup, init_distributed
+
+info, _ = init_distributed("cpu")
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+for step in range(3):
+    total = torch.ones(1) * (info.rank + 1)
+    dist.all_reduce(total)
+    assert total.item() == 3.0
+    if attempt == 0 and info.rank == 1 and step == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+print(f"attempt {attempt} rank {info.rank} done", flush=True)
+cleanup()
+"""
+
+
+def test_torchrun_restarts_after_a_rank_is_killed(tmp_path):
+    """2 gloo ranks, rank 1 SIGKILLed mid-loop, --max-restarts=1: both restarted ranks join and finish (about 15 s).
+
+    Without the per-restart prefix about half the runs fail (6 of 12 measured: connectFullMesh 'Connection
+    refused', or a hang), so one pass is weak evidence; test_a_restart_does_not_see_the_killed_workers_keys is
+    the exact check.
+    """
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    for name in TORCHRUN_VARS + ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",):
+        env.pop(name, None)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+         str(script)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "attempt 1 rank 0 done" in result.stdout and "attempt 1 rank 1 done" in result.stdout
+    assert "attempt 0 rank 1 done" not in result.stdout
+    assert "connectFullMesh" not in result.stderr
