@@ -40,6 +40,23 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
                               "or choose another train.out_dir")
 
 
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a metrics.jsonl, oldest first; blank lines and a half-written last line are skipped.
+
+    Training may be appending to the file while it is read (a chart drawn mid-run), and a run killed
+    mid-write leaves a torn last line that a resumed run drops. A missing file raises FileNotFoundError.
+    """
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 class RunDir:
     """Paths and writers of one run directory."""
 
@@ -146,10 +163,8 @@ class RunDir:
             f.write(json.dumps(record) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """Every record of metrics.jsonl (empty when missing)."""
-        if not self.metrics.is_file():
-            return []
-        return [json.loads(line) for line in self.metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+        """Every record of metrics.jsonl (empty when missing), as `read_metrics` reads them."""
+        return read_metrics(self.metrics) if self.metrics.is_file() else []
 
     def truncate_metrics(self, step: int) -> None:
         """Drop records logged after optimizer step `step` (a resumed run logs them again)."""

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from annotated_transformer.errors import run_cli
-from annotated_transformer.visualize import FORMATS, visualize_checkpoint
+from annotated_transformer.visualization import FORMATS, visualize_checkpoint
 
 
 def main() -> int:

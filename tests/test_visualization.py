@@ -1,10 +1,15 @@
-"""The charts of `annotated_transformer.visualization`: what their data encode, and how they are saved."""
+"""The charts of `annotated_transformer.visualization`: what their data encode, and how they are saved and shown."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import re
+import shutil
 import stat
+import subprocess
+import sys
 from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
@@ -14,8 +19,10 @@ import pytest
 import torch
 
 from annotated_transformer import visualization as viz
+from annotated_transformer.errors import UserError
 from annotated_transformer.model import make_model
 from annotated_transformer.optim import rate
+from annotated_transformer.run_dir import RunDir, read_metrics
 
 
 def rows(spec: dict) -> list[dict]:
@@ -205,7 +212,7 @@ def test_attention_grid_lays_out_the_heads_of_one_layer(tiny_model):
     assert spec["title"]["text"] == "Encoder self-attention, layer 2 of 2"
     assert labels_of(spec["concat"][0]["encoding"]["y"]) == src_tokens
 
-    with pytest.raises(ValueError, match="layer 2 does not exist"):
+    with pytest.raises(ValueError, match="layer 2 does not exist: the model has 2 layers, numbered 0 to 1"):
         viz.attention_grid(tiny_model, 2, "encoder", src_tokens, tgt_tokens)
     with pytest.raises(ValueError, match="heads"):
         viz.attention_grid(tiny_model, 0, "encoder", src_tokens, tgt_tokens, heads=[4])
@@ -251,6 +258,16 @@ def test_training_curves_chart_reads_metrics_jsonl(tmp_path):
         viz.training_curves_chart(path)
 
 
+def test_one_metrics_reader_for_the_run_and_the_charts(tmp_path):
+    write_metrics(tmp_path / "metrics.jsonl", bleu=False)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [10, 20, 20, 30, 40]  # the blank and the torn line skipped
+    assert RunDir(tmp_path).read_metrics() == records
+    assert RunDir(tmp_path / "none").read_metrics() == []  # a run that has logged nothing yet
+    with pytest.raises(FileNotFoundError):
+        read_metrics(tmp_path / "none" / "metrics.jsonl")
+
+
 # --------------------------------------------------------------------------- saving
 
 
@@ -275,3 +292,108 @@ def test_save_chart_writes_offline_html_and_png(tmp_path):
     assert grid_html == [tmp_path / "mask.html"]
     with pytest.raises(ValueError, match="formats"):
         viz.save_chart(chart, tmp_path / "x", formats=("svg",))
+
+
+def test_importing_the_package_loads_no_chart_library():
+    code = ("import sys, annotated_transformer, annotated_transformer.visualization as viz\n"
+            "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'altair', 'vl_convert'})\n"
+            "assert not loaded, loaded\n"
+            "viz.mask_chart\n"  # the first chart name loads altair
+            "assert 'altair' in sys.modules and 'vl_convert' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(viz.__all__) == sorted(viz._MODULE_OF)  # every public name says where it lives
+    for name in viz.__all__:
+        assert getattr(viz, name) is not None
+
+
+def test_png_size_reads_the_header():
+    png = viz.chart_png(viz.mask_chart(4).to_dict(), scale=1)
+    width, height = viz.png_size(png)
+    assert 100 < width < 1000 and 100 < height < 1000
+    assert viz.png_size(viz.chart_png(viz.mask_chart(4).to_dict(), scale=2)) == (2 * width, 2 * height)
+    with pytest.raises(ValueError, match="not a PNG"):
+        viz.png_size(b"GIF89a" + bytes(18))
+
+
+def test_layer_numbers_count_from_one_and_indices_from_zero():
+    assert viz.layer_indices(None, 3) == [0, 1, 2]
+    assert viz.layer_indices([3, 1, 3], 3) == [0, 2]
+    for bad in (0, 4, -1):
+        with pytest.raises(UserError, match=f"layer {bad} does not exist: the model has 3 layers, numbered 1 to 3"):
+            viz.layer_indices([1, bad], 3)
+
+
+# --------------------------------------------------------------------------- notebook output
+
+
+def test_notebook_renderer_gives_interactive_html_and_a_png():
+    chart = viz.attention_chart(torch.eye(2), ["</script>", "b"], ["x", "y"], title="in a notebook")
+    before = alt.renderers.active
+    try:
+        viz.enable_notebook_charts()
+        data, metadata = chart._repr_mimebundle_()
+        viz.enable_notebook_charts(interactive=False)
+        png_only, _ = chart._repr_mimebundle_()
+    finally:
+        alt.renderers.enable(before)
+    assert {"text/html", "image/png", "text/plain"} <= set(data) and "text/html" not in png_only
+    assert data["image/png"][:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = viz.png_size(data["image/png"])
+    assert metadata["image/png"] == {"width": width / 2, "height": height / 2}  # shown at its logical size
+    html = data["text/html"]
+    assert not html.lstrip().startswith("<!DOCTYPE")  # a fragment: many of them share the notebook's page
+    assert re.search(r"<script[^>]*\ssrc\s*=", html) is None and "window.vegaEmbed" in html
+    # The PNG is inside the HTML too, shown until the chart is drawn or where no script runs.
+    fallback = re.search(r'<img src="data:image/png;base64,([^"]+)" width="([0-9.]+)"', html)
+    assert base64.b64decode(fallback.group(1)) == data["image/png"] and float(fallback.group(2)) == width / 2
+    # A token "</script>" cannot end the script early: its "<" is escaped in the inlined spec.
+    assert html.lower().count("</script") == 1
+
+
+NODE_PAGE = """
+const vm = require("vm");
+const pieces = JSON.parse(require("fs").readFileSync(0, "utf8"));
+const ctx = vm.createContext({console: {log: console.log, warn() {}, error() {}}, setTimeout, clearTimeout,
+                              setInterval, clearInterval, queueMicrotask, structuredClone, URL, TextEncoder,
+                              TextDecoder, performance, fetch});
+vm.runInContext("var window = this;", ctx);
+function run(piece) {
+  // The script sits right after its chart's element, as in the page.
+  ctx.document = {currentScript: {previousElementSibling: {id: piece.id}}, getElementById: (id) => null};
+  vm.runInContext(piece.script, ctx);
+}
+run(pieces[0]);  // loads the inlined bundle, which defines window.vegaEmbed
+const loaded = typeof ctx.vegaEmbed;
+const calls = [];
+ctx.vegaEmbed = (el, spec, opts) => { calls.push([el.id, spec.title, opts]); return Promise.resolve(); };
+for (const piece of pieces) run(piece);  // every chart again, on the same page
+console.log(JSON.stringify({loaded, calls}));
+"""
+
+
+def test_chart_fragments_share_one_page_and_draw_into_their_own_element():
+    """Two charts' scripts in one JavaScript realm, as two outputs of a notebook: no name clashes.
+
+    Altair's "inline" HTML declares top-level constants (and the bundle does too), so a second chart
+    on the same page fails with "Identifier has already been declared"; ours keep them local.
+    """
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    pieces = []
+    for title in ("first", "second"):
+        fragment = viz.chart_html(viz.attention_chart(torch.eye(2), ["a", "b"], ["c", "d"], title=title).to_dict(),
+                                  page=False)
+        element = re.search(r'<div id="([^"]+)">', fragment).group(1)
+        scripts = re.findall(r"<script[^>]*>(.*?)</script>", fragment, flags=re.DOTALL)
+        assert len(scripts) == 1
+        pieces.append({"id": element, "script": scripts[0]})
+    assert pieces[0]["id"] != pieces[1]["id"]
+    proc = subprocess.run([node, "-e", NODE_PAGE], input=json.dumps(pieces), capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["loaded"] == "function"
+    assert result["calls"] == [[pieces[0]["id"], "first", {"renderer": "svg"}],
+                               [pieces[1]["id"], "second", {"renderer": "svg"}]]

@@ -210,7 +210,7 @@ def check_alignment(sa) -> None:
 
 def test_subword_labels_drop_the_word_marker():
     from annotated_transformer.data.text import TextPipeline
-    from annotated_transformer.visualize import SPM_SPACE, display_token, sentence_attention
+    from annotated_transformer.visualization import SPM_SPACE, display_token, sentence_attention
 
     text = TextPipeline.for_subwords(GERMAN * 20, ENGLISH * 20, src_lang="de", tgt_lang="en", vocab_size=60)
     sa = sentence_attention(make_translator(text), "zwei Hunde spielen im Park")
@@ -224,7 +224,7 @@ def test_subword_labels_drop_the_word_marker():
 
 def test_word_labels_name_unknown_words_and_follow_truncation():
     from annotated_transformer.data.text import TextPipeline
-    from annotated_transformer.visualize import sentence_attention
+    from annotated_transformer.visualization import sentence_attention
 
     text = TextPipeline.for_words([s.split() for s in GERMAN], [s.split() for s in ENGLISH], src_lang="de",
                                   tgt_lang="en", min_freq=1, max_len=6)
