@@ -36,7 +36,7 @@ from .config import Config, config_to_dict
 from .data.batch import Batch
 from .device import amp_context, resolve_amp_dtype
 from .distributed import DistInfo, all_reduce_sum, barrier, cleanup, init_distributed, print0, world_size
-from .errors import CheckpointError, TrainingDiverged
+from .errors import CheckpointError, DistributedError, TrainingDiverged
 from .files import writing
 from .loss import LabelSmoothing, SimpleLossCompute
 from .model import make_model_from_config
@@ -703,7 +703,8 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     info, device = init_distributed(cfg.train.device)
     try:
         run = RunDir(cfg.run_dir())
-        plan, last = run.plan(cfg)  # on every rank, so every rank decides (or fails) alike
+        plan, last = run.plan(cfg)  # on every rank, so every rank decides (or fails) alike ...
+        barrier()  # ... before rank 0 starts writing there
         if plan == "finished":
             s = last["train_state"]
             print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
@@ -711,8 +712,22 @@ def train_worker(cfg: Config) -> dict[str, Any]:
                    "train.out_dir, or raise train.epochs to continue it")
             return {"finished": True, "steps": s["step"]}
         return Trainer(cfg, info, device, plan, last).fit()
+    except RuntimeError as exc:
+        if info.distributed and _lost_a_rank(exc):
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DistributedError(
+                f"rank {info.rank} lost contact with another rank ({first[:200]}); under torchrun --max-restarts "
+                "the job restarts and continues from last.pt, otherwise rerun the same command to continue") from None
+        raise
     finally:
         cleanup()
+
+
+def _lost_a_rank(exc: RuntimeError) -> bool:
+    """Whether a collective failed because a peer went away (gloo/NCCL errors are RuntimeErrors)."""
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or any(
+        marker in text for marker in ("Connection reset", "Connection closed", "Broken pipe", "gloo", "NCCL"))
 
 
 def _write_charts(run: RunDir, log: Log) -> None:

@@ -8,6 +8,7 @@ ranks never read a killed worker's gloo address (pytorch/pytorch#135712).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from annotated_transformer.distributed import DistInfo, _restart_scoped_store, init_distributed
@@ -154,3 +156,54 @@ def test_torchrun_restarts_after_a_rank_is_killed(tmp_path):
     assert "attempt 1 rank 0 done" in result.stdout and "attempt 1 rank 1 done" in result.stdout
     assert "attempt 0 rank 1 done" not in result.stdout
     assert "connectFullMesh" not in result.stderr
+
+
+def worker_pids(out_dir: Path) -> dict[int, int]:
+    """LOCAL_RANK -> pid of the training workers writing to `out_dir` (read from /proc)."""
+    pids = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"scripts/train.py" not in b" ".join(cmdline) or f"train.out_dir={out_dir}".encode() not in cmdline:
+                continue
+            env = dict(item.split(b"=", 1) for item in (proc / "environ").read_bytes().split(b"\0") if b"=" in item)
+        except (OSError, ValueError):
+            continue
+        if b"LOCAL_RANK" in env:
+            pids[int(env[b"LOCAL_RANK"])] = int(proc.name)
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the workers through /proc (Linux)")
+def test_a_training_job_survives_a_killed_rank_and_ends_as_an_uninterrupted_one(tmp_path):
+    """torchrun, 2 ranks, rank 1 SIGKILLed inside epoch 2: the restart continues from last.pt; same final weights."""
+    from annotated_transformer.checkpoint import load_checkpoint
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for name in TORCHRUN_VARS + ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",):
+        env.pop(name, None)
+    common = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1",
+              str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml", "train.epochs=3", "data.copy_batches=40",
+              "data.copy_batch_size=32", "model.dropout=0.1", "train.log_every=5", "train.progress=false",
+              "train.device=cpu"]
+    full = subprocess.run([*common, f"train.out_dir={tmp_path / 'full'}"], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    part = tmp_path / "part"
+    proc = subprocess.Popen([*common, f"train.out_dir={part}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=ROOT, env=env)
+    killed = False
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if not killed and line.startswith("step") and int(line.split()[1]) >= 55 and (part / "last.pt").is_file():
+            os.kill(worker_pids(part)[1], signal.SIGKILL)  # inside epoch 2, after epoch 1's last.pt
+            killed = True
+    output = "".join(lines)
+    assert proc.wait(timeout=300) == 0, output[-3000:]
+    assert killed and f"resumed {part / 'last.pt'}: epoch 1, step 40" in output
+    a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
+    assert a["train_state"] == b["train_state"] and a["train_state"]["step"] == 120
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
