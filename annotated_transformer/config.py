@@ -18,6 +18,7 @@ import difflib
 import types
 import typing
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,18 @@ import yaml
 
 from .errors import ConfigError
 
-# The configs shipped with the project live beside the package in a checkout.
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The shipped configs live in `configs/` at the top of a checkout; the wheel carries the same files
+# as package data in `annotated_transformer/configs/` (setup.py maps the one onto the other).
+CHECKOUT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def shipped_config_dir() -> Path | None:
+    """The folder of the configs that come with the code: the installed package's, else the checkout's."""
+    packaged = resources.files("annotated_transformer") / "configs"
+    # An unpacked install gives a real folder; a checkout (editable install) has none inside the package.
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return CHECKOUT_CONFIG_DIR if CHECKOUT_CONFIG_DIR.is_dir() else None
 
 
 def param(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
@@ -352,18 +363,18 @@ def apply_override(cfg: Config, override: str) -> Config:
 
 
 def resolve_config_path(name: str) -> Path:
-    """A bare name ('copy' or 'copy.yaml') is looked up in configs/; anything else is a path."""
+    """A bare name ('copy' or 'copy.yaml') is looked up in ./configs/ (the user's own configs win),
+    then in the shipped configs (`shipped_config_dir`); anything else is a path."""
     path = Path(name).expanduser()
     if path.is_file():
         return path
-    candidates = []
+    shipped = shipped_config_dir()
     if len(path.parts) == 1:
-        for folder in (Path("configs"), CONFIG_DIR):
-            candidates += [folder / name, folder / f"{name}.yaml"]
-        for cand in candidates:
-            if cand.is_file():
-                return cand
-    available = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+        for folder in [Path("configs")] + ([shipped] if shipped else []):
+            for cand in (folder / name, folder / f"{name}.yaml"):
+                if cand.is_file():
+                    return cand
+    available = sorted(p.stem for p in shipped.glob("*.yaml")) if shipped else []
     hint = f"; available in configs/: {', '.join(available)}" if available else ""
     raise ConfigError(f"config file '{name}' not found{hint}")
 

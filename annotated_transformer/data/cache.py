@@ -38,11 +38,14 @@ class CacheUnreadable(Exception):
     """A cache folder exists but cannot be read back (it is rebuilt)."""
 
 
+ABSENT = "absent"
+
+
 def _version(package: str) -> str:
     try:
         return metadata.version(package)
-    except metadata.PackageNotFoundError:  # pragma: no cover - both are dependencies
-        return "absent"
+    except metadata.PackageNotFoundError:  # a machine that only trains from a prepared cache
+        return ABSENT
 
 
 def cache_settings(data_cfg: Any) -> dict[str, Any]:
@@ -67,6 +70,26 @@ def cache_key(settings: dict[str, Any]) -> str:
 def cache_folder(data_cfg: Any) -> Path:
     """The cache folder of these data settings."""
     return Path(data_cfg.cache_dir).expanduser() / f"multi30k-{cache_key(cache_settings(data_cfg))}"
+
+
+def find_cache_folder(data_cfg: Any) -> Path:
+    """The cache folder to read: `cache_folder`, or, where spaCy is not installed (a machine that trains
+    from a cache prepared elsewhere), the newest complete word-mode cache of the same settings built
+    with any spaCy version. A cache found that way is only read: without spaCy none can be built."""
+    folder = cache_folder(data_cfg)
+    settings = cache_settings(data_cfg)
+    if data_cfg.tokenizer != "word" or settings["spacy"] != ABSENT or (folder / MANIFEST).is_file():
+        return folder
+    want = {k: v for k, v in settings.items() if k != "spacy"}
+    found = []
+    for manifest in folder.parent.glob(f"multi30k-*/{MANIFEST}"):
+        try:
+            got = json.loads(manifest.read_text(encoding="utf-8"))["settings"]
+            if {k: v for k, v in got.items() if k != "spacy"} == want:
+                found.append(manifest.parent)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # unreadable or foreign: not a candidate
+    return max(found, key=lambda p: p.stat().st_mtime, default=folder)
 
 
 def _pack(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:

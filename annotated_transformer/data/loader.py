@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
-from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..errors import DataError
 from .batch import Batch
@@ -107,6 +106,10 @@ class TrainLoader:
             batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size)
         width = REFERENCE_PADDING if batching == "reference" else None
         self.width = width
+        # Imported here, not at the top: only training needs torchdata, and `import annotated_transformer`
+        # (translating, evaluating, the notebook) should not pay for it.
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
         with warnings.catch_warnings():
             # torchdata 0.11 calls torch.set_vital, which torch >= 2.9 flags as deprecated: not ours to fix.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)

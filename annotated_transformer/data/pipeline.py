@@ -36,7 +36,7 @@ from .batching import (
     padding_fraction,
     reference_batches,
 )
-from .cache import CacheUnreadable, cache_folder, cache_settings, read_cache, write_cache
+from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
 from .loader import TrainLoader
 from .multi30k import SPLIT_FILES, read_split, resolve_multi30k_dir
 from .text import TextPipeline
@@ -176,7 +176,7 @@ def build_cache(d: DataConfig, root: Path, log: Log = None) -> Path:
 
 def _load_cached(d: DataConfig, root: Path, log: Log) -> tuple[TranslationData, bool]:
     """Read the cache, building it first if needed; returns (data, whether it was built now)."""
-    folder = cache_folder(d)
+    folder = find_cache_folder(d)
     built = False
     try:
         cached = read_cache(folder)

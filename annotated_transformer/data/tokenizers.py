@@ -11,14 +11,19 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UserError
 from .vocab import BOS, EOS, PAD, SPECIALS, UNK
 
 
 @cache
 def spacy_tokenizer(lang: str) -> Any:
     """spaCy's tokenizer for `lang` ('de', 'en'): the `*_core_*_sm` pipelines' tokenizer, with no model download."""
-    import spacy
+    try:
+        import spacy
+    except ImportError:
+        # Training from a data cache prepared elsewhere needs no spaCy (data/cache.py finds the cache).
+        raise UserError("word-mode text (data.tokenizer=word) is tokenised with spaCy, which is not installed "
+                        "here: pip install 'spacy>=3.7,<4'") from None
 
     return spacy.blank(lang).tokenizer
 

@@ -1,0 +1,179 @@
+"""Installed use and light imports.
+
+The wheel carries every module and the shipped configs; installed outside the checkout it finds
+`--config copy.yaml` from any folder and trains. The package imports, and trains tiny.yaml from a
+prepared data cache, on a machine without spaCy, altair and vl-convert.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.config import load_config, resolve_config_path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "annotated_transformer"
+SHIPPED = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+# What uv prints when it cannot reach the package index (the build needs setuptools from it).
+NETWORK_ERRORS = ("failed to fetch", "error sending request", "dns error", "connect error", "network is unreachable")
+
+
+def _uv() -> list[str]:
+    if shutil.which("uv"):
+        return ["uv"]
+    if importlib.util.find_spec("uv"):  # pip install uv without its script on PATH
+        return [sys.executable, "-m", "uv"]
+    pytest.skip("uv is not installed (pip install uv)")
+
+
+def _run(cmd: list[str], timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def _build_wheel(tmp: Path) -> Path:
+    """Build the wheel from a copy of the sources (the checkout's build/ and egg-info stay untouched)."""
+    src = tmp / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / PACKAGE, src / PACKAGE, ignore=ignore)
+    shutil.copytree(ROOT / "configs", src / "configs")
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    out = tmp / "dist"
+    build = [*_uv(), "build", "--wheel", "--out-dir", out, "--python", sys.executable, "--no-progress", src]
+    # uv's cache first (setuptools is usually there, no network needed), then the package index.
+    env = dict(os.environ, UV_HTTP_TIMEOUT="20")
+    offline = _run([*build, "--offline"], env=env)
+    done = offline if offline.returncode == 0 else _run(build, env=env)
+    if done.returncode != 0:
+        log = done.stdout + done.stderr
+        if any(marker in log.lower() for marker in NETWORK_ERRORS):
+            pytest.skip("cannot build the wheel: setuptools is neither in uv's cache nor reachable "
+                        f"({log.strip()[-300:]})")
+        pytest.fail(f"uv build failed:\n{log}")
+    wheels = list(out.glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def test_wheel_ships_every_module_and_config_and_trains_copy_outside_the_checkout(tmp_path):
+    wheel = _build_wheel(tmp_path)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / PACKAGE).rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(modules - names)
+    assert not missing, f"the wheel lacks {missing}: does each subpackage have an __init__.py? (setup.py)"
+    assert {n.rsplit("/", 1)[1] for n in names if n.startswith(f"{PACKAGE}/configs/")} == set(SHIPPED)
+
+    site = tmp_path / "site"
+    done = _run([*_uv(), "pip", "install", "--no-deps", "--offline", "--python", sys.executable,
+                 "--target", site, wheel])
+    assert done.returncode == 0, done.stdout + done.stderr
+    elsewhere = tmp_path / "elsewhere"  # outside the checkout, with no configs/ of its own
+    elsewhere.mkdir()
+    # The installed copy comes first on sys.path; the checkout's editable install is only a fallback
+    # finder behind it, and the probe proves it is not the one used. Then the README's command runs,
+    # from another folder, in the same process.
+    run_dir = tmp_path / "run"
+    done = _run([sys.executable, "-c", """if True:
+        import json, runpy, sys, annotated_transformer
+        from annotated_transformer.config import load_config, resolve_config_path
+        from annotated_transformer.errors import ConfigError
+        try:
+            load_config("nope")
+        except ConfigError as exc:
+            error = str(exc)
+        print(json.dumps({"package": annotated_transformer.__file__, "base": str(resolve_config_path("base")),
+                          "error": error}))
+        sys.argv = sys.argv[1:]  # [scripts/train.py, --config, copy.yaml, ...]
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    """, ROOT / "scripts" / "train.py", "--config", "copy.yaml", "train.epochs=1", "data.copy_batches=2",
+                 f"train.out_dir={run_dir}", "train.device=cpu", "train.progress=false"],
+                cwd=elsewhere, env=dict(os.environ, PYTHONPATH=str(site)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(done.stdout.splitlines()[0])
+    assert Path(found["package"]).is_relative_to(site)
+    assert Path(found["base"]) == site / PACKAGE / "configs" / "base.yaml"
+    available = ", ".join(Path(n).stem for n in SHIPPED)
+    assert found["error"] == f"config file 'nope' not found; available in configs/: {available}"
+    assert (run_dir / "last.pt").is_file() and (run_dir / "config.yaml").is_file()
+    assert "exact copies:" in done.stdout
+
+
+def test_configs_in_the_current_folder_win_and_shipped_ones_are_found_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_path("base") == ROOT / "configs" / "base.yaml"  # a checkout: its configs/
+    (tmp_path / "configs").mkdir()
+    own = "data:\n  dataset: copy\nmodel:\n  N: 1\ntrain:\n  best_metric: loss\n"
+    (tmp_path / "configs" / "copy.yaml").write_text(own, encoding="utf-8")
+    assert resolve_config_path("copy") == Path("configs") / "copy.yaml"
+    assert load_config("copy.yaml").model.N == 1
+    assert load_config("tiny").name == "tiny"  # not in ./configs: the shipped one
+
+
+# Pretends spaCy, altair and vl-convert are not installed: no import, no distribution metadata.
+BLOCK_PRELUDE = """if True:
+    import importlib.metadata, sys
+    BLOCKED = {"spacy", "altair", "vl_convert"}
+
+    class NotInstalled:
+        def find_spec(self, name, path=None, target=None):
+            if name.partition(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r} (the test hides it)", name=name)
+            return None
+
+    sys.meta_path.insert(0, NotInstalled())
+    _version = importlib.metadata.version
+
+    def version(name):
+        if name.lower().replace("-", "_") in BLOCKED | {"vl_convert_python"}:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return _version(name)
+
+    importlib.metadata.version = version
+"""
+
+def test_import_pulls_no_spacy_altair_vl_convert_or_torchdata():
+    done = _run([sys.executable, "-c", BLOCK_PRELUDE + """
+    import annotated_transformer, annotated_transformer.data, annotated_transformer.translator
+    heavy = ("spacy", "altair", "vl_convert", "torchdata")
+    print(sorted(m for m in heavy if m in sys.modules))
+    from annotated_transformer.data.tokenizers import word_tokenize
+    from annotated_transformer.errors import UserError
+    try:  # tokenising text (building a word-mode cache, translating a sentence) does need spaCy
+        word_tokenize("Ein Mann.", "de")
+    except UserError as exc:
+        print(exc)
+    """], timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    imported, error = done.stdout.strip().splitlines()[-2:]
+    assert imported == "[]"
+    assert error.startswith("word-mode text (data.tokenizer=word) is tokenised with spaCy, which is not installed")
+
+
+def test_tiny_trains_from_a_prepared_cache_without_spacy_altair_vl_convert(multi30k_dir, data_cache_dir,
+                                                                           multi30k_data, tmp_path):
+    # multi30k_data built the word-mode tiny cache with spaCy; this process has neither it nor its version.
+    run_dir = tmp_path / "run"
+    done = _run([sys.executable, "-c", BLOCK_PRELUDE + """
+    import runpy
+    sys.argv = sys.argv[1:]  # [scripts/train.py, --config, ...]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    finally:
+        print("imported:", sorted(m for m in BLOCKED if m in sys.modules))
+    """, ROOT / "scripts" / "train.py", "--config", "tiny.yaml", f"data.root={multi30k_dir}",
+                 f"data.cache_dir={data_cache_dir}", f"train.out_dir={run_dir}", "train.max_steps=20",
+                 "train.log_every=10", "train.final_eval=false", "train.progress=false", "train.device=cpu"],
+                cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "loaded from cache" in done.stdout
+    assert (run_dir / "last.pt").is_file() and (run_dir / "metrics.jsonl").is_file()
+    assert done.stdout.strip().splitlines()[-1] == "imported: []"
