@@ -33,15 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .masks import subsequent_mask  # noqa: F401 - the decoder's mask, public here as in the notebook
+
 
 def clones(module: nn.Module, N: int) -> nn.ModuleList:
     """N independent deep copies of `module`."""
     return nn.ModuleList([copy.deepcopy(module) for _ in range(N)])
-
-
-def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:
-    """(1, size, size) boolean mask: position i may attend to positions 0..i only."""
-    return torch.ones(1, size, size, dtype=torch.bool, device=device).tril()
 
 
 class Dropout(nn.Dropout):

@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from .config import Config
 from .data.batch import Batch
-from .data.copy_task import COPY_PAD, CopyLoader, copy_validation_batches, exact_copies
+from .data.copy_task import COPY_PAD, COPY_START, CopyLoader, copy_validation_batches
+from .decoding import greedy_decode
 from .distributed import DistInfo
 
 
@@ -60,6 +61,23 @@ class CopyTask:
         d = self.cfg.data
         k = exact_copies(model, d.copy_vocab, d.copy_seq_len, n=100, device=device)
         return {"exact_copies": k, "copy_accuracy": k / 100}
+
+
+@torch.no_grad()
+def exact_copies(model, V: int, seq_len: int, n: int = 100, seed: int = 1234,
+                 device: torch.device | str = "cpu") -> int:
+    """Greedy-decode `n` fresh random sequences; return how many come back exactly."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(1, V, (n, seq_len), generator=g)
+    src[:, 0] = COPY_START
+    src = src.to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        out = greedy_decode(model, src, (src != COPY_PAD).unsqueeze(-2), seq_len, COPY_START)
+    finally:
+        model.train(was_training)
+    return int((out == src).all(dim=1).sum())
 
 
 @dataclass

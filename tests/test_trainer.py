@@ -195,7 +195,7 @@ def test_accumulation_under_ddp_with_compile_all_reduces_once_per_step(tmp_path,
 
 
 def test_exact_copies_restores_the_training_mode():
-    from annotated_transformer.data.copy_task import exact_copies
+    from annotated_transformer.tasks import exact_copies
 
     model = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2)
     model.train()

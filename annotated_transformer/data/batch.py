@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..model import subsequent_mask
+from ..masks import subsequent_mask
 
 
 class Batch:

@@ -72,22 +72,3 @@ def copy_validation_batches(V: int, seq_len: int, seed: int, n: int = 400) -> li
     """A fixed validation set of `n` sequences, disjoint in seed from the training stream."""
     g = torch.Generator().manual_seed(seed + 7_777_777)
     return list(data_gen(V, n, 1, seq_len, g))
-
-
-@torch.no_grad()
-def exact_copies(model, V: int, seq_len: int, n: int = 100, seed: int = 1234,
-                 device: torch.device | str = "cpu") -> int:
-    """Greedy-decode `n` fresh random sequences; return how many come back exactly."""
-    from ..decoding import greedy_decode
-
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(1, V, (n, seq_len), generator=g)
-    src[:, 0] = COPY_START
-    src = src.to(device)
-    was_training = model.training
-    model.eval()
-    try:
-        out = greedy_decode(model, src, (src != COPY_PAD).unsqueeze(-2), seq_len, COPY_START)
-    finally:
-        model.train(was_training)
-    return int((out == src).all(dim=1).sum())

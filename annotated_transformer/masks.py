@@ -1,0 +1,11 @@
+"""The decoder's mask, shared by the model (decoding) and the data (Batch) without either importing the other."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:
+    """(1, size, size) boolean mask: position i may attend to positions 0..i only."""
+    return torch.ones(1, size, size, dtype=torch.bool, device=device).tril()
