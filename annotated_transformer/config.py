@@ -1,4 +1,5 @@
-"""Typed configuration: dataclasses loaded from YAML, dotted CLI overrides, one validate().
+"""Typed configuration: dataclasses loaded from YAML, dotted CLI overrides, one validate(); the scripts'
+shared `--config` parser; docs/config.md (`uv run python -m annotated_transformer.config > docs/config.md`).
 
 A run is described by one `Config` made of four sections (`model`, `data`,
 `train`, `decode`). Every field carries a one-line help text (`param(...)`),
@@ -13,6 +14,7 @@ one-line message; scripts turn that into `error: ...` on stderr and exit 2.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import types
@@ -442,7 +444,7 @@ def reference_markdown() -> str:
     lines = ["# Config reference", "",
              "Every key, its default and what it does; set any of them in a YAML file or as a dotted",
              "override after `--config` (`train.epochs=2`). Generated from `annotated_transformer/config.py`",
-             "by `uv run python -m annotated_transformer.config_docs > docs/config.md` (a test keeps it in step).", ""]
+             "by `uv run python -m annotated_transformer.config > docs/config.md` (a test keeps it in step).", ""]
     section = None
     for key, default, text in describe():
         head = key.split(".")[0] if "." in key else "top level"
@@ -454,3 +456,36 @@ def reference_markdown() -> str:
         if head == "top level":
             lines.append("")
     return "\n".join(lines).replace("|\n## ", "|\n\n## ") + "\n"
+
+
+# --------------------------------------------------------------------------- the scripts' shared arguments
+
+
+def config_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with `--config NAME_OR_PATH` and trailing `section.key=value` overrides."""
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="Overrides look like train.epochs=2 model.d_model=256 (see README for every key).",
+    )
+    parser.add_argument("--config", required=True, metavar="NAME",
+                        help="a config in configs/ by bare name (copy, tiny, small, base) or a path to a YAML file")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
+    return parser
+
+
+def parse_config(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> Config:
+    """Parse the command line and load the validated config it names."""
+    args = parser.parse_args(argv)
+    return load_config(args.config, args.overrides)
+
+
+def check_decode_options(beam: int | None, alpha: float | None) -> None:
+    """The translate and evaluate scripts' --beam and --alpha, refused in one line when out of range."""
+    if beam is not None and beam < 1:
+        raise ConfigError(f"--beam must be at least 1, got {beam}")
+    if alpha is not None and alpha < 0:
+        raise ConfigError(f"--alpha must not be negative, got {alpha}")
+
+
+if __name__ == "__main__":  # uv run python -m annotated_transformer.config > docs/config.md
+    print(reference_markdown(), end="")

@@ -12,8 +12,7 @@ import json
 import sys
 
 from annotated_transformer.benchmark import format_summary, run_benchmark
-from annotated_transformer.cli import config_parser
-from annotated_transformer.config import load_config
+from annotated_transformer.config import config_parser, load_config
 from annotated_transformer.errors import run_cli
 
 

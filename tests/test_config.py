@@ -125,7 +125,7 @@ def test_config_reference_doc_is_up_to_date():
 
     doc = (Path(__file__).resolve().parents[1] / "docs/config.md").read_text(encoding="utf-8")
     assert doc == reference_markdown(), (
-        "docs/config.md is stale: uv run python -m annotated_transformer.config_docs > docs/config.md")
+        "docs/config.md is stale: uv run python -m annotated_transformer.config > docs/config.md")
     for key, _, text in describe():
         assert f"| `{key}` |" in doc and text  # every key documented, none without a help text
 
