@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 from .files import atomic_write, run_dir_error
 
 FORMAT = "annotated-transformer/1"
@@ -180,6 +180,18 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     return {"config": last["config"], "model": averaged, "text": last.get("text"),
             "train_state": last.get("train_state", {}), "averaged_from": [str(p) for p in paths]}
 
+
+
+def average_checkpoints_into(paths: Sequence[str], output: str) -> int:
+    """scripts/average_checkpoints.py: average checkpoints' parameters into `output` (written atomically)."""
+    if not paths:
+        raise CheckpointError("give at least one checkpoint to average")
+    out = Path(output)
+    if out.suffix != ".pt":
+        raise ConfigError(f"--output should be a .pt file, got {output}")
+    save_checkpoint(average_checkpoints(paths), out)
+    print(f"averaged {len(paths)} checkpoints into {out}")
+    return 0
 
 def _same_text(a: Any, b: Any) -> bool:
     """Equality of two TextPipeline state dicts, tensors compared by value."""

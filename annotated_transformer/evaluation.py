@@ -17,11 +17,16 @@ Both modes add "chrf" (chrF2: character 6-grams, beta 2, sacreBLEU's defaults) o
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-MODES = ("word", "spm")
+from .data.text import MODES
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,58 @@ def bleu_references(raw_refs: list[str], text) -> list[str]:
     if text.mode == "word":
         return [" ".join(text.tokenize(r, "tgt")) for r in raw_refs]
     return [r.lower() for r in raw_refs] if text.lowercase else list(raw_refs)
+
+
+def score_translations(hyps: list[str], raw_refs: list[str], text) -> tuple[Score, dict[str, Score]]:
+    """The one scorer of training's BLEU and scripts/evaluate.py: hypotheses against raw reference lines.
+
+    The references are put in the form `text`'s mode compares against (`bleu_references`); returns
+    the headline score (`headline_key`) and every score of `corpus_scores` ("bleu", "bleu_lc", "chrf").
+    """
+    scores = corpus_scores(hyps, bleu_references(raw_refs, text), text.mode)
+    return scores[headline_key(text.mode)], scores
+
+
+def evaluate_translator(translator, checkpoint: str, split: str = "test", beam: int | None = None,
+                        alpha: float | None = None, output: str | None = None, show: int = 0,
+                        as_json: bool = False, data_root: str | None = None,
+                        limit: int | None = None) -> dict[str, Any]:
+    """scripts/evaluate.py: translate a Multi30k split with `translator` (loaded from `checkpoint`), write
+    the hypotheses, score them with sacreBLEU; print and return the figures."""
+    from .data import read_split, resolve_multi30k_dir
+    from .errors import ConfigError
+    from .files import atomic_write
+
+    if split not in ("val", "test"):
+        raise ConfigError(f"--split must be 'val' or 'test', got {split!r}")
+    cfg = translator.config
+    if data_root is not None:
+        cfg.data.root = data_root
+    src_lines, ref_lines = read_split(resolve_multi30k_dir(cfg.data), split, cfg.data.src_lang, cfg.data.tgt_lang)
+    if limit:
+        src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
+    k = beam or cfg.decode.beam_size
+    a = cfg.decode.alpha if alpha is None else alpha
+    t0 = time.perf_counter()
+    hyps = translator.translate(src_lines, beam_size=k, alpha=a)
+    seconds = time.perf_counter() - t0
+    out_path = Path(output) if output else Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}.beam{k}.txt")
+    atomic_write(out_path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")))
+    head, scores = score_translations(hyps, ref_lines, translator.text)
+    result: dict[str, Any] = {
+        "bleu": head.score, "signature": head.signature, "split": split, "beam": k, "alpha": a,
+        "sentences": len(hyps), "seconds": seconds, "checkpoint": str(checkpoint), "hypotheses": str(out_path),
+        "scores": {key: {"score": s.score, "signature": s.signature} for key, s in scores.items()},
+    }
+    if as_json:
+        print(json.dumps(result))
+    else:
+        print(f"{split}: {len(hyps)} sentences, beam {k}, {seconds:.1f} s ({len(hyps) / max(seconds, 1e-9):.1f} "
+              f"sentences/s); hypotheses in {out_path}")
+        print(format_scores(scores))
+    if show:
+        print(check_outputs(src_lines, ref_lines, hyps, n=show), file=sys.stderr if as_json else sys.stdout)
+    return result
 
 
 def check_outputs(sources: list[str], references: list[str], hypotheses: list[str], n: int = 3,

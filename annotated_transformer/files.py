@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import RunDirError
+from .errors import DataError, RunDirError, UserError
 
 
 def current_umask() -> int:
@@ -92,3 +93,19 @@ def run_dir_error(exc: OSError, path: str | Path, what: str = "write") -> RunDir
     where = exc.filename or path
     hint = _HINTS.get(exc.errno or 0, "check the path or choose another train.out_dir")
     return RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {hint}")
+
+
+def read_lines(source: str) -> list[str]:
+    """Lines of a UTF-8 file ('-' = stdin), without their line endings; non-UTF-8 input is a UserError."""
+    try:
+        raw = sys.stdin.buffer.read() if source == "-" else Path(source).read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read {source}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        name = "standard input" if source == "-" else source
+        raise DataError(f"{name} is not valid UTF-8 (line {line}, byte {exc.start}); "
+                        "convert it, e.g. with iconv -t UTF-8") from None
+    return text.splitlines()

@@ -136,21 +136,14 @@ class TranslationTask:
             hyps[i] = h
         return hyps
 
-    def references(self, split: str, limit: int | None = None) -> list[str]:
-        """References in the form BLEU compares against (tokenised for word mode, raw for subwords)."""
-        from .evaluation import bleu_references
-
-        raw = self.data.splits[split].tgt_text
-        return bleu_references(raw[:limit] if limit else raw, self.data.text)
-
     def score(self, model, device: torch.device, split: str = "val", beam_size: int = 1,
               amp_dtype: torch.dtype | None = None, limit: int | None = None) -> dict[str, Any]:
         """BLEU (headline form for the tokenisation mode), its signature, chrF; plus the hypotheses."""
-        from .evaluation import corpus_scores, headline_key
+        from .evaluation import score_translations
 
         hyps = self.translate_split(model, device, split, beam_size, amp_dtype, limit)
-        scores = corpus_scores(hyps, self.references(split, limit), self.data.text.mode)
-        head = scores[headline_key(self.data.text.mode)]
+        raw = self.data.splits[split].tgt_text
+        head, scores = score_translations(hyps, raw[:limit] if limit else raw, self.data.text)
         out: dict[str, Any] = {"bleu": head.score, "bleu_signature": head.signature, "hypotheses": hyps}
         for key, s in scores.items():
             out[f"score_{key}"] = s.score

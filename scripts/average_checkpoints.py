@@ -5,8 +5,8 @@
 
 import argparse
 
+from annotated_transformer.checkpoint import average_checkpoints_into
 from annotated_transformer.errors import run_cli
-from annotated_transformer.commands import average_to
 
 
 def main() -> int:
@@ -14,7 +14,7 @@ def main() -> int:
     parser.add_argument("checkpoints", nargs="+", help="checkpoint files (e.g. runs/base/epoch_*.pt)")
     parser.add_argument("--output", required=True, help="where to write the averaged checkpoint (.pt)")
     args = parser.parse_args()
-    return average_to(args.checkpoints, args.output)
+    return average_checkpoints_into(args.checkpoints, args.output)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@
 
 import argparse
 
+from annotated_transformer.config import check_decode_options
 from annotated_transformer.errors import run_cli
-from annotated_transformer.commands import evaluate_checkpoint
+from annotated_transformer.evaluation import evaluate_translator
+from annotated_transformer.translator import Translator
 
 
 def main() -> int:
@@ -22,9 +24,10 @@ def main() -> int:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: the best available)")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences (for quick checks)")
     args = parser.parse_args()
-    evaluate_checkpoint(args.checkpoint, args.split, beam=args.beam, alpha=args.alpha, output=args.output,
-                        show=args.show, as_json=args.json, data_root=args.data_root, device=args.device,
-                        limit=args.limit)
+    check_decode_options(args.beam, args.alpha)
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    evaluate_translator(translator, args.checkpoint, args.split, beam=args.beam, alpha=args.alpha, output=args.output,
+                        show=args.show, as_json=args.json, data_root=args.data_root, limit=args.limit)
     return 0
 
 

@@ -5,9 +5,12 @@
 """
 
 import argparse
+import sys
 
+from annotated_transformer.config import check_decode_options
 from annotated_transformer.errors import run_cli
-from annotated_transformer.commands import translate_stream
+from annotated_transformer.files import read_lines
+from annotated_transformer.translator import Translator
 
 
 def main() -> int:
@@ -19,8 +22,17 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: the best available)")
     args = parser.parse_args()
-    return translate_stream(args.checkpoint, args.input, beam=args.beam, alpha=args.alpha,
-                            batch_size=args.batch_size, device=args.device)
+    check_decode_options(args.beam, args.alpha)
+    lines = read_lines(args.input)
+    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    for number, line in enumerate(lines, 1):
+        if line.strip() and translator.encode(line)[1]:
+            print(f"warning: line {number} is longer than the model's limit of {translator.text.max_len} "
+                  "tokens and was truncated", file=sys.stderr)
+    outputs = translator.translate(lines, beam_size=args.beam, alpha=args.alpha, batch_size=args.batch_size)
+    sys.stdout.write("".join(o + "\n" for o in outputs))
+    sys.stdout.flush()
+    return 0
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ LAYERS = {
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "checkpoint": 3, "decoding": 3, "evaluation": 3, "run_dir": 3,
     "tasks": 4, "translator": 4,
-    "training": 5, "benchmark": 5, "commands": 5, "visualization": 5,
+    "training": 5, "benchmark": 5, "visualization": 5,
 }
 APART = {"data", "model"}
 
