@@ -4,7 +4,7 @@ from .batch import Batch
 from .copy_task import COPY_PAD, COPY_START, data_gen
 from .loader import TrainLoader
 from .multi30k import MULTI30K_FILES, read_split, resolve_multi30k_dir
-from .pipeline import Split, TranslationData, describe, load_translation_data
+from .translation_data import Split, TranslationData, load_translation_data
 from .reference import reference_collate, reference_dataloader, reference_raw_batches
 from .text import TextPipeline
 from .vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
@@ -25,7 +25,6 @@ __all__ = [
     "TranslationData",
     "Vocab",
     "data_gen",
-    "describe",
     "load_translation_data",
     "read_split",
     "reference_collate",

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, Sampler
 
 from ..errors import DataError
 from .batch import Batch
-from .batching import (
+from .buckets import (
     REFERENCE_BATCH_SIZE,
     REFERENCE_PADDING,
     PadCollate,

@@ -38,7 +38,6 @@ MULTI30K_FILES: dict[str, str] = {
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
 }
 SPLIT_FILES = {"train": "train", "val": "val", "test": "test_2016_flickr"}
-SPLIT_SIZES = {"train": 29000, "val": 1014, "test": 1000}
 DEFAULT_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 URL_ENV = "MULTI30K_URL"
 DIR_ENV = "MULTI30K_DIR"

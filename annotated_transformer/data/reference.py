@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .batch import Batch
-from .batching import REFERENCE_BATCH_SIZE, REFERENCE_PADDING, epoch_rng, pad_rows, reference_batches
+from .buckets import REFERENCE_BATCH_SIZE, REFERENCE_PADDING, epoch_rng, pad_rows, reference_batches
 from .text import TextPipeline
 from .vocab import BOS, EOS, PAD
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ..config import Config, DataConfig
 from ..errors import ConfigError, DataError
 from .batch import Batch
-from .batching import (
+from .buckets import (
     REFERENCE_PADDING,
     PadCollate,
     bucket_batches,
@@ -272,11 +272,11 @@ def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: 
         tokenizer=d.tokenizer, built=built, data_dir=str(root), seconds=round(time.perf_counter() - t0, 3),
     )
     if log and builder:
-        log(describe(data.stats))
+        log(stats_summary(data.stats))
     return data
 
 
-def describe(stats: dict[str, Any]) -> str:
+def stats_summary(stats: dict[str, Any]) -> str:
     """One human-readable paragraph of the statistics of `load_translation_data`."""
     s = stats
     parts = [
