@@ -10,7 +10,7 @@ peak memory is its own):
 * fast: this project's path. Tokenised once and cached, length-bucketed batches of about
   `data.batch_tokens` tokens, fused scaled_dot_product_attention, bf16 autocast where the hardware
   has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), fused Adam, the cheaper
-  CPU dropout mask of `model.Dropout`, the loss fused with the log-softmax
+  CPU dropout mask of `fast_dropout.Dropout`, the loss fused with the log-softmax
   (`LabelSmoothing.from_logits`), optional torch.compile.
 
 Both sides run the real `run_epoch`, one optimizer step per call, timed from asking the loader for
@@ -138,7 +138,7 @@ def batch_lengths(batch: Any, pad: int) -> tuple[list[int], list[int]]:
 
 def notebook_dropout(model: torch.nn.Module) -> None:
     """Give every dropout layer back PyTorch's own implementation (the notebook's nn.Dropout)."""
-    from .model import Dropout
+    from .fast_dropout import Dropout
 
     for m in model.modules():
         if isinstance(m, Dropout):
@@ -251,7 +251,7 @@ def measure_in_subprocess(side: str, cfg: Config, steps: int, warmup: int) -> di
 
 
 def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, one_sentence_limit: int,
-                     beam: int = 5, limit: int | None = None, log: Log = print) -> dict[str, Any]:
+                     beam: int = 5, limit: int | None = None) -> dict[str, Any]:
     """Sentences/s on test2016: the notebook's one-sentence decoder, batched cached greedy, beam `beam`.
 
     `limit` keeps the first sentences only (for quick checks); the one-sentence decoder gets
@@ -294,7 +294,7 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     ref_model.load_state_dict(model.state_dict())
     stride = max(1, len(sources) // max(one_sentence_limit, 1))
     subset = list(range(0, len(sources), stride))[:one_sentence_limit]
-    cap = model.tgt_embed[1].pe.size(1)
+    cap = model.max_positions
 
     def one_by_one() -> list[list[int]]:
         outs = []
@@ -438,8 +438,7 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
         log(f"decoding test2016 ({'checkpoint ' + checkpoint if checkpoint else 'untrained weights'}) ...")
         if not checkpoint:
             log("  warning: without --checkpoint the model is untrained; outputs run to the length limit")
-        result["decode"] = measure_decoding(cfg, checkpoint, device, one_sentence_limit, limit=decode_limit,
-                                            log=log)
+        result["decode"] = measure_decoding(cfg, checkpoint, device, one_sentence_limit, limit=decode_limit)
     if sweep_tokens and sweep_lengths:
         log("sweep (fast path, synthetic batches) ...")
         rows = sweep(cfg, sweep_tokens, sweep_lengths, max(2, steps // 3), log=log)

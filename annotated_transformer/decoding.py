@@ -50,7 +50,7 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     for t in range(1, L):
         x = model.decode(memory, src_mask, tokens, None, cache)  # (b, 1, d)
         # argmax of the logits equals argmax of the log-softmax: skip the normalisation.
-        next_word = model.generator.proj(x[:, -1]).argmax(dim=-1)  # (b,)
+        next_word = model.generator.logits(x[:, -1]).argmax(dim=-1)  # (b,)
         out[active, t] = next_word
         done = limits[active] <= t + 1
         if end_symbol is not None:
@@ -83,7 +83,7 @@ def greedy_decode_naive(model: EncoderDecoder, src: Tensor, src_mask: Tensor, ma
     finished = limits <= 1
     for t in range(1, L):
         out = model.decode(memory, src_mask, ys, subsequent_mask(ys.size(1), device=device))  # (B, t, d)
-        next_word = model.generator.proj(out[:, -1]).argmax(dim=-1)  # (B,): same scoring as greedy_decode
+        next_word = model.generator.logits(out[:, -1]).argmax(dim=-1)  # (B,): same scoring as greedy_decode
         if fill is not None:
             next_word = next_word.masked_fill(finished, fill)
         ys = torch.cat([ys, next_word.unsqueeze(1)], dim=1)  # (B, t+1)
@@ -182,9 +182,9 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: i
     for t in range(1, L):
         b = sent.numel()
         x = model.decode(memory, mask, row_seq[:, -1:], None, cache)  # (n, 1, d)
-        # Generator.forward is exactly log_softmax(proj(x)); projecting once gives both the logits
+        # Generator.forward is exactly log_softmax(logits(x)); projecting once gives both the logits
         # (argmax with greedy_decode's tie-breaking, which bf16 makes matter) and fp32 log-probs.
-        logits = model.generator.proj(x[:, -1])  # (n, V)
+        logits = model.generator.logits(x[:, -1])  # (n, V)
         logp = F.log_softmax(logits.float(), dim=-1)  # (n, V) fp32
         # Stage 1: each row's best c extensions; the sentence's best k extensions are among them.
         c = min(k, logits.size(-1))

@@ -36,7 +36,7 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[int]] = [[] for _ in sources]
-    cap = model.tgt_embed[1].pe.size(1)
+    cap = model.max_positions
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         S = max(len(sources[i]) for i in idx)
@@ -113,11 +113,6 @@ class Translator:
         for i, ids in zip(keep, outputs):
             result[i] = self.text.decode(ids, "tgt")
         return result
-
-    @property
-    def num_parameters(self) -> int:
-        """Trainable parameters of the model."""
-        return sum(p.numel() for p in self.model.parameters())
 
     def to(self, device: str | torch.device) -> Translator:
         """Move the model to `device`, with the decoding precision and kernel choices that suit it."""

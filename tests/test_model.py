@@ -227,7 +227,7 @@ def test_tied_embeddings_share_one_matrix():
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_cpu_dropout_keeps_the_right_fraction_and_scales(p):
-    from annotated_transformer.model import Dropout
+    from annotated_transformer.fast_dropout import Dropout
 
     d = Dropout(p).train()
     torch.manual_seed(0)

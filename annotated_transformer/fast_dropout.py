@@ -1,0 +1,34 @@
+"""Dropout with a cheaper random mask on the CPU: a speed detail kept out of the model's teaching path.
+
+`model.py` uses this `Dropout` wherever the notebook uses `nn.Dropout`. It is `nn.Dropout` (same
+parameters, same state_dict, same behaviour on every device but the CPU in training mode) with a
+faster mask there; `benchmark.notebook_dropout` swaps it back for PyTorch's own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout with a cheaper random mask on the CPU; identical behaviour elsewhere.
+
+    PyTorch's CPU dropout draws one random float per element, which costs more than the matmul
+    around it (about 270 ms for the base model's 15.5M feed-forward activations on a 2-core
+    machine: a third of a training step). Here one random 64-bit integer gives four 16-bit words,
+    each uniform over [-2^15, 2^15); an element is kept when its word clears a threshold, so it is
+    kept with probability 1 - p to within 2^-16, and the kept ones are scaled by 1 / (1 - p), as
+    nn.Dropout does: about 4x faster. The mask is applied with `where`, then scaled in place, so
+    no full-size temporary is made. Draws come from torch's global generator, so seeded runs (and
+    resumed ones) repeat exactly.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0 or x.device.type != "cpu" or self.p >= 1.0:
+            return super().forward(x)
+        n = x.numel()
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2**63, None)  # all 64 bits uniform
+        words = bits.view(torch.int16)[:n].view(x.shape)  # uniform over [-2^15, 2^15)
+        keep = words >= round(self.p * 65536) - 32768
+        return torch.where(keep, x, 0.0).mul_(1.0 / (1.0 - self.p))
