@@ -7,11 +7,13 @@ at its own end symbol (kept in the output) or at its length limit; positions aft
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import EncoderDecoder, subsequent_mask
+from .model import DecoderCache, EncoderDecoder, subsequent_mask
 
 
 def _limits(max_len: int | Tensor, batch: int, device: torch.device) -> Tensor:
@@ -167,77 +169,114 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: i
     best = torch.full((B,), float("-inf"), device=device)  # (B,) fp32: final score of the best finished
     best_len = torch.zeros(B, dtype=torch.long, device=device)  # (B,) its generated length
     lp = length_penalty(torch.arange(L + 1, device=device), alpha)  # (L+1,) lp of every |Y| up to L
-
-    # The working batch: sentences still searching (a limit of 1 leaves only the start symbol).
-    sent = (limits > 1).nonzero().squeeze(1)  # (b,) original index of each working sentence
-    budget = torch.full((sent.numel(),), k, dtype=torch.long, device=device)  # (b,) k - finished
-    memory = model.encode(src, src_mask).index_select(0, sent)  # (b, S, d): one row per live hypothesis
-    mask = src_mask.index_select(0, sent)  # (b, 1, S)
-    # Live hypotheses ("rows"), ordered by working sentence, then by slot.
-    row_work = torch.arange(sent.numel(), device=device)  # (n,) working sentence of each row
-    row_slot = torch.zeros_like(row_work)  # (n,) its slot 0..k-1 within that sentence
-    row_score = torch.zeros(sent.numel(), device=device)  # (n,) fp32 sum of log-probabilities
-    row_seq = torch.full((sent.numel(), 1), start_symbol, dtype=torch.long, device=device)  # (n, t)
+    beams = _start_beams(model, src, src_mask, limits, k, start_symbol)
     cache = model.init_cache()
     for t in range(1, L):
-        b = sent.numel()
-        x = model.decode(memory, mask, row_seq[:, -1:], None, cache)  # (n, 1, d)
-        # Generator.forward is exactly log_softmax(logits(x)); projecting once gives both the logits
-        # (argmax with greedy_decode's tie-breaking, which bf16 makes matter) and fp32 log-probs.
-        logits = model.generator.logits(x[:, -1])  # (n, V)
-        logp = F.log_softmax(logits.float(), dim=-1)  # (n, V) fp32
-        # Stage 1: each row's best c extensions; the sentence's best k extensions are among them.
-        c = min(k, logits.size(-1))
-        top = logits.argmax(-1, keepdim=True) if c == 1 else logits.topk(c, dim=-1).indices  # (n, c)
-        cand = row_score.unsqueeze(1) + logp.gather(1, top)  # (n, c) fp32 sums
-        # Stage 2: per sentence, rank the candidates of all its rows; k slots x c candidates each.
-        grid_row = row_work * k + row_slot  # (n,) row's place in the (b*k) slot grid
-        grid = cand.new_full((b * k, c), float("-inf"))
-        grid[grid_row] = cand
-        row_of_grid = torch.full((b * k,), -1, dtype=torch.long, device=device)
-        row_of_grid[grid_row] = torch.arange(grid_row.numel(), device=device)
-        val, idx = grid.view(b, k * c).topk(k, dim=1)  # (b, k) best first
-        parent = row_of_grid[torch.arange(b, device=device).unsqueeze(1) * k + idx // c]  # (b, k); -1: none
-        token = top[parent.clamp(min=0), idx % c]  # (b, k)
+        val, parent, token = _rank_extensions(model, beams, cache, k)  # (b, k) each, best first
         # Keep the k - f best; a slot without a real candidate (-inf: too few live rows) is not kept.
-        rank = torch.arange(k, device=device)
-        kept = (rank < budget.unsqueeze(1)) & val.isfinite()  # (b, k)
-        at_limit = (limits.index_select(0, sent) <= t + 1).unsqueeze(1)  # (b, 1)
+        kept = (torch.arange(k, device=device) < beams.budget.unsqueeze(1)) & val.isfinite()  # (b, k)
+        at_limit = (limits.index_select(0, beams.sent) <= t + 1).unsqueeze(1)  # (b, 1)
         ended = kept & ((token == end_symbol) | at_limit)  # (b, k)
-
-        # Finished hypotheses: keep each sentence's best (all have length t this step, so the
-        # best final score is the best sum; max() returns the first, i.e. the best-ranked).
-        final = torch.where(ended, val / lp[t], float("-inf"))  # (b, k)
-        step_best, step_rank = final.max(dim=1)  # (b,)
-        better = (step_best > best.index_select(0, sent)).nonzero().squeeze(1)  # (m,) working indices
-        if better.numel():
-            r = step_rank.index_select(0, better)  # (m,)
-            p = parent[better, r]  # (m,) parent rows
-            orig = sent.index_select(0, better)  # (m,)
-            out[orig, : t + 1] = torch.cat([row_seq.index_select(0, p), token[better, r].unsqueeze(1)], dim=1)
-            best[orig] = step_best.index_select(0, better)
-            best_len[orig] = t
-        budget = budget - ended.sum(dim=1)
-
-        # Which sentences go on: some hypothesis is live and could still beat the best finished.
+        _keep_best_finished(beams, val, parent, token, ended, t, lp[t], out, best, best_len)
+        beams.budget = beams.budget - ended.sum(dim=1)
         live = kept & ~ended  # (b, k)
-        live_best = torch.where(live, val, float("-inf")).amax(dim=1)  # (b,)
-        lim = limits.index_select(0, sent)  # (b,)
-        reachable_lp = torch.maximum(lp[t + 1], lp[lim - 1])  # (b,) lp is monotone in |Y|: an end is the max
-        go_on = live.any(dim=1) & (live_best / reachable_lp > best.index_select(0, sent))  # (b,)
+        go_on = _can_still_improve(beams, live, val, best, limits, lp, t)  # (b,)
         if not bool(go_on.any()):
             break
-        live &= go_on.unsqueeze(1)
-        w, r = live.nonzero(as_tuple=True)  # (n',) each: sorted by working sentence, then slot
-        p = parent[w, r]  # (n',) parent rows
-        new_work = go_on.long().cumsum(0) - 1  # (b,) working index after dropping done sentences
-        row_work, row_slot, row_score = new_work[w], r, val[w, r]
-        row_seq = torch.cat([row_seq.index_select(0, p), token[w, r].unsqueeze(1)], dim=1)  # (n', t+1)
-        memory, mask = memory.index_select(0, p), mask.index_select(0, p)  # (n', S, d), (n', 1, S)
-        cache.index_select(p)
-        keep_sent = go_on.nonzero().squeeze(1)  # (b',)
-        sent, budget = sent.index_select(0, keep_sent), budget.index_select(0, keep_sent)
+        beams = _advance(beams, live & go_on.unsqueeze(1), go_on, val, parent, token, cache)
     return out[:, : int(best_len.max()) + 1]
+
+
+@dataclass
+class _Beams:
+    """The working sentences of a beam search and their live hypotheses ("rows", by sentence, then slot)."""
+
+    sent: Tensor  # (b,) original index of each working sentence
+    budget: Tensor  # (b,) slots not yet used up by finished hypotheses (k - f)
+    memory: Tensor  # (n, S, d) the encoder output, one row per live hypothesis
+    mask: Tensor  # (n, 1, S)
+    work: Tensor  # (n,) working sentence of each row
+    slot: Tensor  # (n,) its slot 0..k-1 within that sentence
+    score: Tensor  # (n,) fp32 sum of log-probabilities
+    seq: Tensor  # (n, t) tokens so far, start symbol first
+
+
+def _start_beams(model: EncoderDecoder, src: Tensor, src_mask: Tensor, limits: Tensor, k: int,
+                 start_symbol: int) -> _Beams:
+    """One row per sentence that can grow (a limit of 1 leaves only the start symbol): all k beams start alike."""
+    sent = (limits > 1).nonzero().squeeze(1)  # (b,)
+    n = sent.numel()
+    rows = torch.arange(n, device=src.device)
+    return _Beams(sent=sent, budget=torch.full((n,), k, dtype=torch.long, device=src.device),
+                  memory=model.encode(src, src_mask).index_select(0, sent), mask=src_mask.index_select(0, sent),
+                  work=rows, slot=torch.zeros_like(rows), score=torch.zeros(n, device=src.device),
+                  seq=torch.full((n, 1), start_symbol, dtype=torch.long, device=src.device))
+
+
+def _rank_extensions(model: EncoderDecoder, beams: _Beams, cache: DecoderCache,
+                     k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Each working sentence's k best one-token extensions: (fp32 sums, parent rows (-1: none), tokens), (b, k)."""
+    b, device = beams.sent.numel(), beams.sent.device
+    x = model.decode(beams.memory, beams.mask, beams.seq[:, -1:], None, cache)  # (n, 1, d)
+    # Generator.forward is exactly log_softmax(logits(x)); projecting once gives both the logits
+    # (argmax with greedy_decode's tie-breaking, which bf16 makes matter) and fp32 log-probs.
+    logits = model.generator.logits(x[:, -1])  # (n, V)
+    logp = F.log_softmax(logits.float(), dim=-1)  # (n, V) fp32
+    # Stage 1: each row's best c extensions; the sentence's best k extensions are among them.
+    c = min(k, logits.size(-1))
+    top = logits.argmax(-1, keepdim=True) if c == 1 else logits.topk(c, dim=-1).indices  # (n, c)
+    cand = beams.score.unsqueeze(1) + logp.gather(1, top)  # (n, c) fp32 sums
+    # Stage 2: per sentence, rank the candidates of all its rows; k slots x c candidates each.
+    grid_row = beams.work * k + beams.slot  # (n,) row's place in the (b*k) slot grid
+    grid = cand.new_full((b * k, c), float("-inf"))
+    grid[grid_row] = cand
+    row_of_grid = torch.full((b * k,), -1, dtype=torch.long, device=device)
+    row_of_grid[grid_row] = torch.arange(grid_row.numel(), device=device)
+    val, idx = grid.view(b, k * c).topk(k, dim=1)  # (b, k) best first
+    parent = row_of_grid[torch.arange(b, device=device).unsqueeze(1) * k + idx // c]  # (b, k); -1: none
+    return val, parent, top[parent.clamp(min=0), idx % c]
+
+
+def _keep_best_finished(beams: _Beams, val: Tensor, parent: Tensor, token: Tensor, ended: Tensor, t: int,
+                        lp_t: Tensor, out: Tensor, best: Tensor, best_len: Tensor) -> None:
+    """Write each sentence's best hypothesis finished at step t into `out`, if it beats the best so far.
+
+    All finish with length t, so the best final score is the best sum; max() returns the first,
+    i.e. the best-ranked.
+    """
+    final = torch.where(ended, val / lp_t, float("-inf"))  # (b, k)
+    step_best, step_rank = final.max(dim=1)  # (b,)
+    better = (step_best > best.index_select(0, beams.sent)).nonzero().squeeze(1)  # (m,) working indices
+    if better.numel():
+        r = step_rank.index_select(0, better)  # (m,)
+        p = parent[better, r]  # (m,) parent rows
+        orig = beams.sent.index_select(0, better)  # (m,)
+        out[orig, : t + 1] = torch.cat([beams.seq.index_select(0, p), token[better, r].unsqueeze(1)], dim=1)
+        best[orig] = step_best.index_select(0, better)
+        best_len[orig] = t
+
+
+def _can_still_improve(beams: _Beams, live: Tensor, val: Tensor, best: Tensor, limits: Tensor, lp: Tensor,
+                       t: int) -> Tensor:
+    """(b,) True where some live hypothesis could still beat the sentence's best finished one."""
+    live_best = torch.where(live, val, float("-inf")).amax(dim=1)  # (b,)
+    lim = limits.index_select(0, beams.sent)  # (b,)
+    reachable_lp = torch.maximum(lp[t + 1], lp[lim - 1])  # (b,) lp is monotone in |Y|: an end is the max
+    return live.any(dim=1) & (live_best / reachable_lp > best.index_select(0, beams.sent))
+
+
+def _advance(beams: _Beams, live: Tensor, go_on: Tensor, val: Tensor, parent: Tensor, token: Tensor,
+             cache: DecoderCache) -> _Beams:
+    """The next step's rows: each live extension copied from its parent row (cache, memory and mask too)."""
+    w, r = live.nonzero(as_tuple=True)  # (n',) each: sorted by working sentence, then slot
+    p = parent[w, r]  # (n',) parent rows
+    new_work = go_on.long().cumsum(0) - 1  # (b,) working index after dropping done sentences
+    keep = go_on.nonzero().squeeze(1)  # (b',)
+    cache.index_select(p)
+    return _Beams(sent=beams.sent.index_select(0, keep), budget=beams.budget.index_select(0, keep),
+                  memory=beams.memory.index_select(0, p), mask=beams.mask.index_select(0, p),
+                  work=new_work[w], slot=r, score=val[w, r],
+                  seq=torch.cat([beams.seq.index_select(0, p), token[w, r].unsqueeze(1)], dim=1))
 
 
 def decode_batch(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,
