@@ -18,7 +18,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -104,9 +104,7 @@ class LossMeter:
 
     def read_window(self) -> dict[str, float]:
         """Loss per token, tokens/s and finiteness of the window over all ranks; starts a new window."""
-        stats = torch.stack([self.window_loss.float(), self.window_grad_norm.float(),
-                             torch.tensor(float(self.window_tokens), device=self.device)])
-        loss, grad_norm, tokens = all_reduce_sum(stats).tolist()
+        loss, grad_norm, tokens = self._over_ranks(self.window_loss, self.window_grad_norm, self.window_tokens)
         elapsed = time.perf_counter() - self.window_time
         self.window_loss.zero_()
         self.window_grad_norm.zero_()
@@ -116,9 +114,14 @@ class LossMeter:
 
     def read_epoch(self) -> float:
         """Loss per token of the epoch so far over all ranks (nan when no tokens)."""
-        stats = torch.stack([self.epoch_loss.float(), torch.tensor(float(self.epoch_tokens), device=self.device)])
-        loss, tokens = all_reduce_sum(stats).tolist()
+        loss, tokens = self._over_ranks(self.epoch_loss, self.epoch_tokens)
         return loss / tokens if tokens else math.nan
+
+    def _over_ranks(self, *values: Tensor | int) -> list[float]:
+        """Device sums and host counts, summed over ranks in one all-reduce and brought to the host (one sync)."""
+        stats = torch.stack([v.float() if isinstance(v, Tensor) else torch.tensor(float(v), device=self.device)
+                             for v in values])
+        return all_reduce_sum(stats).tolist()
 
     def state_dict(self) -> dict[str, float]:
         """The sums as plain numbers (a host sync), so a resumed epoch reports the whole epoch's loss."""
@@ -153,7 +156,7 @@ def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCom
     """
     norm = step_norm(group, ws)
     device = group[0].src.device
-    loss_sum = torch.zeros((), device=device)
+    loss_sum: Tensor | None = None
     for i, batch in enumerate(group):
         sync = model.no_sync() if isinstance(model, DDP) and i < len(group) - 1 else nullcontext()
         with sync:
@@ -161,7 +164,7 @@ def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCom
                 out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
                 batch_loss, loss = loss_compute(out, batch.tgt_y, norm)
             loss.backward()
-        loss_sum += batch_loss
+        loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm) if clip_grad_norm > 0 else None
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -319,8 +322,8 @@ class RunState:
     def state_dict(self, mid_epoch: bool = False) -> dict[str, Any]:
         """The resumable state; under torchrun a collective (every rank's RNG state is gathered)."""
         rngs: list[Any] = [_rng_state()]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            rngs = [None] * dist.get_world_size()
+        if world_size() > 1:
+            rngs = [None] * world_size()
             dist.all_gather_object(rngs, _rng_state())
         return {"train_state": self.counters.state_dict(), "model": unwrap_model(self.model).state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -335,12 +338,15 @@ class RunState:
             raise CheckpointError(f"{source} is not a resumable checkpoint (no {', '.join(missing)}); "
                                   "resume from the run's last.pt, or start a new run")
         try:
-            unwrap_model(self.model).load_state_dict(payload["model"])
-            self.optimizer.load_state_dict(payload["optimizer"])
-            self.scheduler.load_state_dict(payload["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as exc:
+            return self._restore(payload)
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise CheckpointError(f"cannot resume from {source}: {first[:200]}") from None
+
+    def _restore(self, payload: dict[str, Any]) -> bool:
+        unwrap_model(self.model).load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
         self.counters.load_state_dict(payload["train_state"])
         rng = payload["rng"].get(str(self.rank))
         if rng is not None:
@@ -402,7 +408,7 @@ def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: 
 
 def _broadcast_weights(model: nn.Module) -> None:
     """Give every rank rank 0's weights (no-op on one process)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if world_size() > 1:
         for tensor in model.state_dict().values():
             dist.broadcast(tensor, src=0)
 
@@ -437,6 +443,7 @@ class Trainer:
         self.state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank)
         self.counters = self.state.counters
+        self.saved_step: int | None = None  # the step of the newest last.pt (None: there is none yet)
         self.mid_epoch = self._resume(last) if plan == "resume" else False
         self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
         self.writer = CheckpointWriter()  # rank 0 writes checkpoints in the background while training goes on
@@ -460,6 +467,7 @@ class Trainer:
     def _resume(self, last: dict[str, Any]) -> bool:
         """Load last.pt into the run state; True when it stopped inside an epoch."""
         mid_epoch = self.state.load_state_dict(last, self.run.last)
+        self.saved_step = self.counters.step
         if self.info.is_main:
             self.run.truncate_metrics(self.counters.step)
         self.log(f"resumed {self.run.last}: epoch {self.counters.epoch}, step {self.counters.step}")
@@ -499,9 +507,8 @@ class Trainer:
     def _restart_hint(self) -> str:
         """How to go on after a divergence: from the last good last.pt, or from scratch."""
         self.writer.wait()
-        if self.run.last.is_file():
-            step = load_checkpoint(self.run.last)["train_state"].get("step", 0)
-            return f"rerun to continue from {self.run.last} (step {step}, the last good state)"
+        if self.saved_step is not None:
+            return f"rerun to continue from {self.run.last} (step {self.saved_step}, the last good state)"
         return "start again with train.overwrite=true (no checkpoint was written before the divergence)"
 
     def train_epoch(self) -> float:
@@ -558,9 +565,7 @@ class Trainer:
     def evaluate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
         """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record."""
         t, s = self.cfg.train, self.counters
-        # max_steps may end training inside an epoch: that epoch then stays unfinished.
-        self.cut_short = bool(t.max_steps) and s.step >= t.max_steps
-        if not self.cut_short:
+        if not self.cut_short():
             s.epoch = epoch + 1
         val_loss, _ = run_epoch(self.val_batches, self.model, self.loss_compute, mode="eval", device=self.device,
                                 amp_dtype=self.amp_dtype, log=None)
@@ -577,6 +582,10 @@ class Trainer:
             record["peak_mem_gb"] = peak
         return record
 
+    def cut_short(self) -> bool:
+        """max_steps ended training inside an epoch: that epoch stays unfinished (no epoch file, mid-epoch last.pt)."""
+        return bool(self.cfg.train.max_steps) and self.counters.step >= self.cfg.train.max_steps
+
     def save(self, record: dict[str, Any]) -> None:
         """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""
         t, s, epoch = self.cfg.train, self.counters, record["epoch"]
@@ -585,21 +594,23 @@ class Trainer:
             metric > s.best_metric if t.best_metric == "bleu" else metric < s.best_metric))
         if improved:
             s.best_metric, s.best_epoch = float(metric), epoch
-        targets = ([self.run.best] if improved else []) + ([] if self.cut_short else [self.run.epoch(epoch)])
-        self._save_checkpoints(record, mid_epoch=self.cut_short, weights_to=targets)
-        if self.info.is_main and t.keep_last_epochs and not self.cut_short:
+        cut_short = self.cut_short()
+        targets = ([self.run.best] if improved else []) + ([] if cut_short else [self.run.epoch(epoch)])
+        self._save_checkpoints(record, mid_epoch=cut_short, weights_to=targets)
+        if self.info.is_main and t.keep_last_epochs and not cut_short:
             self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
         bleu = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
         self.log(f"epoch {epoch}/{t.epochs} | step {s.step} | train loss {record['train_loss']:.4f} | "
                  f"val loss {record['val_loss']:.4f}{bleu} | {record['seconds']:.1f} s"
                  f"{format_gpu(self.gpu_samples[-1] if self.gpu_samples else {})}")
 
-    def _save_checkpoints(self, record: dict[str, Any], mid_epoch: bool, weights_to: list[Path] = ()) -> None:
+    def _save_checkpoints(self, record: dict[str, Any], mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
         """Queue last.pt (and the weights alone to `weights_to`) on the background writer; rank 0 writes."""
         if not weights_finite(self.model):  # a last line of defence: never overwrite good files with broken weights
             raise TrainingDiverged(f"training diverged: the weights are not finite at step {self.counters.step}; "
                                    "nothing was saved from them. Lower train.lr_factor or set train.clip_grad_norm")
         resumable = self.state.state_dict(mid_epoch=mid_epoch)  # a collective: every rank takes part
+        self.saved_step = self.counters.step
         if not self.info.is_main:
             return
         common = {"config": self.cfg_dict, "text": self.text_state}
