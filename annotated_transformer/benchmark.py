@@ -109,20 +109,20 @@ def datasheet_peak(device: torch.device) -> float | None:
 
 
 def train_step_flops(d_model: int, d_ff: int, N: int, tgt_vocab: int,
-                     src_lens: list[int], tgt_lens: list[int]) -> float:
+                     src_lens: list[int], tgt_lens: list[int], N_dec: int | None = None) -> float:
     """Matmul FLOPs of one training step on these sentences: 3x the forward pass (backward = 2x).
 
     Per sentence with S source and T target positions (no padding), per layer: encoder self-attention
     4 S d^2 projections + 2 S^2 d scores and mixing, feed-forward 2 S d d_ff; decoder self-attention
     4 T d^2 + 2 T^2 d, source attention 2 T d^2 + 2 S d^2 + 2 T S d, feed-forward 2 T d d_ff; then the
-    generator T d V. Each multiply-add counts 2.
+    generator T d V. Each multiply-add counts 2. The decoder has `N_dec` layers (default N).
     """
     d = d_model
     total = 0
     for S, T in zip(src_lens, tgt_lens):
         enc = 4 * S * d * d + 2 * S * S * d + 2 * S * d * d_ff
         dec = 4 * T * d * d + 2 * T * T * d + 2 * T * d * d + 2 * S * d * d + 2 * T * S * d + 2 * T * d * d_ff
-        total += N * (enc + dec) + T * d * tgt_vocab
+        total += N * enc + (N_dec or N) * dec + T * d * tgt_vocab
     return 3 * 2 * float(total)
 
 
@@ -210,7 +210,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
             continue
         src_lens, tgt_lens = batch_lengths(batch, text.pad_id)
         flops = train_step_flops(model_cfg.d_model, model_cfg.d_ff, model_cfg.N, len(text.tgt_vocab),
-                                 src_lens, tgt_lens)
+                                 src_lens, tgt_lens, model_cfg.N_dec or None)
         rates.append(sum(tgt_lens) / dt)
         step_times.append(dt)
         flops_rates.append(flops / dt)
@@ -415,7 +415,8 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
     load_translation_data(cfg, log=None)  # build the cache once, before the timed children start
     result: dict[str, Any] = {
         "device": device_name(device), "config": cfg.name, "torch": torch.__version__,
-        "model": {"N": cfg.model.N, "d_model": cfg.model.d_model, "d_ff": cfg.model.d_ff, "h": cfg.model.h},
+        "model": {"N": cfg.model.N, "N_dec": cfg.model.N_dec or cfg.model.N, "d_model": cfg.model.d_model,
+                  "d_ff": cfg.model.d_ff, "h": cfg.model.h},
         "batch_tokens": cfg.data.batch_tokens, "compile": cfg.train.compile,
     }
     if train:

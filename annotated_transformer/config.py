@@ -55,6 +55,8 @@ class ModelConfig:
     """The Transformer's shape (the paper's symbols: N, d_model, d_ff, h)."""
 
     N: int = param(6, "number of encoder layers and of decoder layers (the paper's N)")
+    N_dec: int = param(0, "decoder layers when they should differ from N (0: N); a deep encoder with a shallow "
+                       "decoder trains and decodes faster")
     d_model: int = param(512, "width of embeddings and of every sublayer's output (d_model)")
     d_ff: int = param(2048, "inner width of the position-wise feed-forward network (d_ff)")
     h: int = param(8, "number of attention heads (h); d_model must be divisible by h")
@@ -111,6 +113,11 @@ class TrainConfig:
     accum_steps: int = param(1, "micro-batches accumulated per optimizer step (the notebook's accum_iter)")
     lr_factor: float = param(1.0, "multiplier of the Noam schedule (the notebook's base_lr / factor)")
     warmup: int = param(4000, "optimizer steps of linear learning-rate warm-up")
+    schedule: str = param(
+        "noam", "learning-rate schedule: 'noam' (the paper's rate: warm-up, then 1/sqrt(step)), or 'linear' / "
+        "'cosine' (warm-up to the same peak, then decay to final_lr_ratio x peak at the run's last step: "
+        "train.max_steps, or train.epochs' steps)", choices=("noam", "linear", "cosine"))
+    final_lr_ratio: float = param(0.0, "linear/cosine schedules: the rate at the last step, as a fraction of the peak")
     label_smoothing: float = param(0.1, "label smoothing epsilon (the paper's 0.1)")
     adam_betas: list[float] = param([0.9, 0.98], "Adam's (beta1, beta2)")
     adam_eps: float = param(1e-9, "Adam's epsilon")
@@ -130,16 +137,24 @@ class TrainConfig:
                               "for the final scores if it beats best.pt on val (0 or 1: off)")
     log_every: int = param(50, "optimizer steps between log lines")
     bleu_every: int = param(1, "epochs between validation BLEU evaluations (0: never)")
+    target_bleu: float = param(0.0, "validation BLEU to time: the first epoch and train_seconds reaching it are "
+                               "recorded in metrics.jsonl and the final line (0: off)")
+    stop_at_target: bool = param(False, "end training at the first epoch whose validation BLEU reaches "
+                                 "train.target_bleu (to time a config to a target; with the 'noam' schedule, "
+                                 "which needs no run length)")
     best_metric: str = param("bleu", "what picks best.pt: 'bleu' (higher is better) or 'loss' (lower)",
                              choices=("bleu", "loss"))
     progress: bool = param(True, "show a tqdm progress bar on rank 0 (when stderr is a terminal)")
     tensorboard: bool = param(False, "also write the metrics as TensorBoard event files in <run dir>/tensorboard "
                               "(rank 0; needs the tensorboard extra: uv sync --extra tensorboard)")
     final_eval: bool = param(True, "at the end, score val and test with best.pt and show example translations")
+    score_test: bool = param(True, "final_eval also scores the test split (false while choosing settings on val)")
 
-    def finished(self, epoch: int, step: int) -> bool:
-        """Whether a run that completed `epoch` epochs and `step` optimizer steps is done with this recipe."""
-        return bool((self.epochs and epoch >= self.epochs) or (self.max_steps and step >= self.max_steps))
+    def finished(self, epoch: int, step: int, target_reached: bool = False) -> bool:
+        """Whether a run that completed `epoch` epochs and `step` optimizer steps (and reached target_bleu or
+        not) is done with this recipe."""
+        return bool((self.epochs and epoch >= self.epochs) or (self.max_steps and step >= self.max_steps)
+                    or (self.stop_at_target and target_reached))
 
 
 @dataclass
@@ -194,6 +209,17 @@ class Config:
             raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
         if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
             raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {t.adam_betas}")
+        if not 0.0 <= t.final_lr_ratio <= 1.0:
+            raise ConfigError(f"train.final_lr_ratio must be in [0, 1], got {t.final_lr_ratio}")
+        if t.stop_at_target and not t.target_bleu:
+            raise ConfigError("train.stop_at_target=true needs train.target_bleu (the validation BLEU to stop at)")
+        if m.N_dec < 0:
+            raise ConfigError(f"model.N_dec must be 0 (the same as model.N) or positive, got {m.N_dec}")
+        if t.target_bleu < 0:
+            raise ConfigError(f"train.target_bleu must not be negative, got {t.target_bleu}")
+        if t.target_bleu and (d.dataset != "multi30k" or t.bleu_every == 0):
+            raise ConfigError("train.target_bleu needs validation BLEU: translation data (data.dataset=multi30k) "
+                              "and train.bleu_every of 1 or more")
         if t.lr_factor <= 0:
             raise ConfigError(f"train.lr_factor must be positive, got {t.lr_factor}")
         if t.epochs == 0 and t.max_steps == 0:

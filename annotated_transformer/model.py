@@ -391,9 +391,11 @@ class EncoderDecoder(nn.Module):
 
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
                dropout: float = 0.1, norm_first: bool = True, tie_embeddings: bool = False,
-               attention: str = "sdpa", max_positions: int = 5000, layer_norm_eps: float = 1e-6) -> EncoderDecoder:
+               attention: str = "sdpa", max_positions: int = 5000, layer_norm_eps: float = 1e-6,
+               N_dec: int | None = None) -> EncoderDecoder:
     """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
 
+    N layers in the encoder and `N_dec` (default N, as in the paper) in the decoder.
     `tie_embeddings` shares one (V, d) matrix between the source embedding, the target embedding
     and the generator's projection (Section 3.4); it needs src_vocab == tgt_vocab.
     """
@@ -406,7 +408,7 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
     eps = layer_norm_eps
     model = EncoderDecoder(
         Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout, norm_first, eps), N, norm_first, eps),
-        Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first, eps), N, norm_first, eps),
+        Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout, norm_first, eps), N_dec or N, norm_first, eps),
         nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
         nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)),
         Generator(d_model, tgt_vocab),
@@ -427,5 +429,5 @@ def make_model_from_config(model_cfg, src_vocab: int, tgt_vocab: int) -> Encoder
         src_vocab, tgt_vocab, N=model_cfg.N, d_model=model_cfg.d_model, d_ff=model_cfg.d_ff, h=model_cfg.h,
         dropout=model_cfg.dropout, norm_first=model_cfg.norm_first, tie_embeddings=model_cfg.tie_embeddings,
         attention=model_cfg.attention, max_positions=model_cfg.max_positions,
-        layer_norm_eps=model_cfg.layer_norm_eps,
+        layer_norm_eps=model_cfg.layer_norm_eps, N_dec=model_cfg.N_dec or None,
     )

@@ -144,7 +144,8 @@ class RunDir:
                               "replace it with train.overwrite=true or choose another train.out_dir")
         last = load_checkpoint(self.last)
         check_same_settings(last.get("config", {}), cfg, self.last)
-        done = t.finished(last.get("train_state", {}).get("epoch", 0), last.get("train_state", {}).get("step", 0))
+        state = last.get("train_state", {})
+        done = t.finished(state.get("epoch", 0), state.get("step", 0), state.get("target_epoch") is not None)
         return ("finished" if done and t.resume == "auto" else "resume"), last
 
     def prepare(self, cfg: Config, plan: str) -> None:

@@ -15,6 +15,7 @@ from .errors import ConfigError
 TAGS: dict[str, dict[str, str]] = {
     "train": {"loss": "train/loss", "lr": "train/lr", "tokens_per_s": "train/tokens_per_s"},
     "epoch": {"train_loss": "epoch/train_loss", "val_loss": "epoch/val_loss", "bleu": "epoch/val_bleu",
+              "train_seconds": "epoch/train_seconds",
               "gpu_util": "gpu/util_percent", "gpu_mem_used_gb": "gpu/mem_used_gb", "peak_mem_gb": "gpu/peak_mem_gb"},
     "final": {"val_bleu": "final/val_bleu", "test_bleu": "final/test_bleu"},
 }
@@ -42,7 +43,7 @@ class TensorBoardLog:
         """Add the scalars of one metrics.jsonl record (beam-search BLEU of the final record included)."""
         tags = dict(TAGS.get(record.get("kind", ""), {}))
         if record.get("kind") == "final":
-            tags.update({k: f"final/{k}" for k in record if k.startswith("test_bleu_beam")})
+            tags.update({k: f"final/{k}" for k in record if "_bleu_beam" in k})
         for field, tag in tags.items():
             value = record.get(field)
             if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -65,6 +65,10 @@ class TrainState:
     epoch: int = 0  # epochs completed
     best_metric: float | None = None  # best validation score so far (BLEU or loss)
     best_epoch: int = 0  # the epoch that scored it
+    train_seconds: float = 0.0  # time spent in optimizer steps (data included; compile warm-up, eval, saving not)
+    wall_seconds: float = 0.0  # time spent in epochs: training, validation, BLEU and queueing checkpoints
+    target_epoch: int | None = None  # the first epoch whose validation BLEU reached train.target_bleu
+    target_seconds: float | None = None  # train_seconds at the end of that epoch
 
     def state_dict(self) -> dict[str, Any]:
         """A plain dict for checkpoints."""
@@ -439,6 +443,8 @@ class Trainer:
                 self.task.text.save(self.run.vocab)
         self._build_model()
         self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
+        self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
+                                         cfg.train.schedule, self.total_steps(), cfg.train.final_lr_ratio)
         self.val_batches = self.task.val_batches()
         self.state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank)
@@ -450,18 +456,19 @@ class Trainer:
         self.stopper = StopSignal()
         self.monitor = GPUMonitor(device)
         self.gpu_samples: list[dict[str, float]] = []
+        self.compile_seconds: float | None = None if cfg.train.compile else 0.0  # measured on the first step
+        self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
         self.text_state = self.task.text.state_dict() if self.task.text is not None else None
         self.cfg_dict = config_to_dict(cfg)
         self.tensorboard = TensorBoardLog(self.run.tensorboard) if cfg.train.tensorboard and info.is_main else None
 
     def _build_model(self) -> None:
-        """Model, loss, optimizer, schedule and precision from the config."""
+        """Model, loss, optimizer and precision from the config (the schedule needs the loader's length)."""
         m, t = self.cfg.model, self.cfg.train
         self.model = make_model_from_config(m, self.task.src_vocab_size, self.task.tgt_vocab_size).to(self.device)
         criterion = LabelSmoothing(self.task.tgt_vocab_size, self.task.pad, t.label_smoothing)
         self.loss_compute = SimpleLossCompute(self.model.generator, criterion)
         self.optimizer = build_optimizer(self.model, betas=tuple(t.adam_betas), eps=t.adam_eps)
-        self.scheduler = build_scheduler(self.optimizer, m.d_model, t.lr_factor, t.warmup)
         self.amp_dtype = resolve_amp_dtype(t.precision, self.device)
 
     def _resume(self, last: dict[str, Any]) -> bool:
@@ -473,9 +480,15 @@ class Trainer:
         self.log(f"resumed {self.run.last}: epoch {self.counters.epoch}, step {self.counters.step}")
         return mid_epoch
 
+    def total_steps(self) -> int:
+        """The optimizer steps this run will take: train.max_steps, or train.epochs' worth if fewer."""
+        t = self.cfg.train
+        by_epochs = t.epochs * -(-len(self.loader) // t.accum_steps)  # the last group of an epoch may be short
+        return min(x for x in (by_epochs, t.max_steps) if x > 0)
+
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
-        return self.cfg.train.finished(self.counters.epoch, self.counters.step)
+        return self.cfg.train.finished(self.counters.epoch, self.counters.step, self.counters.target_epoch is not None)
 
     def fit(self) -> dict[str, Any]:
         """Train epoch by epoch until done; a signal saves last.pt and stops; then finish."""
@@ -485,14 +498,21 @@ class Trainer:
                  f"{'bf16 autocast' if self.amp_dtype else 'fp32'} | {len(self.loader)} batches/epoch/rank | "
                  f"accumulating {t.accum_steps} | run dir {self.run.path}")
         self.stopper.install()
+        self.startup_seconds, self.startup_reported = time.perf_counter() - self.t_start, False
+        if self.info.is_main:
+            self.record({"kind": "start", "step": self.counters.step, "params": m.num_parameters(),
+                         "device": str(self.device), "world_size": self.info.world_size,
+                         "threads": torch.get_num_threads(), "precision": str(self.amp_dtype or "fp32"),
+                         "startup_seconds": self.startup_seconds})
         try:
             while not self.done():
                 epoch, t_epoch = self.counters.epoch, time.perf_counter()
                 train_loss = self.train_epoch()
                 if self.stopping:
+                    self.counters.wall_seconds += time.perf_counter() - t_epoch
                     return self.stop(epoch)
                 record = self.evaluate(epoch, train_loss, time.perf_counter() - t_epoch)
-                self.save(record)
+                self.save(record, t_epoch)
             self.stopper.restore()  # from here on Ctrl-C interrupts at once
             self.writer.wait()  # best.pt on disk before finish reads it back
             return self.finish()
@@ -524,6 +544,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         self.gpu_samples.clear()
+        self.step_clock = time.perf_counter()
         with bar:
             loss, _ = run_epoch(
                 self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler,
@@ -531,10 +552,14 @@ class Trainer:
                 clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
                 log=(self.log if bar.disable else bar.write) if self.info.is_main else None, on_log=self._on_log,
                 should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.state.meter)
+        self.counters.train_seconds += time.perf_counter() - self.step_clock
         return loss
 
     def _should_stop(self) -> bool:
         """After each step: a signal arrived (on one process at once; under torchrun agreed at log intervals)."""
+        if self.compile_seconds is None:  # the first step of a compiled model: compile time, not training time
+            self.compile_seconds = time.perf_counter() - self.step_clock
+            self.step_clock = time.perf_counter()
         if not self.info.distributed:
             self.stopping = self.stopper.signum is not None
         elif self.counters.step % self.cfg.train.log_every == 0:
@@ -563,8 +588,8 @@ class Trainer:
         return {"stopped_by": self.stopper.signum or signal.SIGTERM}
 
     def evaluate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
-        """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record."""
-        t, s = self.cfg.train, self.counters
+        """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record with its clocks."""
+        t, s, t_eval = self.cfg.train, self.counters, time.perf_counter()
         if not self.cut_short():
             s.epoch = epoch + 1
         val_loss, _ = run_epoch(self.val_batches, self.model, self.loss_compute, mode="eval", device=self.device,
@@ -574,6 +599,12 @@ class Trainer:
         if self.task.name == "multi30k" and t.bleu_every and ((epoch + 1) % t.bleu_every == 0 or self.done()):
             scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype)
             record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
+            if t.target_bleu and s.target_epoch is None and scored["bleu"] >= t.target_bleu:
+                s.target_epoch, s.target_seconds = epoch + 1, s.train_seconds
+        record.update(train_seconds=s.train_seconds, eval_seconds=time.perf_counter() - t_eval,
+                      **self._one_off_clocks())
+        if s.target_epoch is not None:
+            record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
         if self.gpu_samples:
             record["gpu_util"] = sum(x["gpu_util"] for x in self.gpu_samples) / len(self.gpu_samples)
             record["gpu_mem_used_gb"] = max(x["gpu_mem_used_gb"] for x in self.gpu_samples)
@@ -582,13 +613,24 @@ class Trainer:
             record["peak_mem_gb"] = peak
         return record
 
+    def _one_off_clocks(self) -> dict[str, float]:
+        """Start-up (process start to the first step) and compile warm-up, reported once per process."""
+        if self.startup_reported:
+            return {}
+        self.startup_reported = True
+        clocks = {"startup_seconds": self.startup_seconds}
+        if self.cfg.train.compile and self.compile_seconds is not None:
+            clocks["compile_seconds"] = self.compile_seconds
+        return clocks
+
     def cut_short(self) -> bool:
         """max_steps ended training inside an epoch: that epoch stays unfinished (no epoch file, mid-epoch last.pt)."""
         return bool(self.cfg.train.max_steps) and self.counters.step >= self.cfg.train.max_steps
 
-    def save(self, record: dict[str, Any]) -> None:
+    def save(self, record: dict[str, Any], t_epoch: float) -> None:
         """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""
         t, s, epoch = self.cfg.train, self.counters, record["epoch"]
+        t_save = time.perf_counter()
         metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
         improved = metric is not None and (s.best_metric is None or (
             metric > s.best_metric if t.best_metric == "bleu" else metric < s.best_metric))
@@ -596,15 +638,21 @@ class Trainer:
             s.best_metric, s.best_epoch = float(metric), epoch
         cut_short = self.cut_short()
         targets = ([self.run.best] if improved else []) + ([] if cut_short else [self.run.epoch(epoch)])
-        self._save_checkpoints(record, mid_epoch=cut_short, weights_to=targets)
+        s.wall_seconds += t_save - t_epoch  # before the checkpoint, so last.pt holds it
+        record["wall_seconds"] = s.wall_seconds
+        self._save_checkpoints(record, mid_epoch=cut_short, weights_to=targets, t_save=t_save)
         if self.info.is_main and t.keep_last_epochs and not cut_short:
             self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
         bleu = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
+        reached = (f" | target {t.target_bleu:g} reached at epoch {s.target_epoch} ({s.target_seconds / 60:.1f} min)"
+                   if s.target_epoch is not None else "")
         self.log(f"epoch {epoch}/{t.epochs} | step {s.step} | train loss {record['train_loss']:.4f} | "
-                 f"val loss {record['val_loss']:.4f}{bleu} | {record['seconds']:.1f} s"
+                 f"val loss {record['val_loss']:.4f}{bleu} | {record['seconds']:.1f} s | clocks: training "
+                 f"{s.train_seconds / 60:.1f} min, epochs {s.wall_seconds / 60:.1f} min{reached}"
                  f"{format_gpu(self.gpu_samples[-1] if self.gpu_samples else {})}")
 
-    def _save_checkpoints(self, record: dict[str, Any], mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
+    def _save_checkpoints(self, record: dict[str, Any], mid_epoch: bool, weights_to: Sequence[Path] = (),
+                          t_save: float | None = None) -> None:
         """Queue last.pt (and the weights alone to `weights_to`) on the background writer; rank 0 writes."""
         if not weights_finite(self.model):  # a last line of defence: never overwrite good files with broken weights
             raise TrainingDiverged(f"training diverged: the weights are not finite at step {self.counters.step}; "
@@ -618,6 +666,8 @@ class Trainer:
         jobs = ([(weights, weights_to)] if weights_to else []) + [({**common, **resumable}, [self.run.last])]
         self.writer.save(*jobs)
         if record:
+            if t_save is not None:  # copying the weights and waiting for the previous write, not the write itself
+                record["checkpoint_seconds"] = time.perf_counter() - t_save
             self.record(record)
 
     def finish(self) -> dict[str, Any]:
@@ -627,16 +677,26 @@ class Trainer:
         found_best = self._use_weights(self.run.best)
         averaged = self._average_last_epochs()
         s = self.counters
-        results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step}
+        results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step,
+                                   "train_seconds": s.train_seconds, "wall_seconds": s.wall_seconds}
+        if self.cfg.train.target_bleu:
+            results.update(target_bleu=self.cfg.train.target_bleu, target_epoch=s.target_epoch,
+                           target_seconds=s.target_seconds)
         chosen = f"best.pt (epoch {s.best_epoch})" if found_best else "the final weights"
         if self.task.name == "copy":
             k = self.task.score(self.model, self.device)["exact_copies"]
             self.log(f"exact copies: {k}/100")
             results["exact_copies"] = k
         elif self.cfg.train.final_eval:
-            self._final_scores(results, chosen, averaged)
+            self._final_scores(results, chosen, self.run.best if found_best else self.run.last, averaged)
         results["seconds"] = time.perf_counter() - self.t_start
-        self.log(f"done in {results['seconds']:.1f} s; run directory {self.run.path}")
+        target = ""
+        if self.cfg.train.target_bleu:
+            target = (f"; val BLEU {self.cfg.train.target_bleu:g} reached at epoch {s.target_epoch} after "
+                      f"{s.target_seconds / 60:.1f} min of training" if s.target_epoch is not None else
+                      f"; val BLEU {self.cfg.train.target_bleu:g} not reached")
+        self.log(f"done in {results['seconds']:.1f} s ({s.train_seconds / 60:.1f} min of training steps){target}; "
+                 f"run directory {self.run.path}")
         return results
 
     def _use_weights(self, path: Path) -> bool:
@@ -668,38 +728,45 @@ class Trainer:
             self.log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
         return self.run.avg
 
-    def _final_scores(self, results: dict[str, Any], chosen: str, averaged: Path | None) -> None:
-        """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then test greedy and beam."""
-        score = self.task.score
+    def _final_scores(self, results: dict[str, Any], chosen: str, chosen_file: Path, averaged: Path | None) -> None:
+        """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then greedy and beam
+        BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone)."""
+        score, t, k = self.task.score, self.cfg.train, self.cfg.decode.beam_size
         val = score(self.model, self.device, "val", amp_dtype=self.amp_dtype)
         if averaged is not None:
             kept = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             self._use_weights(averaged)
             val_avg = score(self.model, self.device, "val", amp_dtype=self.amp_dtype)
-            self.log(f"val BLEU: best.pt {val['bleu']:.2f} | {averaged.name} (last {self.cfg.train.average_last} "
+            self.log(f"val BLEU: best.pt {val['bleu']:.2f} | {averaged.name} (last {t.average_last} "
                      f"epochs averaged) {val_avg['bleu']:.2f}")
             if val_avg["bleu"] > val["bleu"]:
-                val, chosen = val_avg, averaged.name
+                val, chosen, chosen_file = val_avg, averaged.name, averaged
             else:
                 self.model.load_state_dict(kept)
-        test = score(self.model, self.device, "test", amp_dtype=self.amp_dtype)
-        results.update(val_bleu=val["bleu"], test_bleu=test["bleu"], bleu_signature=test["bleu_signature"],
-                       final_checkpoint=chosen)
-        self.log(f"{chosen}: val BLEU {val['bleu']:.2f} | test BLEU {test['bleu']:.2f} (greedy; "
-                 f"{test['bleu_signature']})")
-        record: dict[str, Any] = {"kind": "final", "step": self.counters.step, "checkpoint": chosen,
-                                  "val_bleu": val["bleu"], "test_bleu": test["bleu"],
-                                  "bleu_signature": test["bleu_signature"]}
-        k = self.cfg.decode.beam_size
+        s = self.counters
+        record: dict[str, Any] = {"kind": "final", "step": s.step, "checkpoint": chosen,
+                                  "checkpoint_file": chosen_file.name, "val_bleu": val["bleu"],
+                                  "bleu_signature": val["bleu_signature"], "train_seconds": s.train_seconds,
+                                  "target_epoch": s.target_epoch, "target_seconds": s.target_seconds}
+        shown = val
+        if t.score_test:
+            shown = test = score(self.model, self.device, "test", amp_dtype=self.amp_dtype)
+            record["test_bleu"] = test["bleu"]
+        self.log(f"{chosen}: val BLEU {val['bleu']:.2f}"
+                 + (f" | test BLEU {record['test_bleu']:.2f}" if t.score_test else " (test not scored)")
+                 + f" (greedy; {val['bleu_signature']})")
         if k > 1:
-            beam = score(self.model, self.device, "test", beam_size=k, amp_dtype=self.amp_dtype)
-            results[f"test_bleu_beam{k}"] = record[f"test_bleu_beam{k}"] = beam["bleu"]
-            self.log(f"{chosen}: test BLEU {beam['bleu']:.2f} (beam {k}, alpha {self.cfg.decode.alpha})")
+            split = "test" if t.score_test else "val"
+            beam = score(self.model, self.device, split, beam_size=k, amp_dtype=self.amp_dtype)
+            record[f"{split}_bleu_beam{k}"] = beam["bleu"]
+            self.log(f"{chosen}: {split} BLEU {beam['bleu']:.2f} (beam {k}, alpha {self.cfg.decode.alpha})")
+        results.update({key: v for key, v in record.items() if key.endswith("bleu") or "_beam" in key},
+                       bleu_signature=val["bleu_signature"], final_checkpoint=chosen)
         if self.info.is_main:
             from .evaluation import check_outputs
 
-            test_split = self.task.data.splits["test"]
-            self.log(check_outputs(test_split.src_text, test_split.tgt_text, test["hypotheses"], n=3))
+            split = self.task.data.splits["test" if t.score_test else "val"]
+            self.log(check_outputs(split.src_text, split.tgt_text, shown["hypotheses"], n=3))
             self.record(record)
 
 

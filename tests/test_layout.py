@@ -42,6 +42,7 @@ LAYERS = {
     "checkpoint": 3, "decoding": 3, "evaluation": 3, "run_dir": 3,
     "tasks": 4, "translator": 4,
     "training": 5, "benchmark": 5, "visualization": 5,
+    "sweep": 6, "sweep_report": 6,
 }
 APART = {"data", "model"}
 

@@ -1,0 +1,256 @@
+"""Sweeps: every combination of a grid of dotted overrides, times seeds, each trained in its own run directory.
+
+    <out>/<setting>/seed<N>/     one run (train.out_dir), continued with train.resume=auto when started again
+    <out>/<setting>/seed<N>.log  its output
+    <out>/sweep.md  sweep.csv    per setting: mean and standard deviation over seeds of val (and test) BLEU,
+                                 time to train.target_bleu, steps, tokens/s, parameters; one row per run in the CSV
+    <out>/sweep.html  sweep.png  val BLEU against training minutes, a faint line per run, the mean per setting
+
+A grid is a YAML mapping of dotted keys to lists of values (every combination is a setting), or a
+list of such mappings (each one setting, for choices that are not a product). Runs are separate
+processes of the training script, so a killed sweep loses at most the unfinished epochs of the
+runs it was running, and starting it again skips finished runs and continues the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import load_config
+from .errors import ConfigError
+from .files import atomic_write, writing
+from .run_dir import read_metrics
+from .sweep_report import TEST_SCORES, collect_results, read_result, write_report
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of a sweep: a setting (its overrides) and a seed."""
+
+    setting: str  # the folder name: the overrides joined by ',' ('base' for none)
+    overrides: tuple[str, ...]
+    seed: int
+    path: Path  # the run directory
+
+    @property
+    def log(self) -> Path:
+        return self.path.with_name(f"{self.path.name}.log")
+
+
+def _format_value(value: Any) -> str:
+    """A YAML value as a dotted override's right-hand side (lists as [a,b], booleans lowercase)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(_format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def _setting_name(overrides: tuple[str, ...]) -> str:
+    """The folder name of a setting: its overrides joined by ',' (path separators replaced)."""
+    return ",".join(o.replace("/", "_") for o in overrides) or "base"
+
+
+def parse_grid(grid: Any, source: str = "grid") -> list[tuple[str, ...]]:
+    """The settings of a grid (see the module docstring), each as a tuple of 'key=value' overrides."""
+    if grid is None:
+        return [()]
+    if isinstance(grid, dict):  # a product: a list is the values to try, anything else a fixed value
+        blocks = [dict(zip(grid, combo)) for combo in itertools.product(
+            *[v if isinstance(v, list) else [v] for v in grid.values()])]
+    elif isinstance(grid, list):  # one setting each, values as they are (a list is one list-valued key)
+        blocks = grid
+    else:
+        blocks = [grid]
+    settings: list[tuple[str, ...]] = []
+    for block in blocks:
+        if not isinstance(block, dict) or not all(isinstance(k, str) and "." in k for k in block):
+            raise ConfigError(f"{source}: expected a mapping of dotted keys to lists of values "
+                              "(train.lr_factor: [0.5, 1.0]) or a list of mappings (one setting each)")
+        settings.append(tuple(f"{k}={_format_value(v)}" for k, v in block.items()))
+    if not settings:
+        raise ConfigError(f"{source}: no settings (an empty list?); give at least one value per key")
+    if len(set(settings)) != len(settings):
+        raise ConfigError(f"{source}: the same setting appears twice")
+    return settings
+
+
+def read_grid(path: str | Path) -> list[tuple[str, ...]]:
+    """The settings of a grid file; one line for a missing or malformed file."""
+    path = Path(path)
+    try:
+        grid = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read the grid {path}: {exc.strerror or exc}; give a YAML file of dotted "
+                          "keys and lists of values") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the grid {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    return parse_grid(grid, str(path))
+
+
+def plan_runs(settings: list[tuple[str, ...]], seeds: list[int], out: Path) -> list[Run]:
+    """Every (setting, seed) pair, setting by setting, as a Run with its directory under `out`."""
+    return [Run(_setting_name(s), s, seed, out / _setting_name(s) / f"seed{seed}") for s in settings for seed in seeds]
+
+
+def is_finished(run: Run) -> bool:
+    """A run is finished when its metrics.jsonl holds the final record (written after the final scores)."""
+    metrics = run.path / "metrics.jsonl"
+    return metrics.is_file() and any(r.get("kind") == "final" for r in read_metrics(metrics))
+
+
+@dataclass
+class Launcher:
+    """Starts training processes for runs, at most `parallel` at once, the CPU threads split between them."""
+
+    train_script: Path
+    config: str
+    extra: tuple[str, ...] = ()  # overrides applied to every run, before the setting's own
+    parallel: int = 1
+    log: Any = print
+    running: dict[Run, subprocess.Popen] = field(default_factory=dict)
+
+    def command(self, run: Run) -> list[str]:
+        """The training command of one run (its seed and run directory last, so they win)."""
+        return [sys.executable, str(self.train_script), "--config", self.config, *self.extra, *run.overrides,
+                f"train.seed={run.seed}", f"train.out_dir={run.path}", "train.resume=auto", "train.progress=false",
+                "train.score_test=false"]
+
+    def start(self, run: Run) -> None:
+        """Start `run` in the background, its output appended to its log file."""
+        threads = max(1, (os.cpu_count() or 1) // self.parallel)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        with writing(run.log, "create the run's folder"):
+            run.path.parent.mkdir(parents=True, exist_ok=True)
+            log = run.log.open("a", encoding="utf-8")
+        with log:
+            # A session of its own: a Ctrl-C in the terminal reaches the sweep alone, which passes one SIGTERM on.
+            self.running[run] = subprocess.Popen(self.command(run), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                 start_new_session=True)
+
+    def wait_one(self) -> tuple[Run, int]:
+        """Block until a running process ends; its run and exit code."""
+        while True:
+            for run, proc in list(self.running.items()):
+                code = proc.poll()
+                if code is not None:
+                    del self.running[run]
+                    return run, code
+            time.sleep(0.5)
+
+    def stop_all(self, signum: int = signal.SIGTERM) -> None:
+        """Pass a signal on to every running process (they save last.pt and exit) and wait for them."""
+        for proc in self.running.values():
+            if proc.poll() is None:
+                proc.send_signal(signum)
+        for proc in self.running.values():
+            proc.wait()
+        self.running.clear()
+
+
+def run_sweep(runs: list[Run], launcher: Launcher, after_each=lambda: None) -> list[tuple[Run, int]]:
+    """Train every unfinished run, `launcher.parallel` at a time, calling `after_each` when one ends;
+    the (run, exit code) of those that failed."""
+    todo = [r for r in runs if not is_finished(r)]
+    launcher.log(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
+                 f"({launcher.parallel} at a time)")
+    failed = []
+    queue = list(todo)
+    while queue or launcher.running:
+        while queue and len(launcher.running) < launcher.parallel:
+            run = queue.pop(0)
+            launcher.log(f"start {run.setting} seed {run.seed} -> {run.log}")
+            launcher.start(run)
+        run, code = launcher.wait_one()
+        if code != 0:
+            failed.append((run, code))
+            launcher.log(f"FAILED {run.setting} seed {run.seed} (exit {code}); its log: {run.log}")
+        else:
+            launcher.log(f"done  {run.setting} seed {run.seed}")
+        after_each()
+    return failed
+
+
+def final_record(run: Run) -> dict[str, Any]:
+    """The final record of a finished run's metrics.jsonl."""
+    return [r for r in read_metrics(run.path / "metrics.jsonl") if r.get("kind") == "final"][-1]
+
+
+def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
+    """Score a finished run's chosen weights on test (greedy, and beam when its config decodes with a beam)
+    with the evaluation script's scorer; the figures go to <run>/test_scores.json."""
+    from .evaluation import evaluate_translator
+    from .translator import Translator
+
+    checkpoint = run.path / final_record(run).get("checkpoint_file", "best.pt")
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    scores: dict[str, Any] = {"checkpoint": checkpoint.name}
+    beams = [1] + ([translator.config.decode.beam_size] if translator.config.decode.beam_size > 1 else [])
+    for beam, key in zip(beams, ("greedy", "beam")):
+        out = evaluate_translator(translator, str(checkpoint), "test", beam=beam, data_root=data_root,
+                                  output=str(run.path / f"test.beam{beam}.txt"))
+        scores[key], scores[f"{key}_signature"], scores[f"{key}_size"] = out["bleu"], out["signature"], beam
+    path = run.path / TEST_SCORES
+    with writing(path):
+        atomic_write(path, lambda f: f.write(json.dumps(scores, indent=1).encode("utf-8")))
+    return scores
+
+
+def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str, ...]]) -> float:
+    """Validate every setting's config before anything runs (one line for a bad key or value); the target BLEU."""
+    targets = set()
+    for overrides in settings:
+        try:
+            cfg = load_config(config, [*extra, *overrides])
+        except ConfigError as exc:
+            raise ConfigError(f"setting {_setting_name(overrides)}: {exc}") from None
+        targets.add(cfg.train.target_bleu)
+    return max(targets)
+
+
+def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: Path, train_script: Path,
+          extra: tuple[str, ...] = (), parallel: int = 1, score_tests: bool = False,
+          data_root: str | None = None, log=print) -> int:
+    """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
+    target = check_settings(config, extra, settings)
+    runs = plan_runs(settings, seeds, out)
+    launcher = Launcher(train_script, config, extra, parallel, log)
+
+    def report() -> None:  # this sweep's runs first, then any others already in the folder (earlier grids)
+        planned = {r.path for r in runs}
+        others = [r for r in collect_results([out]) if out / r.setting / f"seed{r.seed}" not in planned]
+        write_report(out, [read_result(r.path, r.setting, r.seed) for r in runs] + others, f"sweep of {config}",
+                     target)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log(f"sweep: signal {signum}, stopping the running trainings (each saves last.pt); start the same "
+            "command again to continue")
+        launcher.stop_all(signal.SIGTERM)
+        report()
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        failed = run_sweep(runs, launcher, after_each=report)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if score_tests:
+        for run in runs:
+            if is_finished(run) and not (run.path / TEST_SCORES).is_file():
+                log(f"test scores of {run.setting} seed {run.seed}")
+                score_test(run, data_root)
+    report()
+    log(f"sweep: {len(runs) - len(failed)}/{len(runs)} runs finished; report in {out / 'sweep.md'}")
+    return 1 if failed else 0

@@ -1,0 +1,198 @@
+"""A sweep's figures: each run's results read back from its metrics.jsonl, the mean and spread per setting,
+and the files a sweep writes (sweep.md, sweep.csv, the chart of val BLEU against training minutes)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .files import atomic_write, writing
+from .run_dir import read_metrics
+
+TEST_SCORES = "test_scores.json"  # written into a run directory by the sweep's --score-test
+
+
+@dataclass
+class RunResult:
+    """What one finished (or unfinished) run reached, from its metrics.jsonl (and test_scores.json)."""
+
+    setting: str
+    seed: int
+    finished: bool
+    epochs: int = 0
+    steps: int = 0
+    params: int | None = None
+    val_bleu: float | None = None  # the final record's: the chosen weights, greedy
+    test_bleu: float | None = None  # greedy, from test_scores.json
+    test_bleu_beam: float | None = None  # beam search, when the run's config decodes with a beam
+    train_seconds: float | None = None
+    target_seconds: float | None = None  # train_seconds when val BLEU first reached train.target_bleu
+    tokens_per_s: float | None = None  # median of the run's log lines
+    curve: tuple[tuple[float, float], ...] = ()  # (training minutes, val BLEU) after each scored epoch
+
+
+def read_result(path: Path, setting: str, seed: int) -> RunResult:
+    """The figures of the run in `path` (missing files give an unfinished result with no figures)."""
+    metrics = path / "metrics.jsonl"
+    records = read_metrics(metrics) if metrics.is_file() else []
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_kind.setdefault(r.get("kind", ""), []).append(r)
+    epochs, final = by_kind.get("epoch", []), (by_kind.get("final") or [None])[-1]
+    result = RunResult(setting, seed, finished=final is not None)
+    if epochs:
+        last = epochs[-1]
+        result.epochs, result.steps = int(last.get("epoch", 0)), int(last.get("step", 0))
+        result.train_seconds = last.get("train_seconds")
+        result.target_seconds = last.get("target_seconds")
+        result.curve = tuple((e["train_seconds"] / 60, e["bleu"]) for e in epochs
+                             if isinstance(e.get("bleu"), (int, float)) and "train_seconds" in e)
+    if by_kind.get("start"):
+        result.params = by_kind["start"][-1].get("params")
+    speeds = [r["tokens_per_s"] for r in by_kind.get("train", []) if isinstance(r.get("tokens_per_s"), (int, float))]
+    result.tokens_per_s = statistics.median(speeds) if speeds else None
+    if final is not None:
+        result.val_bleu, result.steps = final.get("val_bleu"), int(final.get("step", result.steps))
+    tests = path / TEST_SCORES
+    if tests.is_file():
+        scores = json.loads(tests.read_text(encoding="utf-8"))
+        result.test_bleu, result.test_bleu_beam = scores.get("greedy"), scores.get("beam")
+    return result
+
+
+def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
+    """Mean, sample standard deviation (None below 2 values) and count of the values that are not None."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return None, None, 0
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None), len(xs)
+
+
+def _pm(values: Sequence[float | None], digits: int = 2) -> str:
+    mean, sd, n = mean_sd(values)
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" + (f" +/- {sd:.{digits}f}" if sd is not None else "") + (f" (n={n})")
+
+
+def _time_to_target(results: Sequence[RunResult]) -> str:
+    """'median min [lowest-highest] (k/n)' of the minutes to the target, over the runs that reached it."""
+    minutes = sorted(r.target_seconds / 60 for r in results if r.target_seconds is not None)
+    if not minutes:
+        return f"not reached (0/{len(results)})"
+    span = f" [{minutes[0]:.1f}-{minutes[-1]:.1f}]" if len(minutes) > 1 else ""
+    return f"{statistics.median(minutes):.1f} min{span} ({len(minutes)}/{len(results)})"
+
+
+def group(results: Sequence[RunResult]) -> dict[str, list[RunResult]]:
+    """Results by setting, in first-seen order."""
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(r.setting, []).append(r)
+    return groups
+
+
+def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: float | None) -> str:
+    """sweep.md: one row per setting, mean +/- sd over its seeds (sample sd; n = runs with the figure)."""
+    target = f"time to val BLEU {target_bleu:g}" if target_bleu else "time to target"
+    lines = [f"# {title}", "",
+             f"| setting | runs done | val BLEU | test BLEU (greedy) | test BLEU (beam) | {target} | steps | "
+             "training min | tokens/s | params |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for setting, rs in group(results).items():
+        done = sum(r.finished for r in rs)
+        params = next((r.params for r in rs if r.params), None)
+        lines.append(
+            f"| `{setting}` | {done}/{len(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
+            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs)} | {_pm([r.steps for r in rs], 0)} | "
+            f"{_pm([r.train_seconds / 60 if r.train_seconds else None for r in rs], 1)} | "
+            f"{_pm([r.tokens_per_s for r in rs], 0)} | {f'{params / 1e6:.2f}M' if params else '-'} |")
+    lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Time to target: "
+              "median training minutes (optimizer steps only) [fastest-slowest] (runs that reached it / runs).", ""]
+    return "\n".join(lines)
+
+
+CSV_FIELDS = ("setting", "seed", "finished", "epochs", "steps", "params", "val_bleu", "test_bleu", "test_bleu_beam",
+              "train_seconds", "target_seconds", "tokens_per_s")
+
+
+def results_csv(results: Sequence[RunResult]) -> str:
+    """sweep.csv: one row per run."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for r in results:
+        writer.writerow(["" if getattr(r, f) is None else getattr(r, f) for f in CSV_FIELDS])
+    return out.getvalue()
+
+
+def curve_points(results: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Chart data: each run's (minutes, BLEU) points, and per setting the mean over seeds after each epoch."""
+    points = [{"setting": r.setting, "run": f"{r.setting} seed {r.seed}", "minutes": m, "bleu": b, "kind": "run"}
+              for r in results for m, b in r.curve]
+    for setting, rs in group(results).items():
+        for i in range(max((len(r.curve) for r in rs), default=0)):
+            at = [r.curve[i] for r in rs if len(r.curve) > i]
+            points.append({"setting": setting, "run": f"{setting} mean", "kind": "mean",
+                           "minutes": statistics.fmean(m for m, _ in at), "bleu": statistics.fmean(b for _, b in at)})
+    return points
+
+
+def sweep_chart(results: Sequence[RunResult], title: str, target_bleu: float | None = None):
+    """Val BLEU against training minutes: a faint line per run, a bold line per setting's mean (altair)."""
+    import altair as alt
+
+    from .visualization.heatmap import inline_data
+
+    data = inline_data(curve_points(results))
+    x = alt.X("minutes:Q", title="training minutes (optimizer steps)")
+    y = alt.Y("bleu:Q", title="val BLEU (greedy)", scale=alt.Scale(zero=False))
+    color = alt.Color("setting:N", title=None, legend=alt.Legend(orient="bottom", columns=1, labelLimit=600))
+    runs = alt.Chart(data).transform_filter("datum.kind == 'run'").mark_line(opacity=0.3, strokeWidth=1).encode(
+        x=x, y=y, color=color, detail="run:N")
+    means = alt.Chart(data).transform_filter("datum.kind == 'mean'").mark_line(point=True, strokeWidth=2.5).encode(
+        x=x, y=y, color=color, tooltip=["setting:N", alt.Tooltip("minutes:Q", format=".1f"),
+                                        alt.Tooltip("bleu:Q", format=".2f")])
+    layers = [runs, means]
+    if target_bleu:
+        layers.append(alt.Chart(inline_data([{"bleu": target_bleu}])).mark_rule(strokeDash=[4, 4], color="gray")
+                      .encode(y="bleu:Q"))
+    return alt.layer(*layers, title=title).properties(width=640, height=360)
+
+
+def collect_results(folders: Sequence[Path]) -> list[RunResult]:
+    """Every run found in sweep folders (<folder>/<setting>/seed<N>/), named '<folder>: <setting>' when
+    there are several folders; for comparing sweeps of different configs in one table and chart."""
+    results = []
+    for folder in folders:
+        for run in sorted(Path(folder).glob("*/seed*/metrics.jsonl")):
+            seed = run.parent.name.removeprefix("seed")
+            if seed.isdigit():
+                setting = run.parent.parent.name
+                results.append(read_result(run.parent, setting if len(folders) == 1 else
+                                           f"{Path(folder).name}: {setting}", int(seed)))
+    return results
+
+
+def write_report(out: Path, results: Sequence[RunResult], title: str, target_bleu: float | None,
+                 chart: bool = True) -> list[Path]:
+    """sweep.md, sweep.csv and (when `chart` and altair can draw) sweep.html / sweep.png in `out`."""
+    written = []
+    for name, text in (("sweep.md", summary_markdown(results, title, target_bleu)), ("sweep.csv", results_csv(results))):
+        path = out / name
+        with writing(path):
+            atomic_write(path, lambda f, t=text: f.write(t.encode("utf-8")))
+        written.append(path)
+    if chart and any(r.curve for r in results):
+        from .visualization import save_chart
+
+        save_chart(sweep_chart(results, title, target_bleu), out / "sweep")
+        written += [out / "sweep.html", out / "sweep.png"]
+    return written
+

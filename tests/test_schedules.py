@@ -1,0 +1,125 @@
+"""The budget-aware schedules (warm-up, then linear or cosine decay to the run's last step) and the training clocks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from annotated_transformer.config import load_config
+from annotated_transformer.errors import ConfigError
+from annotated_transformer.optim import budget_rate, build_optimizer, build_scheduler, peak_rate, rate
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine"])
+def test_budget_rate_warms_up_to_the_noam_peak_and_ends_at_the_final_ratio(shape):
+    peak = peak_rate(256, 0.5, 400)
+    assert peak == pytest.approx(rate(400, 256, 0.5, 400))
+    assert budget_rate(200, 3000, peak, 400, shape) == pytest.approx(peak / 2)  # linear warm-up
+    assert budget_rate(400, 3000, peak, 400, shape) == pytest.approx(peak)
+    assert budget_rate(3000, 3000, peak, 400, shape, final_ratio=0.1) == pytest.approx(0.1 * peak)
+    assert budget_rate(5000, 3000, peak, 400, shape, final_ratio=0.1) == pytest.approx(0.1 * peak)  # held after
+    rates = [budget_rate(s, 3000, peak, 400, shape) for s in range(400, 3001, 50)]
+    assert all(a >= b for a, b in zip(rates, rates[1:])), "the decay never rises"
+
+
+def test_budget_rate_midpoints_differ_by_shape():
+    peak, mid = 1.0, 400 + (3000 - 400) // 2
+    assert budget_rate(mid, 3000, peak, 400, "linear") == pytest.approx(0.5)
+    assert budget_rate(mid, 3000, peak, 400, "cosine") == pytest.approx(0.5)
+    quarter = 400 + (3000 - 400) // 4
+    assert budget_rate(quarter, 3000, peak, 400, "linear") == pytest.approx(0.75)
+    assert budget_rate(quarter, 3000, peak, 400, "cosine") == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+
+
+def test_scheduler_resumes_exactly_from_its_state_dict():
+    def make():
+        opt = build_optimizer(torch.nn.Linear(4, 4))
+        return opt, build_scheduler(opt, 64, 1.0, 10, "cosine", total_steps=100, final_ratio=0.05)
+
+    opt, sched = make()
+    for _ in range(37):
+        opt.step()
+        sched.step()
+    opt2, sched2 = make()
+    sched2.load_state_dict(sched.state_dict())
+    for _ in range(20):
+        opt.step(), sched.step(), opt2.step(), sched2.step()
+        assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
+    assert opt.param_groups[0]["lr"] == pytest.approx(budget_rate(57, 100, peak_rate(64, 1.0, 10), 10, "cosine", 0.05))
+
+
+def test_budget_schedule_needs_the_run_length():
+    opt = build_optimizer(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="total steps"):
+        build_scheduler(opt, 64, 1.0, 10, "linear", total_steps=0)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.final_lr_ratio=1.5", "final_lr_ratio"),
+    ("train.target_bleu=-1", "target_bleu"),
+    ("train.schedule=step", "schedule"),
+])
+def test_bad_schedule_settings_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", [override])
+
+
+def test_target_bleu_needs_validation_bleu():
+    with pytest.raises(ConfigError, match="needs validation BLEU"):
+        load_config("tiny", ["train.target_bleu=30", "train.bleu_every=0"])
+
+
+@pytest.mark.parametrize("target, reached", [(1e-6, True), (99.0, False)])
+def test_epoch_records_carry_the_training_clock_and_the_target(tiny_config, tmp_path, target, reached):
+    from annotated_transformer.run_dir import read_metrics
+    from annotated_transformer.training import train_worker
+
+    cfg = tiny_config(f"train.out_dir={tmp_path}", "train.max_steps=40", "train.log_every=20", "train.bleu_every=1",
+                      f"train.target_bleu={target}", "train.schedule=linear", "train.warmup=10",
+                      "train.progress=false", "train.score_test=false", "decode.max_len_a=10")
+    results = train_worker(cfg)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    (epoch,) = [r for r in records if r["kind"] == "epoch"]
+    (final,) = [r for r in records if r["kind"] == "final"]
+    assert 0 < epoch["train_seconds"] <= epoch["seconds"] <= epoch["wall_seconds"]
+    assert epoch["startup_seconds"] > 0 and epoch["eval_seconds"] > 0
+    assert [r["lr"] for r in records if r["kind"] == "train"][-1] == 0.0  # the linear decay ends at the last step
+    if reached:
+        assert epoch["target_epoch"] == 1 and epoch["target_seconds"] == epoch["train_seconds"]
+        assert results["target_seconds"] == epoch["train_seconds"]
+    else:
+        assert "target_epoch" not in epoch and results["target_epoch"] is None
+    assert "test_bleu" not in final and final["val_bleu"] == results["val_bleu"]  # train.score_test=false
+    assert (tmp_path / final["checkpoint_file"]).is_file()
+
+
+def test_decoder_depth_can_differ_from_the_encoder_depth():
+    from annotated_transformer.benchmark import train_step_flops
+    from annotated_transformer.model import make_model, make_model_from_config
+
+    cfg = load_config("tiny", ["model.N=3", "model.N_dec=1"])
+    model = make_model_from_config(cfg.model, 50, 50)
+    assert len(model.encoder.layers) == 3 and len(model.decoder.layers) == 1
+    assert len(make_model(50, 50, N=2, d_model=16, d_ff=32, h=2).decoder.layers) == 2  # the paper: N for both
+    same, shallow = (train_step_flops(64, 128, 3, 100, [10], [12], n) for n in (None, 1))
+    assert shallow < same
+    with pytest.raises(ConfigError, match="N_dec"):
+        load_config("tiny", ["model.N_dec=-1"])
+
+
+def test_stop_at_target_ends_the_run_at_the_first_epoch_that_reaches_it(tiny_config, tmp_path):
+    from annotated_transformer.run_dir import RunDir
+    from annotated_transformer.training import train_worker
+
+    overrides = (f"train.out_dir={tmp_path}", "train.max_steps=0", "train.epochs=3", "data.batch_tokens=8192",
+                 "train.bleu_every=1", "train.target_bleu=0.000001", "train.stop_at_target=true",
+                 "train.progress=false", "train.final_eval=false", "decode.max_len_a=5")
+    results = train_worker(tiny_config(*overrides))
+    assert results["target_epoch"] == 1
+    assert [e for e, _ in RunDir(tmp_path).epoch_files()] == [1]  # epochs 2 and 3 never ran
+    assert RunDir(tmp_path).plan(tiny_config(*overrides))[0] == "finished"  # and a resume leaves it so
+    assert RunDir(tmp_path).plan(tiny_config(*overrides[:-4], "train.stop_at_target=false"))[0] == "resume"
+    with pytest.raises(ConfigError, match="needs train.target_bleu"):
+        tiny_config("train.stop_at_target=true")

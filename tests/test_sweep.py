@@ -1,0 +1,195 @@
+"""scripts/sweep.py: grids, the runs it plans, the figures it reports, and a real sweep killed and restarted."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.errors import ConfigError
+from annotated_transformer.run_dir import read_metrics
+from annotated_transformer.sweep import Launcher, Run, check_settings, parse_grid, plan_runs, read_grid
+from annotated_transformer.sweep_report import RunResult, curve_points, mean_sd, read_result, summary_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_mapping_grid_is_the_product_of_its_lists():
+    settings = parse_grid({"train.lr_factor": [0.5, 1.0], "model.dropout": [0.1, 0.3], "train.epochs": 4})
+    assert len(settings) == 4
+    assert ("train.lr_factor=0.5", "model.dropout=0.3", "train.epochs=4") in settings
+
+
+def test_a_list_grid_is_one_setting_per_mapping_and_keeps_list_values():
+    settings = parse_grid([{"train.adam_betas": [0.9, 0.99]}, {"train.warmup": 100, "train.compile": True}])
+    assert settings == [("train.adam_betas=[0.9,0.99]",), ("train.warmup=100", "train.compile=true")]
+
+
+@pytest.mark.parametrize("grid", [{"epochs": [1, 2]}, [3], "train.epochs", [{"train.epochs": 1}, {"train.epochs": 1}],
+                                  [], {"train.epochs": []}])
+def test_malformed_grids_are_one_line_errors(grid):
+    with pytest.raises(ConfigError):
+        parse_grid(grid)
+
+
+def test_grid_files_that_are_missing_or_not_yaml_are_one_line_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the grid"):
+        read_grid(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train.epochs: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        read_grid(bad)
+
+
+def test_every_setting_is_validated_before_anything_runs():
+    with pytest.raises(ConfigError, match="setting train.lr_factr=2"):
+        check_settings("tiny", (), [("train.lr_factor=1",), ("train.lr_factr=2",)])
+    assert check_settings("tiny", ("train.bleu_every=1",), [("train.target_bleu=3",), ()]) == 3
+
+
+def test_runs_are_planned_setting_by_setting_with_their_own_folders(tmp_path):
+    runs = plan_runs([("train.lr_factor=1",), ()], [1, 2], tmp_path)
+    assert [(r.setting, r.seed) for r in runs] == [("train.lr_factor=1", 1), ("train.lr_factor=1", 2),
+                                                    ("base", 1), ("base", 2)]
+    assert runs[1].path == tmp_path / "train.lr_factor=1" / "seed2"
+    assert runs[1].log == tmp_path / "train.lr_factor=1" / "seed2.log"
+
+
+def test_the_seed_and_run_folder_come_last_so_they_win(tmp_path):
+    run = Run("s", ("train.seed=9", "train.out_dir=elsewhere"), 3, tmp_path / "s" / "seed3")
+    cmd = Launcher(Path("train.py"), "tiny", ("train.epochs=1",)).command(run)
+    seeds = [a for a in cmd if a.startswith("train.seed=")]
+    dirs = [a for a in cmd if a.startswith("train.out_dir=")]
+    assert seeds[-1] == "train.seed=3" and dirs[-1] == f"train.out_dir={run.path}"
+    assert "train.resume=auto" in cmd and "train.score_test=false" in cmd
+
+
+def test_mean_and_sample_sd_skip_missing_values():
+    mean, sd, n = mean_sd([30.0, None, 32.0, 34.0])
+    assert (mean, n) == (32.0, 3) and sd == pytest.approx(2.0)
+    assert mean_sd([None]) == (None, None, 0)
+    assert mean_sd([5.0])[1] is None
+
+
+def _result(setting, seed, bleu, target=None, curve=()):
+    return RunResult(setting, seed, True, epochs=len(curve), steps=100, params=1_000_000, val_bleu=bleu,
+                     train_seconds=600.0, target_seconds=target, tokens_per_s=5000.0, curve=curve)
+
+
+def test_summary_has_one_row_per_setting_with_mean_sd_and_time_to_target():
+    results = [_result("a", 1, 30.0, 120.0), _result("a", 2, 32.0, 240.0), _result("a", 3, 34.0, None),
+               _result("b", 1, 20.0)]
+    text = summary_markdown(results, "t", 31.0)
+    row_a = next(line for line in text.splitlines() if line.startswith("| `a`"))
+    row_b = next(line for line in text.splitlines() if line.startswith("| `b`"))
+    assert "32.00 +/- 2.00 (n=3)" in row_a and "3/3" in row_a
+    assert "3.0 min [2.0-4.0] (2/3)" in row_a  # median of 2 and 4 minutes, over the runs that reached it
+    assert "not reached (0/1)" in row_b and "20.00 (n=1)" in row_b
+
+
+def test_the_mean_curve_averages_the_seeds_epoch_by_epoch():
+    results = [_result("a", 1, 0, curve=((1.0, 10.0), (2.0, 20.0))), _result("a", 2, 0, curve=((3.0, 14.0),))]
+    means = [p for p in curve_points(results) if p["kind"] == "mean"]
+    assert [(p["minutes"], p["bleu"]) for p in means] == [(2.0, 12.0), (2.0, 20.0)]
+    assert len([p for p in curve_points(results) if p["kind"] == "run"]) == 3
+
+
+def test_read_result_of_a_folder_without_metrics_is_unfinished(tmp_path):
+    result = read_result(tmp_path, "a", 1)
+    assert not result.finished and result.val_bleu is None and result.curve == ()
+
+
+def _sweep_command(out: Path, grid: Path, multi30k_dir: Path, cache: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", "tiny", "--grid", str(grid),
+            "--seeds", "2", "--parallel", "2", "--out", str(out), *extra, f"data.root={multi30k_dir}",
+            f"data.cache_dir={cache}", "train.max_steps=150", "train.log_every=10", "train.bleu_every=1",
+            "train.target_bleu=0.000001", "decode.max_len_a=10", "train.device=cpu"]
+
+
+def _wait_for(condition, seconds: float = 240.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for the sweep")
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir, data_cache_dir, tiny_config):
+    from annotated_transformer.data import load_translation_data
+
+    load_translation_data(tiny_config(), log=None)  # the word-level cache, built once before the runs share it
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("train.lr_factor: [0.5, 1.0]\nmodel.d_ff: [64, 128]\n")
+    out = tmp_path / "sweep"
+    cmd = _sweep_command(out, grid, multi30k_dir, data_cache_dir)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first_metrics = out / "train.lr_factor=0.5,model.d_ff=64" / "seed1" / "metrics.jsonl"
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: first_metrics.is_file() and any(
+        r.get("kind") == "train" and r["step"] >= 20 for r in read_metrics(first_metrics)))
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert "start the same command again to continue" in output
+    killed_at = max(r["step"] for r in read_metrics(first_metrics) if r.get("kind") == "train")
+    assert killed_at < 150 and (first_metrics.parent / "last.pt").is_file()
+
+    again = subprocess.run(cmd + ["--score-test"], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "0 already finished, 8 to train" in again.stdout
+    assert "resumed" in first_metrics.parent.with_name("seed1.log").read_text()
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert len(rows) == 8 and all(r["finished"] == "True" and r["steps"] == "150" for r in rows)
+    assert all(float(r["test_bleu"]) >= 0 and float(r["target_seconds"]) > 0 for r in rows)
+    table = (out / "sweep.md").read_text()
+    assert table.count("| 2/2 |") == 4 and "(2/2)" in table
+    assert (out / "sweep.png").stat().st_size > 1000 and (out / "sweep.html").is_file()
+
+    third = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0 and "8 already finished, 0 to train" in third.stdout
+
+
+def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None:
+    run = folder / setting / f"seed{seed}"
+    run.mkdir(parents=True)
+    lines = [{"kind": "start", "step": 0, "params": 123}]
+    lines += [{"kind": "epoch", "epoch": i + 1, "step": 10 * (i + 1), "bleu": b, "train_seconds": 60.0 * (i + 1)}
+              for i, b in enumerate(bleus)]
+    lines.append({"kind": "final", "step": 10 * len(bleus), "val_bleu": max(bleus)})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path):
+    _fake_run(tmp_path / "fast", "base", 1, [10.0, 20.0])
+    _fake_run(tmp_path / "fast", "base", 2, [12.0, 22.0])
+    _fake_run(tmp_path / "slow", "x=1", 1, [5.0, 8.0, 11.0])
+    out = tmp_path / "cmp"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--compare", str(tmp_path / "fast"),
+                           str(tmp_path / "slow"), "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    table = (out / "sweep.md").read_text()
+    assert "| `fast: base` | 2/2 | 21.00 +/- 1.41 (n=2)" in table and "| `slow: x=1` | 1/1 | 11.00 (n=1)" in table
+    assert (out / "sweep.png").is_file()
+    empty = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--compare", str(out)],
+                           capture_output=True, text=True)
+    assert empty.returncode == 2 and "no runs found" in empty.stderr
+
+
+def test_finished_runs_are_skipped_and_earlier_runs_in_the_folder_stay_in_the_report(tmp_path):
+    from annotated_transformer.sweep import sweep
+
+    _fake_run(tmp_path, "train.lr_factor=1", 1, [30.0])
+    _fake_run(tmp_path, "model.dropout=0.3", 1, [25.0])  # from an earlier grid
+    lines = []
+    code = sweep("tiny", [("train.lr_factor=1",)], [1], tmp_path, Path("no-such-train.py"), log=lines.append)
+    assert code == 0 and "1 already finished, 0 to train" in lines[0]
+    table = (tmp_path / "sweep.md").read_text()
+    assert table.index("`train.lr_factor=1`") < table.index("`model.dropout=0.3`")
