@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from .config import load_config
-from .errors import ConfigError
+from .errors import ConfigError, RunDirError
 from .files import atomic_write, writing
 from .run_dir import read_metrics
 from .sweep_report import TEST_SCORES, collect_results, read_result, write_report
@@ -46,6 +46,20 @@ class Run:
     @property
     def log(self) -> Path:
         return self.path.with_name(f"{self.path.name}.log")
+
+    @property
+    def pid_file(self) -> Path:
+        """Holds the process id of the training while it runs (a sweep killed with SIGKILL leaves it running)."""
+        return self.path.with_name(f"{self.path.name}.pid")
+
+    def running_elsewhere(self) -> int | None:
+        """The id of a live training process of this run started by an earlier sweep, if there is one."""
+        try:
+            pid = int(self.pid_file.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+        except (OSError, ValueError):
+            return None
+        return pid if f"train.out_dir={self.path}" in cmdline.split("\0") else None
 
 
 def _format_value(value: Any) -> str:
@@ -129,6 +143,10 @@ class Launcher:
 
     def start(self, run: Run) -> None:
         """Start `run` in the background, its output appended to its log file."""
+        pid = run.running_elsewhere()
+        if pid is not None:
+            raise RunDirError(f"{run.path} is still being trained by process {pid} (from an earlier sweep); wait "
+                              f"for it or stop it (kill {pid}), then start the sweep again")
         threads = max(1, (os.cpu_count() or 1) // self.parallel)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         with writing(run.log, "create the run's folder"):
@@ -138,6 +156,8 @@ class Launcher:
             # A session of its own: a Ctrl-C in the terminal reaches the sweep alone, which passes one SIGTERM on.
             self.running[run] = subprocess.Popen(self.command(run), stdout=log, stderr=subprocess.STDOUT, env=env,
                                                  start_new_session=True)
+        with writing(run.pid_file):
+            atomic_write(run.pid_file, lambda f: f.write(str(self.running[run].pid).encode()))
 
     def wait_one(self) -> tuple[Run, int]:
         """Block until a running process ends; its run and exit code."""
@@ -146,6 +166,7 @@ class Launcher:
                 code = proc.poll()
                 if code is not None:
                     del self.running[run]
+                    run.pid_file.unlink(missing_ok=True)
                     return run, code
             time.sleep(0.5)
 
@@ -154,8 +175,9 @@ class Launcher:
         for proc in self.running.values():
             if proc.poll() is None:
                 proc.send_signal(signum)
-        for proc in self.running.values():
+        for run, proc in self.running.items():
             proc.wait()
+            run.pid_file.unlink(missing_ok=True)
         self.running.clear()
 
 
@@ -175,7 +197,9 @@ def run_sweep(runs: list[Run], launcher: Launcher, after_each=lambda: None) -> l
         run, code = launcher.wait_one()
         if code != 0:
             failed.append((run, code))
-            launcher.log(f"FAILED {run.setting} seed {run.seed} (exit {code}); its log: {run.log}")
+            why = (f"stopped by signal {code - 128}" if code > 128 else f"killed by signal {-code}" if code < 0
+                   else f"FAILED with exit code {code}")
+            launcher.log(f"{why}: {run.setting} seed {run.seed}; its log: {run.log}")
         else:
             launcher.log(f"done  {run.setting} seed {run.seed}")
         after_each()
@@ -200,7 +224,7 @@ def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
     for beam, key in zip(beams, ("greedy", "beam")):
         out = evaluate_translator(translator, str(checkpoint), "test", beam=beam, data_root=data_root,
                                   output=str(run.path / f"test.beam{beam}.txt"))
-        scores[key], scores[f"{key}_signature"], scores[f"{key}_size"] = out["bleu"], out["signature"], beam
+        scores[key], scores[f"{key}_signature"], scores[f"{key}_beam_size"] = out["bleu"], out["signature"], beam
     path = run.path / TEST_SCORES
     with writing(path):
         atomic_write(path, lambda f: f.write(json.dumps(scores, indent=1).encode("utf-8")))

@@ -25,8 +25,8 @@ class RunResult:
     setting: str
     seed: int
     finished: bool
-    epochs: int = 0
-    steps: int = 0
+    epochs: int | None = None  # None until the first epoch ends
+    steps: int | None = None
     params: int | None = None
     val_bleu: float | None = None  # the final record's: the chosen weights, greedy
     test_bleu: float | None = None  # greedy, from test_scores.json
@@ -35,6 +35,11 @@ class RunResult:
     target_seconds: float | None = None  # train_seconds when val BLEU first reached train.target_bleu
     tokens_per_s: float | None = None  # median of the run's log lines
     curve: tuple[tuple[float, float], ...] = ()  # (training minutes, val BLEU) after each scored epoch
+
+    @property
+    def last_bleu(self) -> float | None:
+        """Val BLEU of the last scored epoch (what an unfinished run had reached)."""
+        return self.curve[-1][1] if self.curve else None
 
 
 def read_result(path: Path, setting: str, seed: int) -> RunResult:
@@ -58,7 +63,7 @@ def read_result(path: Path, setting: str, seed: int) -> RunResult:
     speeds = [r["tokens_per_s"] for r in by_kind.get("train", []) if isinstance(r.get("tokens_per_s"), (int, float))]
     result.tokens_per_s = statistics.median(speeds) if speeds else None
     if final is not None:
-        result.val_bleu, result.steps = final.get("val_bleu"), int(final.get("step", result.steps))
+        result.val_bleu, result.steps = final.get("val_bleu"), int(final.get("step", result.steps or 0))
     tests = path / TEST_SCORES
     if tests.is_file():
         scores = json.loads(tests.read_text(encoding="utf-8"))
@@ -102,18 +107,20 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
     """sweep.md: one row per setting, mean +/- sd over its seeds (sample sd; n = runs with the figure)."""
     target = f"time to val BLEU {target_bleu:g}" if target_bleu else "time to target"
     lines = [f"# {title}", "",
-             f"| setting | runs done | val BLEU | test BLEU (greedy) | test BLEU (beam) | {target} | steps | "
-             "training min | tokens/s | params |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| setting | runs done | val BLEU | test BLEU (greedy) | test BLEU (beam) | {target} | epochs | "
+             "last epoch's val BLEU | steps | training min | tokens/s | params |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for setting, rs in group(results).items():
         done = sum(r.finished for r in rs)
         params = next((r.params for r in rs if r.params), None)
         lines.append(
             f"| `{setting}` | {done}/{len(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
-            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs)} | {_pm([r.steps for r in rs], 0)} | "
+            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs)} | {_pm([r.epochs for r in rs], 0)} | "
+            f"{_pm([r.last_bleu for r in rs])} | {_pm([r.steps for r in rs], 0)} | "
             f"{_pm([r.train_seconds / 60 if r.train_seconds else None for r in rs], 1)} | "
             f"{_pm([r.tokens_per_s for r in rs], 0)} | {f'{params / 1e6:.2f}M' if params else '-'} |")
-    lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Time to target: "
+    lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Val BLEU: the "
+              "chosen weights' (best.pt, or avg.pt when it scores higher), greedy, of finished runs. Time to target: "
               "median training minutes (optimizer steps only) [fastest-slowest] (runs that reached it / runs).", ""]
     return "\n".join(lines)
 

@@ -193,3 +193,30 @@ def test_finished_runs_are_skipped_and_earlier_runs_in_the_folder_stay_in_the_re
     assert code == 0 and "1 already finished, 0 to train" in lines[0]
     table = (tmp_path / "sweep.md").read_text()
     assert table.index("`train.lr_factor=1`") < table.index("`model.dropout=0.3`")
+
+
+def test_a_run_that_has_not_finished_an_epoch_adds_no_figures(tmp_path):
+    run = tmp_path / "a" / "seed1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "start", "step": 0, "params": 5}) + "\n")
+    result = read_result(run, "a", 1)
+    assert result.steps is None and result.epochs is None and result.params == 5
+    assert mean_sd([result.steps, 100])[0] == 100
+
+
+def test_a_run_still_trained_by_an_earlier_sweep_is_not_started_twice(tmp_path):
+    from annotated_transformer.errors import RunDirError
+
+    run = plan_runs([()], [1], tmp_path)[0]
+    run.path.parent.mkdir(parents=True)
+    # A live process whose command line names this run's folder, as an orphaned training's would.
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", f"train.out_dir={run.path}"])
+    try:
+        run.pid_file.write_text(str(orphan.pid))
+        _wait_for(lambda: run.running_elsewhere() == orphan.pid, seconds=10)  # its command line appears after exec
+        with pytest.raises(RunDirError, match=f"still being trained by process {orphan.pid}"):
+            Launcher(Path("train.py"), "tiny").start(run)
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert run.running_elsewhere() is None  # a stale pid file (the process is gone) is ignored
