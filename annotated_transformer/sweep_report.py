@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError, DataError
 from .files import atomic_write, writing
 from .run_dir import read_metrics
 
@@ -66,7 +67,10 @@ def read_result(path: Path, setting: str, seed: int) -> RunResult:
         result.val_bleu, result.steps = final.get("val_bleu"), int(final.get("step", result.steps or 0))
     tests = path / TEST_SCORES
     if tests.is_file():
-        scores = json.loads(tests.read_text(encoding="utf-8"))
+        try:
+            scores = json.loads(tests.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"cannot read {tests} ({exc}); delete it and score test again with --score-test") from None
         result.test_bleu, result.test_bleu_beam = scores.get("greedy"), scores.get("beam")
     return result
 
@@ -203,3 +207,11 @@ def write_report(out: Path, results: Sequence[RunResult], title: str, target_ble
         written += [out / "sweep.html", out / "sweep.png"]
     return written
 
+
+
+def compare_sweeps(folders: Sequence[Path], out: Path, target_bleu: float | None = None) -> list[Path]:
+    """One report (into `out`) of the runs already in several sweep folders; the files written."""
+    results = collect_results(folders)
+    if not results:
+        raise ConfigError(f"no runs found in {', '.join(map(str, folders))}; give folders written by scripts/sweep.py")
+    return write_report(out, results, "comparison of sweeps", target_bleu)

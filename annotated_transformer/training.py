@@ -731,7 +731,7 @@ class Trainer:
     def _final_scores(self, results: dict[str, Any], chosen: str, chosen_file: Path, averaged: Path | None) -> None:
         """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then greedy and beam
         BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone)."""
-        score, t, k = self.task.score, self.cfg.train, self.cfg.decode.beam_size
+        score, t, beam_size = self.task.score, self.cfg.train, self.cfg.decode.beam_size
         val = score(self.model, self.device, "val", amp_dtype=self.amp_dtype)
         if averaged is not None:
             kept = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -755,11 +755,11 @@ class Trainer:
         self.log(f"{chosen}: val BLEU {val['bleu']:.2f}"
                  + (f" | test BLEU {record['test_bleu']:.2f}" if t.score_test else " (test not scored)")
                  + f" (greedy; {val['bleu_signature']})")
-        if k > 1:
+        if beam_size > 1:
             split = "test" if t.score_test else "val"
-            beam = score(self.model, self.device, split, beam_size=k, amp_dtype=self.amp_dtype)
-            record[f"{split}_bleu_beam{k}"] = beam["bleu"]
-            self.log(f"{chosen}: {split} BLEU {beam['bleu']:.2f} (beam {k}, alpha {self.cfg.decode.alpha})")
+            beam = score(self.model, self.device, split, beam_size=beam_size, amp_dtype=self.amp_dtype)
+            record[f"{split}_bleu_beam{beam_size}"] = beam["bleu"]
+            self.log(f"{chosen}: {split} BLEU {beam['bleu']:.2f} (beam {beam_size}, alpha {self.cfg.decode.alpha})")
         results.update({key: v for key, v in record.items() if key.endswith("bleu") or "_beam" in key},
                        bleu_signature=val["bleu_signature"], final_checkpoint=chosen)
         if self.info.is_main:

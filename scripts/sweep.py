@@ -8,7 +8,7 @@ from pathlib import Path
 
 from annotated_transformer.errors import ConfigError, run_cli
 from annotated_transformer.sweep import read_grid, sweep
-from annotated_transformer.sweep_report import collect_results, write_report
+from annotated_transformer.sweep_report import compare_sweeps
 
 
 def main() -> int:
@@ -29,11 +29,8 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides for every run")
     args = parser.parse_args()
     if args.compare:
-        out = Path(args.out or "runs/sweep_compare")
-        results = collect_results([Path(f) for f in args.compare])
-        if not results:
-            raise ConfigError(f"no runs found in {', '.join(args.compare)}; give folders written by scripts/sweep.py")
-        for path in write_report(out, results, "comparison of sweeps", args.target_bleu):
+        for path in compare_sweeps([Path(f) for f in args.compare], Path(args.out or "runs/sweep_compare"),
+                                   args.target_bleu):
             print(path)
         return 0
     if not args.config:

@@ -220,3 +220,12 @@ def test_a_run_still_trained_by_an_earlier_sweep_is_not_started_twice(tmp_path):
         orphan.kill()
         orphan.wait()
     assert run.running_elsewhere() is None  # a stale pid file (the process is gone) is ignored
+
+
+def test_a_damaged_test_scores_file_is_one_line_error(tmp_path):
+    from annotated_transformer.errors import DataError
+
+    _fake_run(tmp_path, "a", 1, [30.0])
+    (tmp_path / "a" / "seed1" / "test_scores.json").write_text("{not json")
+    with pytest.raises(DataError, match="delete it and score test again"):
+        read_result(tmp_path / "a" / "seed1", "a", 1)
