@@ -227,24 +227,30 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     }
 
 
-def _child(side: str, cfg_dict: dict[str, Any], steps: int, warmup: int, queue: Any) -> None:
+def _put_result(queue: Any, fn: Any, *args: Any) -> None:
     try:
-        queue.put(measure_training(side, cfg_dict, steps, warmup))
+        queue.put(fn(*args))
     except BaseException as exc:  # report, never hang the parent
         queue.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def measure_in_subprocess(side: str, cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
-    """`measure_training` in a fresh process (spawn): peak memory is that side's alone."""
+def in_fresh_process(what: str, fn: Any, *args: Any) -> dict[str, Any]:
+    """`fn(*args)` (a module-level function returning a dict) in a fresh spawned process, so peak memory
+    is its own; a failure there is one RuntimeError naming `what`."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(side, config_to_dict(cfg), steps, warmup, queue))
+    proc = ctx.Process(target=_put_result, args=(queue, fn, *args))
     proc.start()
     result = queue.get()
     proc.join()
     if "error" in result:
-        raise RuntimeError(f"{side} training benchmark failed: {result['error']}")
+        raise RuntimeError(f"{what} failed: {result['error']}")
     return result
+
+
+def measure_in_subprocess(side: str, cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
+    """`measure_training` in a fresh process (spawn): peak memory is that side's alone."""
+    return in_fresh_process(f"{side} training benchmark", measure_training, side, config_to_dict(cfg), steps, warmup)
 
 
 # --------------------------------------------------------------------------- decoding

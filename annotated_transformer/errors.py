@@ -32,6 +32,10 @@ class CheckpointError(UserError):
     """A checkpoint is missing, unreadable, unsafe or does not match."""
 
 
+class ExportError(UserError):
+    """A model cannot be exported to another engine, or an exported model folder is missing or damaged."""
+
+
 class RunDirError(UserError):
     """The run directory (or a file in it) cannot be created or written: a path, permission or disk problem."""
 

@@ -29,12 +29,22 @@ from .files import atomic_write, writing
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts", "tensorboard"}
 
 
+# Data settings that say where files are or how they are read, not what the model learns from.
+NOT_SETTINGS = {"data": {"root", "cache_dir", "num_workers"}}
+
+
 def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
-    """A run can only be continued with the model and data settings that wrote its last.pt."""
+    """A run can only be continued with the model and data settings that wrote its last.pt.
+
+    Where the data lives (`data.root`, `data.cache_dir`) and how many workers read it may change.
+    """
     now = config_to_dict(cfg)
     for section in ("model", "data"):
-        if saved.get(section) != now[section]:
-            diffs = [k for k in now[section] if saved.get(section, {}).get(k) != now[section][k]]
+        skip = NOT_SETTINGS.get(section, set())
+        old = {k: v for k, v in saved.get(section, {}).items() if k not in skip}
+        new = {k: v for k, v in now[section].items() if k not in skip}
+        if old != new:
+            diffs = [k for k in new if old.get(k) != new[k]] or sorted(set(old) - set(new))
             raise ConfigError(f"cannot resume {path}: its {section} settings differ ({', '.join(diffs)}); "
                               "resume with the same config, replace the run with train.overwrite=true, "
                               "or choose another train.out_dir")

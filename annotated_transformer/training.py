@@ -349,8 +349,15 @@ class RunState:
 
     def _restore(self, payload: dict[str, Any]) -> bool:
         unwrap_model(self.model).load_state_dict(payload["model"])
+        # The moments come from last.pt; the settings (betas, eps, ...) and the schedule are the ones
+        # given now, so a resumed run can change them (the saved param groups would otherwise win).
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
+        for group, given in zip(self.optimizer.param_groups, settings):
+            group.update(given)
+        self.scheduler.load_state_dict(payload["scheduler"])  # the step count; the rate function stays ours
+        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * fn(self.scheduler.last_epoch)  # the next step's rate under today's schedule
         self.counters.load_state_dict(payload["train_state"])
         rng = payload["rng"].get(str(self.rank))
         if rng is not None:
@@ -624,8 +631,13 @@ class Trainer:
         return clocks
 
     def cut_short(self) -> bool:
-        """max_steps ended training inside an epoch: that epoch stays unfinished (no epoch file, mid-epoch last.pt)."""
-        return bool(self.cfg.train.max_steps) and self.counters.step >= self.cfg.train.max_steps
+        """max_steps ended training inside an epoch: that epoch stays unfinished (no epoch file, mid-epoch last.pt).
+
+        A budget that lands exactly on an epoch's last batch completes that epoch.
+        """
+        t = self.cfg.train
+        return (bool(t.max_steps) and self.counters.step >= t.max_steps
+                and self.loader.state_dict()["taken"] < len(self.loader))
 
     def save(self, record: dict[str, Any], t_epoch: float) -> None:
         """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from .checkpoint import load_checkpoint
@@ -60,7 +61,82 @@ def decode_amp_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" and native_bf16(device) else None
 
 
-class Translator:
+def add_engine_arguments(parser: Any) -> None:
+    """The options translate.py and evaluate.py share: which engine, on which weights."""
+    parser.add_argument("--checkpoint", default=None, help="a .pt file written by training or averaging")
+    parser.add_argument("--engine", default="torch", choices=["torch", "ctranslate2"],
+                        help="torch (our decoder, on --checkpoint) or ctranslate2 (on --model, from scripts/export.py)")
+    parser.add_argument("--model", default=None, help="with --engine ctranslate2: the exported model folder")
+    parser.add_argument("--quantize", default="none", choices=["none", "int8"],
+                        help="engine torch on the CPU: PyTorch's dynamic int8 quantisation of the linear layers "
+                             "(see README, Deploying a trained model)")
+
+
+def load_translator(engine: str, checkpoint: str | None, model_dir: str | None, device: str | None = None,
+                    quantize: str = "none"):
+    """The translator a script asked for: `Translator` on a checkpoint (engine 'torch', optionally int8) or
+    `CT2Translator` on an exported folder (engine 'ctranslate2'); a wrong combination is one ConfigError."""
+    from .errors import ConfigError
+
+    if engine == "ctranslate2":
+        if checkpoint or not model_dir:
+            raise ConfigError("--engine ctranslate2 reads a folder written by scripts/export.py: pass it as "
+                              "--model DIR (not --checkpoint)")
+        if quantize != "none":
+            raise ConfigError("--quantize is for --engine torch; an exported model is quantised by "
+                              "scripts/export.py --quantization int8")
+        if device not in (None, "cpu", "cuda"):
+            raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu or cuda")
+        from .ct2_translator import CT2Translator
+
+        return CT2Translator.from_dir(model_dir, device=device or "cpu")
+    if engine != "torch":
+        raise ConfigError(f"--engine must be torch or ctranslate2, got {engine!r}")
+    if model_dir or not checkpoint:
+        raise ConfigError("--engine torch reads a checkpoint: pass a .pt file as --checkpoint "
+                          "(--model is for --engine ctranslate2)")
+    translator = Translator.from_checkpoint(checkpoint, device=device)
+    if quantize == "int8":
+        translator.quantize_int8()
+    elif quantize != "none":
+        raise ConfigError(f"--quantize must be none or int8, got {quantize!r}")
+    return translator
+
+
+class TextTranslator:
+    """Text in, text out, through the run's own text pipeline: what every engine's translator shares.
+
+    A subclass holds `text` (the TextPipeline) and `config`, and decodes id lists in `translate_ids`.
+    """
+
+    text: Any
+    config: Config
+
+    def encode(self, sentence: str) -> tuple[list[int], bool]:
+        """Source ids (<s> ... </s>) and whether the sentence had to be truncated to fit data.max_len."""
+        ids = self.text.encode(sentence, "src")
+        truncated = len(self.text.tokenize(sentence, "src")) + 2 > len(ids)
+        return ids, truncated
+
+    def translate(self, sentences: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
+                  batch_size: int | None = None) -> list[str]:
+        """Translate sentences; returns one string per input, in input order ('' for an empty input)."""
+        dec = self.config.decode
+        keep = [i for i, s in enumerate(sentences) if s.strip()]
+        sources = [self.text.encode(sentences[i], "src") for i in keep]
+        outputs = self.translate_ids(sources, beam_size or dec.beam_size, dec.alpha if alpha is None else alpha,
+                                     batch_size or dec.batch_size) if sources else []
+        result = [""] * len(sentences)
+        for i, ids in zip(keep, outputs):
+            result[i] = self.text.decode(ids, "tgt")
+        return result
+
+    def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
+        """Output ids (without <s> and </s>) for source ids (<s> ... </s>), in input order."""
+        raise NotImplementedError
+
+
+class Translator(TextTranslator):
     """A trained model with its vocabulary and decoding settings, ready to translate text."""
 
     def __init__(self, model: EncoderDecoder, text, config: Config, device: torch.device | str = "cpu") -> None:
@@ -92,27 +168,33 @@ class Translator:
             raise CheckpointError(f"{path}: the weights do not fit the saved config ({first[:160]})") from None
         return cls(model, text, cfg, dev)  # __init__ moves it to dev
 
-    def encode(self, sentence: str) -> tuple[list[int], bool]:
-        """Source ids (<s> ... </s>) and whether the sentence had to be truncated to fit data.max_len."""
-        ids = self.text.encode(sentence, "src")
-        truncated = len(self.text.tokenize(sentence, "src")) + 2 > len(ids)
-        return ids, truncated
+    def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
+        """Our batched greedy or beam search on source ids; output ids without <s> and </s>."""
+        text, dec = self.text, self.config.decode
+        return translate_ids(self.model, sources, pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=self.device,
+                             beam_size=beam_size, alpha=alpha, max_len_a=dec.max_len_a, batch_size=batch_size,
+                             amp_dtype=self.amp_dtype)
 
-    def translate(self, sentences: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
-                  batch_size: int | None = None) -> list[str]:
-        """Translate sentences; returns one string per input, in input order ('' for an empty input)."""
-        dec = self.config.decode
-        keep = [i for i, s in enumerate(sentences) if s.strip()]
-        sources = [self.text.encode(sentences[i], "src") for i in keep]
-        outputs = translate_ids(
-            self.model, sources, pad=self.text.pad_id, bos=self.text.bos_id, eos=self.text.eos_id,
-            device=self.device, beam_size=beam_size or dec.beam_size, alpha=dec.alpha if alpha is None else alpha,
-            max_len_a=dec.max_len_a, batch_size=batch_size or dec.batch_size, amp_dtype=self.amp_dtype,
-        )
-        result = [""] * len(sentences)
-        for i, ids in zip(keep, outputs):
-            result[i] = self.text.decode(ids, "tgt")
-        return result
+    def quantize_int8(self) -> Translator:
+        """PyTorch's dynamic int8 quantisation of every nn.Linear (int8 weights, activations quantised per call).
+
+        CPU only. Its speed and BLEU against fp32 are measured by scripts/benchmark.py --engines
+        (README, Deploying a trained model). PyTorch has announced the deprecation of its quantised
+        tensor types, so this may go with a future PyTorch.
+        """
+        import warnings
+
+        from torch.ao.quantization import quantize_dynamic
+
+        from .errors import ConfigError
+
+        if self.device.type != "cpu":
+            raise ConfigError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {self.device})")
+        with warnings.catch_warnings():  # the deprecation notice above, printed on every quantised layer
+            warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated", category=UserWarning)
+            self.model = quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
+        self.amp_dtype = None  # int8 kernels compute in fp32 around the int8 matmuls
+        return self
 
     def to(self, device: str | torch.device) -> Translator:
         """Move the model to `device`, with the decoding precision and kernel choices that suit it."""

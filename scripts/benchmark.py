@@ -3,6 +3,7 @@
     uv run python scripts/benchmark.py --config base.yaml --steps 10
     uv run python scripts/benchmark.py --config small.yaml --checkpoint runs/small/best.pt --json
     uv run python scripts/benchmark.py --config base.yaml --skip-decode --sweep --out runs/benchmark
+    uv run python scripts/benchmark.py --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min/best.pt
 
 What each side does is described in annotated_transformer/benchmark.py. With --json, stdout is one
 JSON object and progress goes to stderr.
@@ -10,10 +11,11 @@ JSON object and progress goes to stderr.
 
 import json
 import sys
+from pathlib import Path
 
 from annotated_transformer.benchmark import format_summary, run_benchmark
 from annotated_transformer.config import config_parser, load_config
-from annotated_transformer.errors import run_cli
+from annotated_transformer.errors import ConfigError, run_cli
 
 
 def int_list(text: str) -> list[int]:
@@ -37,14 +39,33 @@ def main() -> int:
     parser.add_argument("--sweep-lengths", type=int_list, default=[8, 16, 32, 64, 128], metavar="A,B,...")
     parser.add_argument("--out", default=None, help="folder for benchmark.json (and the sweep chart)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--engines", action="store_true", help="instead: our decoder against CTranslate2 (float32, "
+                        "int8) on --checkpoint's weights, each engine in its own process (needs ctranslate2)")
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    if args.engines:
+        return compare_engines_cli(args, cfg, log)
     result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
                            one_sentence_limit=args.one_sentence, decode_limit=args.sentences, train=not args.skip_train,
                            decode=not args.skip_decode, sweep_tokens=args.sweep_tokens if args.sweep else None,
                            sweep_lengths=args.sweep_lengths if args.sweep else None, out_dir=args.out, log=log)
     print(json.dumps(result) if args.json else format_summary(result))
+    return 0
+
+
+def compare_engines_cli(args, cfg, log) -> int:
+    """--engines: the engine table on test2016, engines.json in --out."""
+    from annotated_transformer.engine_benchmark import compare_engines, format_engines
+
+    if not args.checkpoint:
+        raise ConfigError("--engines compares decoders on trained weights: pass --checkpoint runs/NAME/best.pt")
+    log(f"engines on test2016, checkpoint {args.checkpoint} ...")
+    result = compare_engines(args.checkpoint, limit=args.sentences, data_root=cfg.data.root or None, log=log)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "engines.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result) if args.json else format_engines(result))
     return 0
 
 

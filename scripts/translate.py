@@ -2,6 +2,7 @@
 
     echo "Ein Mann fährt Fahrrad." | uv run python scripts/translate.py --checkpoint runs/base/best.pt
     uv run python scripts/translate.py --checkpoint runs/base/best.pt --input de.txt --beam 5 > en.txt
+    uv run python scripts/translate.py --engine ctranslate2 --model exported/base --input de.txt > en.txt
 """
 
 import argparse
@@ -10,12 +11,12 @@ import sys
 from annotated_transformer.config import check_decode_options
 from annotated_transformer.errors import run_cli
 from annotated_transformer.files import read_lines
-from annotated_transformer.translator import Translator
+from annotated_transformer.translator import add_engine_arguments, load_translator
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Translate text (one sentence per line) with a checkpoint.")
-    parser.add_argument("--checkpoint", required=True, help="a .pt file written by training or averaging")
+    add_engine_arguments(parser)
     parser.add_argument("--input", default="-", help="UTF-8 text file, one sentence per line (default: stdin)")
     parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's decode.beam_size)")
     parser.add_argument("--alpha", type=float, default=None, help="length-penalty exponent for beam search")
@@ -24,7 +25,7 @@ def main() -> int:
     args = parser.parse_args()
     check_decode_options(args.beam, args.alpha)
     lines = read_lines(args.input)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device)
+    translator = load_translator(args.engine, args.checkpoint, args.model, args.device, args.quantize)
     for number, line in enumerate(lines, 1):
         if line.strip() and translator.encode(line)[1]:
             print(f"warning: line {number} is longer than the model's limit of {translator.text.max_len} "

@@ -39,9 +39,9 @@ LAYERS = {
     "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0,
     "config": 1, "device": 1, "distributed": 1, "monitor": 1, "tensorboard_log": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
-    "checkpoint": 3, "decoding": 3, "evaluation": 3, "run_dir": 3,
-    "tasks": 4, "translator": 4,
-    "training": 5, "benchmark": 5, "visualization": 5,
+    "checkpoint": 3, "ct2_export": 3, "decoding": 3, "evaluation": 3, "run_dir": 3,
+    "tasks": 4, "translator": 4, "ct2_translator": 4,
+    "training": 5, "benchmark": 5, "engine_benchmark": 5, "visualization": 5,
     "sweep": 6, "sweep_report": 6,
 }
 APART = {"data", "model"}

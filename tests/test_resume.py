@@ -72,6 +72,46 @@ def test_resume_refuses_a_different_model(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
+def test_resume_takes_the_optimizer_settings_given_now(tmp_path):
+    """Adam's betas and eps, the lr factor and the warm-up of the resuming command win over last.pt's."""
+    import json
+
+    from annotated_transformer.optim import rate
+
+    out = tmp_path / "r"
+    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
+    given = ["train.epochs=2", "train.lr_factor=0.1", "train.warmup=50", "train.adam_betas=[0.8,0.9]",
+             "train.adam_eps=1e-6"]
+    resumed = run([f"train.out_dir={out}", *given])
+    assert resumed.returncode == 0 and f"resumed {out / 'last.pt'}" in resumed.stdout, resumed.stderr
+    group = load_checkpoint(out / "last.pt")["optimizer"]["param_groups"][0]
+    assert tuple(group["betas"]) == (0.8, 0.9) and group["eps"] == 1e-6
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    after = [r for r in records if r.get("kind") == "train" and r["step"] > 40]
+    assert len(after) == 40  # log_every=1: every step of epoch 2, at the new schedule's rate
+    assert all(r["lr"] == pytest.approx(rate(r["step"], 128, 0.1, 50)) for r in after)
+
+
+def test_resume_may_move_the_data_but_not_change_it(tmp_path):
+    out = tmp_path / "r"
+    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
+    moved = run([f"train.out_dir={out}", "train.epochs=2", f"data.root={tmp_path / 'elsewhere'}",
+                 f"data.cache_dir={tmp_path / 'cache'}", "data.num_workers=1"])
+    assert moved.returncode == 0 and f"resumed {out / 'last.pt'}" in moved.stdout, moved.stderr
+    changed = run([f"train.out_dir={out}", "train.epochs=3", "data.copy_seq_len=12"])
+    assert changed.returncode == 2 and "data settings differ (copy_seq_len)" in changed.stderr
+
+
+@pytest.mark.parametrize("max_steps, epoch", [(40, 1), (30, 0)])
+def test_max_steps_on_an_epoch_end_completes_that_epoch(tmp_path, max_steps, epoch):
+    out = tmp_path / "r"
+    assert run([f"train.out_dir={out}", f"train.max_steps={max_steps}"]).returncode == 0  # 40 batches an epoch
+    last = load_checkpoint(out / "last.pt")
+    assert last["train_state"]["step"] == max_steps and last["train_state"]["epoch"] == epoch
+    assert (last["loader"] is None) == (epoch == 1)  # a finished epoch needs no data position
+    assert (out / "epoch_01.pt").is_file() == (epoch == 1)
+
+
 def test_checkpoints_are_loaded_weights_only(tmp_path):
     class Evil:
         def __reduce__(self):

@@ -1,0 +1,184 @@
+"""Export a trained `EncoderDecoder` to CTranslate2, the OpenNMT project's inference engine.
+
+    uv sync --extra ctranslate2
+    uv run python scripts/export.py --checkpoint runs/cpu_45min/best.pt --out exported/cpu_45min
+
+The model is described through CTranslate2's model-specification API, weight by weight, so the
+engine computes what our model computes:
+
+  * pre-norm (`model.norm_first`, with a final LayerNorm per stack) and post-norm (the paper's);
+  * our four attention projections fused the way the engine expects: self-attention as one
+    [W^Q; W^K; W^V] matrix and W^O, encoder-decoder attention as W^Q, [W^K; W^V] and W^O;
+  * embeddings scaled by sqrt(d_model); our sinusoidal table itself (the engine's default table
+    orders sines and cosines differently), LayerNorm's epsilon, the generator's bias;
+  * tied or separate embeddings, word-level or SentencePiece vocabularies (our ids, in order);
+  * the source framed as <s> ... </s>, decoding started from <s>, as our `Batch` does.
+
+Beside the engine's files the folder holds what translating text needs from our side: the run's
+config (`config.yaml`) and text pipeline (`vocab/`), so `ct2_translator.CT2Translator` tokenises
+and detokenises exactly as `Translator` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import Config, ModelConfig
+from .errors import ExportError
+from .model import EncoderDecoder, MultiHeadedAttention
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32")
+CONFIG_FILE = "config.yaml"  # our Config; the engine's own settings are in config.json
+TEXT_FOLDER = "vocab"
+# Every ModelConfig field the export reproduces. A new model switch is refused (unless left at its
+# default) until the export learns it: a wrong model is worse than no model.
+EXPORTED_FIELDS = frozenset({"N", "N_dec", "d_model", "d_ff", "h", "dropout", "norm_first", "tie_embeddings",
+                             "attention", "max_positions", "layer_norm_eps"})
+
+
+def import_ctranslate2() -> Any:
+    """The ctranslate2 module, or one ExportError line saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ExportError("ctranslate2 is not installed; run `uv sync --extra ctranslate2` "
+                          "(or `pip install ctranslate2`)") from None
+    return ctranslate2
+
+
+def check_exportable(model_cfg: ModelConfig) -> None:
+    """Refuse, in one line, a model with a switch CTranslate2 has no equivalent for."""
+    for field in dataclasses.fields(model_cfg):
+        value = getattr(model_cfg, field.name)
+        if field.name not in EXPORTED_FIELDS and value != field.default:
+            raise ExportError(f"model.{field.name}={value!r} has no CTranslate2 equivalent; "
+                              "export a model trained without it")
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu", torch.float32).contiguous().numpy()
+
+
+def _set_linear(spec: Any, *linears: torch.nn.Linear) -> None:
+    """One engine linear from one or more of ours stacked on the output dimension (fused projections)."""
+    spec.weight = _array(torch.cat([lin.weight for lin in linears], dim=0))  # (sum out, in)
+    spec.bias = _array(torch.cat([lin.bias for lin in linears], dim=0))
+
+
+def _set_norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def _set_attention(spec: Any, attn: MultiHeadedAttention, norm: torch.nn.LayerNorm, self_attention: bool) -> None:
+    """Our W^Q, W^K, W^V, W^O as the engine's fused linears, with the sublayer's LayerNorm."""
+    q, k, v, o = attn.linears
+    if self_attention:
+        _set_linear(spec.linear[0], q, k, v)  # (3d, d)
+        _set_linear(spec.linear[1], o)
+    else:
+        _set_linear(spec.linear[0], q)
+        _set_linear(spec.linear[1], k, v)  # (2d, d): keys and values of the memory
+        _set_linear(spec.linear[2], o)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_ffn(spec: Any, layer: torch.nn.Module, norm: torch.nn.LayerNorm) -> None:
+    _set_linear(spec.linear_0, layer.feed_forward.w_1)
+    _set_linear(spec.linear_1, layer.feed_forward.w_2)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_embeddings(table: Any, positions: Any, embed: torch.nn.Sequential) -> None:
+    """Token table (scaled by sqrt(d_model) in the engine, as in `Embeddings`) and our positional table."""
+    table.weight = _array(embed[0].lut.weight)  # (V, d)
+    positions.encodings = _array(embed[1].pe[0])  # (max_positions, d)
+
+
+def build_spec(model: EncoderDecoder, model_cfg: ModelConfig, src_itos: list[str], tgt_itos: list[str]) -> Any:
+    """A CTranslate2 `TransformerSpec` holding `model`'s weights and vocabularies."""
+    ct2 = import_ctranslate2()
+    specs = ct2.specs
+    check_exportable(model_cfg)
+    pre_norm, h = model_cfg.norm_first, model_cfg.h
+    enc_layers, dec_layers = model.encoder.layers, model.decoder.layers
+    encoder = specs.TransformerEncoderSpec(len(enc_layers), h, pre_norm=pre_norm)
+    decoder = specs.TransformerDecoderSpec(len(dec_layers), h, pre_norm=pre_norm)
+    _set_embeddings(encoder.embeddings[0], encoder.position_encodings, model.src_embed)
+    _set_embeddings(decoder.embeddings, decoder.position_encodings, model.tgt_embed)
+    for spec, layer in zip(encoder.layer, enc_layers):
+        _set_attention(spec.self_attention, layer.self_attn, layer.sublayer[0].norm, self_attention=True)
+        _set_ffn(spec.ffn, layer, layer.sublayer[1].norm)
+    for spec, layer in zip(decoder.layer, dec_layers):
+        _set_attention(spec.self_attention, layer.self_attn, layer.sublayer[0].norm, self_attention=True)
+        _set_attention(spec.attention, layer.src_attn, layer.sublayer[1].norm, self_attention=False)
+        _set_ffn(spec.ffn, layer, layer.sublayer[2].norm)
+    if pre_norm:
+        _set_norm(encoder.layer_norm, model.encoder.norm)
+        _set_norm(decoder.layer_norm, model.decoder.norm)
+    _set_linear(decoder.projection, model.generator.proj)  # (V_tgt, d) + bias
+    spec = specs.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = model_cfg.layer_norm_eps
+    spec.config.add_source_bos = spec.config.add_source_eos = True  # our sources are <s> ... </s>
+    spec.register_source_vocabulary(list(src_itos))
+    spec.register_target_vocabulary(list(tgt_itos))
+    return spec
+
+
+def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir: str | Path,
+                       quantization: str = "float32", force: bool = False) -> Path:
+    """Write `model` (with its text pipeline and config) as a CTranslate2 model folder; return its path.
+
+    The folder is built beside `out_dir` and renamed into place, so a failed export leaves
+    whatever was there before (with `force`) or nothing.
+    """
+    from .config import config_yaml
+    from .files import give_default_permissions
+
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; choose another --out or pass --force to replace it")
+    spec = build_spec(model, config.model, text.src_vocab.itos, text.tgt_vocab.itos)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+        try:
+            spec.save(str(tmp))
+            (tmp / CONFIG_FILE).write_text(config_yaml(config), encoding="utf-8")
+            text.save(tmp / TEXT_FOLDER)
+            give_default_permissions(tmp)
+            _replace_folder(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    except OSError as exc:
+        raise ExportError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; "
+                          "check the path and free space, or choose another --out") from None
+    return out
+
+
+def _replace_folder(new: Path, out: Path) -> None:
+    """Rename `new` to `out`; an old `out` is moved aside first and removed only after the swap."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except OSError:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,76 @@
+"""`CT2Translator`: a model exported by `ct2_export.py` (scripts/export.py), translated by CTranslate2 instead of PyTorch.
+
+    from annotated_transformer.ct2_translator import CT2Translator
+    tr = CT2Translator.from_dir("exported/cpu_45min")
+    tr.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+
+`Translator`'s interface and rules, from their shared `TextTranslator`: a sentence is encoded by the
+run's own text pipeline (so truncation and unknown tokens are ours), handed to the engine as our
+vocabulary's tokens, and the engine's tokens are detokenised by the pipeline again. Empty lines
+give empty outputs; outputs keep the input order.
+
+One difference in beam search: the engine divides a hypothesis' log-probability by |Y|^alpha,
+ours by ((5 + |Y|) / 6)^alpha (GNMT), so beam outputs may differ slightly; greedy search is the
+same computation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from .config import Config, config_from_dict
+from .ct2_export import CONFIG_FILE, TEXT_FOLDER, import_ctranslate2
+from .errors import ExportError
+from .translator import TextTranslator
+
+
+class CT2Translator(TextTranslator):
+    """An exported model folder, ready to translate text with CTranslate2 on the CPU."""
+
+    def __init__(self, engine: Any, text: Any, config: Config, folder: Path) -> None:
+        self.engine = engine
+        self.text = text
+        self.config = config
+        self.folder = folder
+
+    @classmethod
+    def from_dir(cls, folder: str | Path, device: str = "cpu", threads: int | None = None) -> CT2Translator:
+        """Load a folder written by `export_ctranslate2` (quantisation as exported); `threads` defaults to torch's."""
+        from .data.text import TextPipeline
+
+        ct2 = import_ctranslate2()
+        path = Path(folder)
+        missing = [name for name in ("model.bin", CONFIG_FILE, TEXT_FOLDER) if not (path / name).exists()]
+        if missing:
+            raise ExportError(f"{path} is not a model folder written by scripts/export.py ({missing[0]} is missing); "
+                              "export a checkpoint with scripts/export.py --to ctranslate2")
+        try:
+            cfg = config_from_dict(yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8")))
+        except (OSError, yaml.YAMLError, TypeError, ValueError) as exc:
+            raise ExportError(f"{path / CONFIG_FILE} is damaged ({type(exc).__name__}); export the checkpoint again") from None
+        text = TextPipeline.load(path / TEXT_FOLDER)
+        try:
+            engine = ct2.Translator(str(path), device=device, inter_threads=1,
+                                    intra_threads=threads or torch.get_num_threads())
+        except (RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ExportError(f"CTranslate2 cannot load {path}: {first[:160]}; export the checkpoint again") from None
+        return cls(engine, text, cfg, path)
+
+    def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
+        """CTranslate2's greedy or beam search on source ids; output ids without <s> and </s>."""
+        itos, tgt_vocab, dec = self.text.src_vocab.itos, self.text.tgt_vocab, self.config.decode
+        # Our ids -> our tokens: the engine sees exactly the (truncated, <unk>-mapped) source we would.
+        tokens = [[itos[i] for i in ids[1:-1]] for ids in sources]
+        # Our limit: source length (with <s> and </s>) + max_len_a positions, counting the start symbol,
+        # within the positional table; the engine counts generated tokens only (and one limit per call).
+        limit = min(max(map(len, sources)) + dec.max_len_a, self.config.model.max_positions) - 1
+        results = self.engine.translate_batch(
+            tokens, beam_size=beam_size, length_penalty=alpha, max_batch_size=batch_size, max_decoding_length=limit,
+            min_decoding_length=0, max_input_length=0, num_hypotheses=1,
+        )
+        return [tgt_vocab.lookup_indices(r.hypotheses[0]) for r in results]

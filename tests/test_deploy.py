@@ -1,0 +1,244 @@
+"""Deploying a trained model (README, "Deploying a trained model"). Export to CTranslate2: the engine
+computes what our model computes (pre- and post-norm, tied and separate embeddings, a decoder shallower
+than the encoder), the scripts work on a trained checkpoint, every mistake is one line with nothing on
+disk lost. Our own decoder with dynamic int8 linear layers (--quantize int8)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer.config import ModelConfig
+from annotated_transformer.errors import ExportError
+from annotated_transformer.masks import subsequent_mask
+from annotated_transformer.model import make_model_from_config
+
+ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is in the dev group: uv sync installs it")
+
+from annotated_transformer.ct2_export import build_spec, check_exportable, import_ctranslate2  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SENTENCES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee auf einer großen Wiese.", "Kinder spielen."]
+
+
+def run_script(name: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], input=stdin,
+                          capture_output=True, timeout=300)
+
+
+def random_model(norm_first: bool, tie: bool, vocab: int = 40):
+    """A small model whose every parameter (LayerNorm gains and biases included) is random."""
+    cfg = ModelConfig(N=2, N_dec=1, d_model=32, d_ff=48, h=4, dropout=0.0, norm_first=norm_first,
+                      tie_embeddings=tie, max_positions=64)
+    torch.manual_seed(0)
+    model = make_model_from_config(cfg, vocab, vocab if tie else vocab + 7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval(), cfg
+
+
+def vocab_tokens(n: int, prefix: str) -> list[str]:
+    return ["<s>", "</s>", "<blank>", "<unk>", *(f"{prefix}{i}" for i in range(4, n))]
+
+
+def load_engine(model, cfg, tmp_path: Path):
+    src_itos = vocab_tokens(model.src_embed[0].lut.num_embeddings, "s")
+    tgt_itos = src_itos if cfg.tie_embeddings else vocab_tokens(model.tgt_embed[0].lut.num_embeddings, "t")
+    spec = build_spec(model, cfg, src_itos, tgt_itos)
+    spec.validate()
+    spec.optimize(quantization="float32")
+    spec.save(str(tmp_path))
+    return ct2.Translator(str(tmp_path), device="cpu", intra_threads=1), src_itos, tgt_itos
+
+
+@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-norm", "post-norm"])
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "separate"])
+def test_engine_log_probs_equal_ours(tmp_path, norm_first, tie):
+    model, cfg = random_model(norm_first, tie)
+    engine, src_itos, tgt_itos = load_engine(model, cfg, tmp_path)
+    g = torch.Generator().manual_seed(1)
+    src_ids = [torch.randint(4, len(src_itos), (n,), generator=g).tolist() for n in (3, 9, 14)]
+    tgt_ids = [torch.randint(4, len(tgt_itos), (n,), generator=g).tolist() for n in (5, 2, 11)]
+    scored = engine.score_batch([[src_itos[i] for i in s] for s in src_ids], [[tgt_itos[i] for i in t] for t in tgt_ids])
+    for s, t, result in zip(src_ids, tgt_ids, scored):
+        src = torch.tensor([[0, *s, 1]])
+        tgt_in, tgt_out = torch.tensor([[0, *t]]), [*t, 1]  # <s> y -> y </s>
+        with torch.no_grad():
+            out = model(src, tgt_in, torch.ones(1, 1, src.size(1), dtype=torch.bool), subsequent_mask(tgt_in.size(1)))
+            ours = model.generator(out)[0, torch.arange(len(tgt_out)), tgt_out]  # (T,)
+        assert result.tokens == [tgt_itos[i] for i in t] + ["</s>"]
+        torch.testing.assert_close(torch.tensor(result.log_probs), ours, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-norm", "post-norm"])
+def test_engine_greedy_equals_our_greedy(tmp_path, norm_first):
+    from annotated_transformer.decoding import greedy_decode, strip_special
+
+    model, cfg = random_model(norm_first, tie=False)
+    engine, src_itos, tgt_itos = load_engine(model, cfg, tmp_path)
+    g = torch.Generator().manual_seed(2)
+    for n in (2, 6, 13):
+        s = torch.randint(4, len(src_itos), (n,), generator=g).tolist()
+        src = torch.tensor([[0, *s, 1]])
+        ours = greedy_decode(model, src, torch.ones(1, 1, n + 2, dtype=torch.bool), 12, 0, 1)
+        theirs = engine.translate_batch([[src_itos[i] for i in s]], beam_size=1, max_decoding_length=11,
+                                        min_decoding_length=0)[0].hypotheses[0]
+        assert theirs == [tgt_itos[i] for i in strip_special(ours[0].tolist(), 0, 1)]
+
+
+def test_a_switch_without_an_equivalent_is_refused():
+    with_window = dataclasses.make_dataclass("WithWindow", [("local_window", int, dataclasses.field(default=0))],
+                                             bases=(ModelConfig,))
+    check_exportable(with_window(N=1))  # left at its default: nothing to convert
+    with pytest.raises(ExportError, match=r"model.local_window=4 has no CTranslate2 equivalent"):
+        check_exportable(with_window(N=1, local_window=4))
+
+
+def test_missing_ctranslate2_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import now raises ImportError
+    with pytest.raises(ExportError, match=r"uv sync --extra ctranslate2"):
+        import_ctranslate2()
+
+
+# ---------------------------------------------------------------- the scripts, on a trained checkpoint
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "tiny_ct2"
+    r = run_script("export.py", "--checkpoint", str(tiny_checkpoint), "--out", str(out))
+    assert r.returncode == 0, r.stderr.decode()
+    assert f"-> {out} (CTranslate2, float32" in r.stdout.decode()
+    return out
+
+
+def test_translate_script_gives_our_outputs(tiny_checkpoint, exported):
+    stdin = "\n".join(SENTENCES).encode()
+    ours = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
+    theirs = run_script("translate.py", "--engine", "ctranslate2", "--model", str(exported), stdin=stdin)
+    assert ours.returncode == 0 and theirs.returncode == 0, theirs.stderr.decode()
+    lines = theirs.stdout.decode().split("\n")[:-1]
+    assert len(lines) == len(SENTENCES) and lines[1] == ""  # one line per input, the empty one kept empty
+    assert theirs.stdout == ours.stdout
+
+
+def test_evaluate_script_scores_the_exported_model(tiny_checkpoint, exported, multi30k_dir):
+    import json
+
+    args = ("--split", "val", "--limit", "40", "--json", "--data-root", str(multi30k_dir))
+    ours = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", *args)
+    theirs = run_script("evaluate.py", "--engine", "ctranslate2", "--model", str(exported), *args)
+    assert theirs.returncode == 0, theirs.stderr.decode()
+    a, b = json.loads(ours.stdout), json.loads(theirs.stdout)
+    assert b["signature"] == a["signature"] and b["bleu"] == pytest.approx(a["bleu"])
+    assert Path(b["hypotheses"]).parent == exported  # written inside the exported folder
+
+
+def test_int8_export_is_smaller_and_close(tiny_checkpoint, exported, tmp_path):
+    from annotated_transformer.ct2_translator import CT2Translator
+
+    out = tmp_path / "int8"
+    r = run_script("export.py", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--quantization", "int8")
+    assert r.returncode == 0, r.stderr.decode()
+    assert (out / "model.bin").stat().st_size < 0.6 * (exported / "model.bin").stat().st_size
+    full, small = CT2Translator.from_dir(exported, threads=1), CT2Translator.from_dir(out, threads=1)
+    itos = full.text.src_vocab.itos
+    src = [[itos[i] for i in full.text.encode(s, "src")[1:-1]] for s in SENTENCES if s]
+    tgt = [r.hypotheses[0] for r in full.engine.translate_batch(src, beam_size=1, max_decoding_length=20)]
+    a, b = full.engine.score_batch(src, tgt), small.engine.score_batch(src, tgt)  # the same pairs, scored twice
+    diffs = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.log_probs, rb.log_probs)]
+    assert max(diffs) < 0.5 and sum(diffs) / len(diffs) < 0.1
+
+
+def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_path):
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    r = run_script("export.py", "--checkpoint", str(tiny_checkpoint), "--out", str(out))
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "already exists" in err and "--force" in err
+    assert (out / "mine.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no temporary folder left behind
+    r = run_script("export.py", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--force")
+    assert r.returncode == 0 and (out / "model.bin").is_file() and not (out / "mine.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--engine", "ctranslate2", "--checkpoint", "x.pt"), "pass it as --model DIR"),
+    (("--engine", "torch", "--model", "somewhere"), "pass a .pt file as --checkpoint"),
+    (("--engine", "ctranslate2", "--model", "{missing}"), "model.bin is missing"),
+])
+def test_wrong_engine_arguments_are_one_line(tmp_path, args, message):
+    args = tuple(a.format(missing=tmp_path / "nothing") for a in args)
+    r = run_script("translate.py", *args, stdin=b"Ein Mann.\n")
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+# ---------------------------------------------------------------- scripts/benchmark.py --engines
+
+
+@pytest.mark.slow
+def test_engine_comparison_on_a_trained_checkpoint(tiny_checkpoint, multi30k_dir, tmp_path):
+    import json
+
+    r = run_script("benchmark.py", "--config", "tiny", f"data.root={multi30k_dir}", "--engines", "--checkpoint",
+                   str(tiny_checkpoint), "--sentences", "12", "--out", str(tmp_path), "--json")
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    result = json.loads(r.stdout)
+    assert result == json.loads((tmp_path / "engines.json").read_text())
+    rows = {row["engine"]: row for row in result["rows"]}
+    assert {"torch-fp32", "torch-int8", "ct2-float32", "ct2-int8"} <= set(rows) and result["sentences"] == 12
+    assert rows["torch-fp32"]["greedy_ratio"] == 1.0 and rows["ct2-float32"]["same_as_torch_fp32"] == 1.0
+    assert rows["ct2-float32"]["bleu"] == pytest.approx(rows["torch-fp32"]["bleu"])
+    for row in rows.values():
+        assert row["greedy_ratio"] == pytest.approx(row["greedy_per_s"] / rows["torch-fp32"]["greedy_per_s"])
+        assert row["peak_mem_gb"] > 0 and row["latency_ms"] > 0 and row["threads"] == result["threads"]
+
+
+def test_engine_comparison_needs_a_checkpoint():
+    r = run_script("benchmark.py", "--config", "tiny", "--engines")
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "pass --checkpoint" in err, err
+
+
+# ---------------------------------------------------------------- our decoder, int8 (--quantize int8)
+
+
+def test_quantize_int8_keeps_the_log_probs_close(tiny_checkpoint, multi30k_data):
+    from annotated_transformer import Translator
+
+    full, small = (Translator.from_checkpoint(tiny_checkpoint, device="cpu") for _ in range(2))
+    small.quantize_int8()
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicQuantizedLinear
+
+    modules = list(small.model.modules())
+    assert sum(isinstance(m, DynamicQuantizedLinear) for m in modules) == sum(
+        isinstance(m, torch.nn.Linear) for m in full.model.modules())  # every linear layer, the generator's too
+    assert not any(isinstance(m, torch.nn.Linear) for m in modules)
+    src = torch.tensor([multi30k_data.splits["val"].src[0].tolist()])  # (1, S): <s> ... </s>
+    tgt = torch.tensor([[0, 5, 6, 7, 8]])
+    with torch.no_grad():
+        a, b = (t.model.generator(t.model(src, tgt, (src != 2).unsqueeze(-2), subsequent_mask(5)))
+                for t in (full, small))
+    diff = (a - b).abs()
+    assert 0 < diff.mean() < 0.05  # quantised (not the same weights), and close
+
+
+def test_translate_script_quantize_int8(tiny_checkpoint):
+    stdin = "\n".join(SENTENCES).encode()
+    r = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--quantize", "int8",
+                   stdin=stdin)
+    assert r.returncode == 0, r.stderr.decode()
+    lines = r.stdout.decode().split("\n")[:-1]
+    assert len(lines) == len(SENTENCES) and lines[1] == "" and all(lines[i] for i in (0, 2, 3))
+    r = run_script("translate.py", "--engine", "ctranslate2", "--model", "x", "--quantize", "int8", stdin=stdin)
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "--quantization int8" in err, err
