@@ -145,7 +145,7 @@ def notebook_dropout(model: torch.nn.Module) -> None:
             m.__class__ = torch.nn.Dropout
 
 
-def _peak_memory_gb(device: torch.device) -> float:
+def peak_memory_gb(device: torch.device) -> float:
     """Peak memory of this process: CUDA allocator peak on a GPU, else the resident-set high-water mark."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -222,7 +222,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         "flop_per_s": statistics.median(flops_rates), "peak_flop_per_s": peak,
         "mfu": statistics.median(flops_rates) / peak, "precision": "bf16" if amp_dtype else "fp32",
         "datasheet_peak_flop_per_s": datasheet_peak(device) if amp_dtype else None,
-        "attention": model_cfg.attention, "peak_mem_gb": _peak_memory_gb(device),
+        "attention": model_cfg.attention, "peak_mem_gb": peak_memory_gb(device),
         "loss_finite": all(math.isfinite(x) for x in losses), "steps": steps, "warmup": warmup,
     }
 

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from .config import Config, config_from_dict
+from .config import Config, config_from_dict, read_yaml
 from .ct2_export import CONFIG_FILE, TEXT_FOLDER, import_ctranslate2
 from .errors import ExportError
 from .translator import TextTranslator
@@ -48,10 +47,7 @@ class CT2Translator(TextTranslator):
         if missing:
             raise ExportError(f"{path} is not a model folder written by scripts/export.py ({missing[0]} is missing); "
                               "export a checkpoint with scripts/export.py --to ctranslate2")
-        try:
-            cfg = config_from_dict(yaml.safe_load((path / CONFIG_FILE).read_text(encoding="utf-8")))
-        except (OSError, yaml.YAMLError, TypeError, ValueError) as exc:
-            raise ExportError(f"{path / CONFIG_FILE} is damaged ({type(exc).__name__}); export the checkpoint again") from None
+        cfg = config_from_dict(read_yaml(path / CONFIG_FILE))  # a damaged file is one ConfigError line
         text = TextPipeline.load(path / TEXT_FOLDER)
         try:
             engine = ct2.Translator(str(path), device=device, inter_threads=1,

@@ -208,7 +208,6 @@ def write_report(out: Path, results: Sequence[RunResult], title: str, target_ble
     return written
 
 
-
 def compare_sweeps(folders: Sequence[Path], out: Path, target_bleu: float | None = None) -> list[Path]:
     """One report (into `out`) of the runs already in several sweep folders; the files written."""
     results = collect_results(folders)

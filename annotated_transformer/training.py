@@ -637,7 +637,7 @@ class Trainer:
         """
         t = self.cfg.train
         return (bool(t.max_steps) and self.counters.step >= t.max_steps
-                and self.loader.state_dict()["taken"] < len(self.loader))
+                and self.loader.taken < len(self.loader))
 
     def save(self, record: dict[str, Any], t_epoch: float) -> None:
         """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""

@@ -19,7 +19,7 @@ import torch
 from .checkpoint import load_checkpoint
 from .config import Config, config_from_dict
 from .device import amp_context, configure_backends, native_bf16, select_device
-from .errors import CheckpointError
+from .errors import CheckpointError, ConfigError
 from .model import EncoderDecoder, make_model_from_config
 
 
@@ -76,8 +76,8 @@ def load_translator(engine: str, checkpoint: str | None, model_dir: str | None, 
                     quantize: str = "none"):
     """The translator a script asked for: `Translator` on a checkpoint (engine 'torch', optionally int8) or
     `CT2Translator` on an exported folder (engine 'ctranslate2'); a wrong combination is one ConfigError."""
-    from .errors import ConfigError
-
+    if quantize not in ("none", "int8"):
+        raise ConfigError(f"--quantize must be none or int8, got {quantize!r}")
     if engine == "ctranslate2":
         if checkpoint or not model_dir:
             raise ConfigError("--engine ctranslate2 reads a folder written by scripts/export.py: pass it as "
@@ -96,11 +96,7 @@ def load_translator(engine: str, checkpoint: str | None, model_dir: str | None, 
         raise ConfigError("--engine torch reads a checkpoint: pass a .pt file as --checkpoint "
                           "(--model is for --engine ctranslate2)")
     translator = Translator.from_checkpoint(checkpoint, device=device)
-    if quantize == "int8":
-        translator.quantize_int8()
-    elif quantize != "none":
-        raise ConfigError(f"--quantize must be none or int8, got {quantize!r}")
-    return translator
+    return translator.quantize_int8() if quantize == "int8" else translator
 
 
 class TextTranslator:
@@ -185,8 +181,6 @@ class Translator(TextTranslator):
         import warnings
 
         from torch.ao.quantization import quantize_dynamic
-
-        from .errors import ConfigError
 
         if self.device.type != "cpu":
             raise ConfigError(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got {self.device})")

@@ -58,6 +58,11 @@ class CopyLoader:
             yield batch
         self._skip = 0
 
+    @property
+    def taken(self) -> int:
+        """Batches of the current epoch already yielded."""
+        return self._taken
+
     def state_dict(self) -> dict[str, int]:
         """Where the current epoch stands."""
         return {"epoch": self.epoch, "taken": self._taken}

@@ -165,6 +165,11 @@ class TrainLoader:
         ws, n = self.world_size, len(per_batch)
         return [sum(per_batch[(r + k * ws) % n] for r in range(ws)) for k in range(len(self))]
 
+    @property
+    def taken(self) -> int:
+        """Batches of the current epoch already served."""
+        return self._taken
+
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands (plain Python values, safe for torch.load(weights_only=True))."""
         return {"epoch": self.epoch, "seed": self.sampler.seed, "world_size": self.world_size,
