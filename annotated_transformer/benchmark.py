@@ -44,8 +44,8 @@ import torch
 from .config import Config, config_from_dict, config_to_dict
 from .device import native_bf16, select_device
 from .errors import ConfigError
-
-Log = Any
+from .loop import Log
+from .masks import padding_mask
 
 
 # --------------------------------------------------------------------------- hardware
@@ -162,7 +162,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     from .loss import LabelSmoothing, SimpleLossCompute
     from .model import make_model_from_config
     from .optim import build_optimizer, build_scheduler
-    from .training import run_epoch
+    from .loop import run_epoch
 
     cfg = config_from_dict(cfg_dict)
     device = select_device(cfg.train.device)
@@ -271,7 +271,7 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     if checkpoint:
         tr = Translator.from_checkpoint(checkpoint, device=device)
         model, text, dcfg, model_cfg = tr.model, tr.text, tr.config.decode, tr.config.model
-        sources = [tr.text.encode(s, "src") for s in _test_sources(cfg, tr)]
+        sources = [tr.text.text_to_ids(s, "src") for s in _test_sources(cfg, tr)]
     else:
         data = load_translation_data(cfg, log=None)
         text, dcfg, model_cfg = data.text, cfg.decode, cfg.model
@@ -308,7 +308,7 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
             for i in subset:
                 src = torch.tensor([sources[i]], device=device)
                 max_len = min(len(sources[i]) + dcfg.max_len_a, cap)
-                out = greedy_decode_naive(ref_model, src, (src != text.pad_id).unsqueeze(-2), max_len,
+                out = greedy_decode_naive(ref_model, src, padding_mask(src, text.pad_id), max_len,
                                           text.bos_id, text.eos_id, text.pad_id)
                 outs.append(strip_special(out[0].tolist(), text.bos_id, text.eos_id, text.pad_id))
         return outs
@@ -344,7 +344,7 @@ def sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps: int, 
     from .loss import LabelSmoothing, SimpleLossCompute
     from .model import make_model_from_config
     from .optim import build_optimizer, build_scheduler
-    from .training import run_epoch
+    from .loop import run_epoch
 
     device = select_device(cfg.train.device)
     amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None

@@ -84,25 +84,29 @@ def _check_mode(mode: str) -> None:
         raise ValueError(f"unknown tokenisation mode {mode!r}; expected one of {MODES}")
 
 
-def bleu_references(raw_refs: list[str], text) -> list[str]:
+def bleu_references(raw_refs: list[str], text, tokenised: list[str] | None = None) -> list[str]:
     """References in the form `corpus_scores` compares against for `text`'s mode.
 
     Word mode: the raw line tokenised by the same spaCy tokenizer as training (and lowercased when
-    the pipeline lowercases), tokens joined by single spaces. Subword mode: the raw line itself
+    the pipeline lowercases), tokens joined by single spaces; `tokenised` gives them ready-made
+    (the data cache keeps them, so no spaCy is needed). Subword mode: the raw line itself
     (lowercased only when the pipeline lowercases, so cased BLEU is not penalised for it).
     """
     if text.mode == "word":
+        if tokenised is not None:
+            return list(tokenised[: len(raw_refs)])
         return [" ".join(text.tokenize(r, "tgt")) for r in raw_refs]
     return [r.lower() for r in raw_refs] if text.lowercase else list(raw_refs)
 
 
-def score_translations(hyps: list[str], raw_refs: list[str], text) -> tuple[Score, dict[str, Score]]:
+def score_translations(hyps: list[str], raw_refs: list[str], text,
+                       tokenised: list[str] | None = None) -> tuple[Score, dict[str, Score]]:
     """The one scorer of training's BLEU and scripts/evaluate.py: hypotheses against raw reference lines.
 
     The references are put in the form `text`'s mode compares against (`bleu_references`); returns
     the headline score (`headline_key`) and every score of `corpus_scores` ("bleu", "bleu_lc", "chrf").
     """
-    scores = corpus_scores(hyps, bleu_references(raw_refs, text), text.mode)
+    scores = corpus_scores(hyps, bleu_references(raw_refs, text, tokenised), text.mode)
     return scores[headline_key(text.mode)], scores
 
 

@@ -30,7 +30,7 @@ import yaml
 from .config import load_config
 from .errors import ConfigError, RunDirError
 from .files import atomic_write, writing
-from .run_dir import read_metrics
+from .harness.run_dir import read_metrics
 from .sweep_report import TEST_SCORES, collect_results, read_result, write_report
 
 

@@ -4,6 +4,7 @@ and the files a sweep writes (sweep.md, sweep.csv, the chart of val BLEU against
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import statistics
@@ -14,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigError, DataError
 from .files import atomic_write, writing
-from .run_dir import read_metrics
+from .harness.run_dir import read_metrics
 
 TEST_SCORES = "test_scores.json"  # written into a run directory by the sweep's --score-test
 
@@ -208,9 +209,23 @@ def write_report(out: Path, results: Sequence[RunResult], title: str, target_ble
     return written
 
 
+def timed_to(results: Sequence[RunResult], target_bleu: float) -> list[RunResult]:
+    """The results with `target_seconds` taken from each run's curve for `target_bleu` (None: not reached).
+
+    Runs of different configs may have been timed to different train.target_bleu values (or none);
+    a comparison times them all to the one target it names.
+    """
+    def first(r: RunResult) -> float | None:
+        return next((minutes * 60 for minutes, bleu in r.curve if bleu >= target_bleu), None)
+
+    return [dataclasses.replace(r, target_seconds=first(r)) for r in results]
+
+
 def compare_sweeps(folders: Sequence[Path], out: Path, target_bleu: float | None = None) -> list[Path]:
     """One report (into `out`) of the runs already in several sweep folders; the files written."""
     results = collect_results(folders)
     if not results:
         raise ConfigError(f"no runs found in {', '.join(map(str, folders))}; give folders written by scripts/sweep.py")
+    if target_bleu:
+        results = timed_to(results, target_bleu)
     return write_report(out, results, "comparison of sweeps", target_bleu)

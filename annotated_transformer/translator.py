@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from .checkpoint import load_checkpoint
 from .config import Config, config_from_dict
+from .data.buckets import pad_rows
 from .device import amp_context, configure_backends, native_bf16, select_device
 from .errors import CheckpointError, ConfigError
+from .harness.checkpointing import load_checkpoint
+from .masks import padding_mask
 from .model import EncoderDecoder, make_model_from_config
 
 
@@ -40,15 +42,11 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
     cap = model.max_positions
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
-        S = max(len(sources[i]) for i in idx)
-        src = torch.full((len(idx), S), pad, dtype=torch.long)
-        for row, i in enumerate(idx):
-            src[row, : len(sources[i])] = torch.as_tensor(sources[i], dtype=torch.long)
+        src = pad_rows([sources[i] for i in idx], pad).to(device)  # (B, S)
         lengths = torch.tensor([len(sources[i]) for i in idx])
-        src = src.to(device)
         max_len = (lengths + max_len_a).clamp(max=cap)
         with torch.no_grad(), amp_context(device, amp_dtype):
-            out = decode_batch(model, src, (src != pad).unsqueeze(-2), max_len, bos, eos,
+            out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
                                beam_size=beam_size, alpha=alpha, pad_symbol=pad)
         for row, i in enumerate(out.tolist()):
             results[idx[row]] = strip_special(i, bos, eos, pad)
@@ -108,9 +106,9 @@ class TextTranslator:
     text: Any
     config: Config
 
-    def encode(self, sentence: str) -> tuple[list[int], bool]:
+    def source_ids(self, sentence: str) -> tuple[list[int], bool]:
         """Source ids (<s> ... </s>) and whether the sentence had to be truncated to fit data.max_len."""
-        ids = self.text.encode(sentence, "src")
+        ids = self.text.text_to_ids(sentence, "src")
         truncated = len(self.text.tokenize(sentence, "src")) + 2 > len(ids)
         return ids, truncated
 
@@ -119,12 +117,12 @@ class TextTranslator:
         """Translate sentences; returns one string per input, in input order ('' for an empty input)."""
         dec = self.config.decode
         keep = [i for i, s in enumerate(sentences) if s.strip()]
-        sources = [self.text.encode(sentences[i], "src") for i in keep]
+        sources = [self.text.text_to_ids(sentences[i], "src") for i in keep]
         outputs = self.translate_ids(sources, beam_size or dec.beam_size, dec.alpha if alpha is None else alpha,
                                      batch_size or dec.batch_size) if sources else []
         result = [""] * len(sentences)
         for i, ids in zip(keep, outputs):
-            result[i] = self.text.decode(ids, "tgt")
+            result[i] = self.text.ids_to_text(ids, "tgt")
         return result
 
     def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:

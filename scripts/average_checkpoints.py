@@ -5,8 +5,8 @@
 
 import argparse
 
-from annotated_transformer.checkpoint import average_checkpoints_into
 from annotated_transformer.errors import run_cli
+from annotated_transformer.harness.checkpointing import average_checkpoints_into
 
 
 def main() -> int:

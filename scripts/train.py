@@ -6,7 +6,7 @@ The same command runs one process (CPU, one GPU) or one rank of many under
 
 from annotated_transformer.config import config_parser, parse_config
 from annotated_transformer.errors import run_cli
-from annotated_transformer.training import train_worker
+from annotated_transformer.harness.trainer import train_worker
 
 
 def main() -> int:

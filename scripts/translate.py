@@ -27,7 +27,7 @@ def main() -> int:
     lines = read_lines(args.input)
     translator = load_translator(args.engine, args.checkpoint, args.model, args.device, args.quantize)
     for number, line in enumerate(lines, 1):
-        if line.strip() and translator.encode(line)[1]:
+        if line.strip() and translator.source_ids(line)[1]:
             print(f"warning: line {number} is longer than the model's limit of {translator.text.max_len} "
                   "tokens and was truncated", file=sys.stderr)
     outputs = translator.translate(lines, beam_size=args.beam, alpha=args.alpha, batch_size=args.batch_size)

@@ -63,7 +63,7 @@ def tiny_checkpoint(tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Pa
     at source length + 10 tokens, which keeps the run-on translations of an untrained model short.
     The run directory beside best.pt holds the usual files (metrics.jsonl, vocab/, config.yaml).
     """
-    from annotated_transformer.training import train_worker
+    from annotated_transformer.harness.trainer import train_worker
 
     run_dir = tmp_path_factory.mktemp("tiny_run")
     cfg = tiny_config(f"train.out_dir={run_dir}", "train.overwrite=true", "train.max_steps=60",

@@ -30,6 +30,7 @@ def forward_flops(model, S: int, T: int) -> int:
     return counter.get_total_flops()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
 def test_train_step_flops_matches_pytorchs_flop_counter(attention):
     N, d, d_ff = 2, 32, 96
@@ -45,6 +46,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path):
     proc = run("--config", "tiny", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
                "train.precision=fp32", "train.device=cpu", "--steps", "2", "--warmup", "1", "--sentences", "40",
@@ -52,7 +54,7 @@ def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path):
                "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
-    assert "Xeon" in result["device"] or result["device"]  # a machine name
+    assert isinstance(result["device"], str) and result["device"].strip()  # a machine name
     t, d = result["train"], result["decode"]
     assert t["ratio"] == pytest.approx(t["fast_tokens_per_s"] / t["reference_tokens_per_s"])
     assert 0 < t["mfu"] < 1 and 0 < t["reference_mfu"] < 1
@@ -76,6 +78,7 @@ def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path):
     (["--config", "copy"], "needs a Multi30k config"),
     (["--config", "tiny", "train.precison=bf16"], "did you mean 'train.precision'"),
 ])
+@pytest.mark.slow
 def test_benchmark_bad_input_is_one_clear_line(args, needle):
     proc = run(*args)
     assert proc.returncode == 2

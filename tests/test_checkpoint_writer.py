@@ -7,11 +7,11 @@ import re
 import pytest
 import torch
 
-from annotated_transformer.checkpoint import CheckpointWriter, load_checkpoint
 from annotated_transformer.config import load_config
 from annotated_transformer.errors import ConfigError, RunDirError
-from annotated_transformer.run_dir import RunDir
-from annotated_transformer.training import train_worker
+from annotated_transformer.harness.checkpointing import CheckpointWriter, load_checkpoint
+from annotated_transformer.harness.run_dir import RunDir
+from annotated_transformer.harness.trainer import train_worker
 
 
 def test_writer_snapshots_the_payload_when_save_is_called(tmp_path):
@@ -109,5 +109,5 @@ def test_translation_run_scores_the_better_of_best_and_average_on_val(tiny_confi
     else:  # equal to the two printed decimals: the unrounded scores decided
         assert results["final_checkpoint"] in ("avg.pt", best_name)
     assert "test_bleu_beam2" in results
-    final = RunDir(tmp_path).read_metrics()[-1]
+    final = RunDir(tmp_path).records()[-1]
     assert final["kind"] == "final" and final["checkpoint"] == results["final_checkpoint"]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from annotated_transformer import Translator
-from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
 from annotated_transformer.decoding import beam_search, greedy_decode, greedy_decode_naive
+from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.model import make_model_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +94,7 @@ def test_translator_refuses_a_copy_task_checkpoint(tmp_path, tiny_checkpoint):
 # ---------------------------------------------------------------- translate.py
 
 
+@pytest.mark.slow
 def test_translate_script_one_line_out_per_line_in(tiny_checkpoint, translator):
     stdin = "\n".join(SENTENCES).encode("utf-8") + b"\n"
     proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
@@ -104,6 +105,7 @@ def test_translate_script_one_line_out_per_line_in(tiny_checkpoint, translator):
     assert proc.stderr.decode().strip() == ""  # nothing to warn about
 
 
+@pytest.mark.slow
 def test_translate_script_reads_a_file_and_beam(tiny_checkpoint, translator, tmp_path):
     src = tmp_path / "de.txt"
     src.write_text("\n".join(SENTENCES[:4]) + "\n", encoding="utf-8")
@@ -113,6 +115,7 @@ def test_translate_script_reads_a_file_and_beam(tiny_checkpoint, translator, tmp
     assert proc.stdout.decode("utf-8").splitlines() == translator.translate(SENTENCES[:4], beam_size=3)
 
 
+@pytest.mark.slow
 def test_translate_script_truncates_a_long_line_with_a_warning(tiny_checkpoint, translator):
     limit = translator.text.max_len
     long_line = " ".join(["Hund"] * (limit + 20))
@@ -130,6 +133,7 @@ def test_translate_script_truncates_a_long_line_with_a_warning(tiny_checkpoint, 
     (["--beam", "0"], b"Ein Mann.\n", "--beam must be at least 1"),
     (["--input", "/nonexistent/de.txt"], b"", "cannot read /nonexistent/de.txt"),
 ])
+@pytest.mark.slow
 def test_translate_script_bad_input_is_one_clear_line(tiny_checkpoint, args, stdin, needle):
     proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", *args, stdin=stdin)
     assert proc.returncode == 2
@@ -138,6 +142,7 @@ def test_translate_script_bad_input_is_one_clear_line(tiny_checkpoint, args, std
     assert proc.stdout == b""
 
 
+@pytest.mark.slow
 def test_translate_script_missing_checkpoint(tmp_path):
     proc = run_script("translate.py", "--checkpoint", str(tmp_path / "nope.pt"), stdin=b"Ein Mann.\n")
     assert proc.returncode == 2
@@ -147,6 +152,7 @@ def test_translate_script_missing_checkpoint(tmp_path):
 # ---------------------------------------------------------------- evaluate.py
 
 
+@pytest.mark.slow
 def test_evaluate_script_json(tiny_checkpoint, multi30k_dir, tmp_path):
     hyp_file = tmp_path / "hyps.txt"
     proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--split", "val", "--limit", "20",
@@ -167,6 +173,7 @@ def test_evaluate_script_json(tiny_checkpoint, multi30k_dir, tmp_path):
     assert "Ein" in proc.stderr.decode() or "ein" in proc.stderr.decode()  # --show goes to stderr with --json
 
 
+@pytest.mark.slow
 def test_evaluate_script_text_output_names_signatures(tiny_checkpoint, multi30k_dir, tmp_path):
     proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--split", "test", "--limit", "8",
                       "--output", str(tmp_path / "h.txt"), "--data-root", str(multi30k_dir), "--device", "cpu")
@@ -179,6 +186,7 @@ def test_evaluate_script_text_output_names_signatures(tiny_checkpoint, multi30k_
     assert "case:lc" in scored["bleu_lc"] and "case:mixed" in scored["bleu"]
 
 
+@pytest.mark.slow
 def test_evaluate_script_refuses_a_bad_beam(tiny_checkpoint):
     proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--beam", "-1")
     assert proc.returncode == 2
@@ -188,6 +196,7 @@ def test_evaluate_script_refuses_a_bad_beam(tiny_checkpoint):
 # ---------------------------------------------------------------- average_checkpoints.py
 
 
+@pytest.mark.slow
 def test_average_checkpoints_script(tiny_checkpoint, tmp_path):
     payload = load_checkpoint(tiny_checkpoint)
     shifted = dict(payload, model={k: v + 1.0 if v.is_floating_point() else v for k, v in payload["model"].items()})
@@ -203,6 +212,7 @@ def test_average_checkpoints_script(tiny_checkpoint, tmp_path):
     assert len(tr.translate(["Ein Mann fährt Fahrrad."])) == 1
 
 
+@pytest.mark.slow
 def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_path):
     payload = load_checkpoint(tiny_checkpoint)
     cfg = json.loads(json.dumps(payload["config"]))
@@ -220,6 +230,7 @@ def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_p
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_average_checkpoints_refuses_another_vocabulary(tiny_checkpoint, tmp_path):
     payload = load_checkpoint(tiny_checkpoint)
     text = dict(payload["text"], tgt_vocab=list(payload["text"]["tgt_vocab"]))

@@ -110,6 +110,7 @@ def test_every_field_has_help():
         (["--config", "copy", "train.epochs"], "not of the form section.key=value"),
     ],
 )
+@pytest.mark.slow
 def test_cli_errors_are_one_line_and_exit_2(args, message, tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)

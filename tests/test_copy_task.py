@@ -5,10 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from annotated_transformer import data_gen
-from annotated_transformer.checkpoint import load_checkpoint
+from annotated_transformer.harness.checkpointing import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +26,7 @@ def test_data_gen_follows_the_notebook():
     assert b.ntokens == 8 * 9
 
 
+@pytest.mark.slow
 def test_copy_yaml_trains_to_perfect_copies(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(

@@ -66,28 +66,28 @@ def test_word_tokenize_matches_batched_and_drops_whitespace():
 
 def test_word_encode_decode_round_trip():
     text = word_pipeline()
-    ids = text.encode("Ein Mann fährt Auto.", "src")
+    ids = text.text_to_ids("Ein Mann fährt Auto.", "src")
     assert ids[0] == BOS and ids[-1] == EOS and UNK not in ids
-    assert text.decode(ids, "src") == "Ein Mann fährt Auto ."
-    assert text.decode_tokens(ids, "src") == ["Ein", "Mann", "fährt", "Auto", "."]
+    assert text.ids_to_text(ids, "src") == "Ein Mann fährt Auto ."
+    assert text.ids_to_tokens(ids, "src") == ["Ein", "Mann", "fährt", "Auto", "."]
     # <blank> dropped, everything after </s> ignored, unknown words become <unk>
-    tgt = text.encode("A man rides a zebra.", "tgt")
-    assert text.decode([*tgt, PAD, PAD] + text.encode("dog", "tgt"), "tgt") == "A man rides a <unk> ."
-    assert text.decode(torch.tensor(tgt), "tgt") == "A man rides a <unk> ."
+    tgt = text.text_to_ids("A man rides a zebra.", "tgt")
+    assert text.ids_to_text([*tgt, PAD, PAD] + text.text_to_ids("dog", "tgt"), "tgt") == "A man rides a <unk> ."
+    assert text.ids_to_text(torch.tensor(tgt), "tgt") == "A man rides a <unk> ."
     assert not text.shared_vocab and text.pad_id == PAD and text.bos_id == BOS
 
 
 def test_encode_truncates_keeping_eos():
     text = word_pipeline(max_len=5)
-    ids = text.encode("Ein Mann fährt Fahrrad im Park .", "src")
+    ids = text.text_to_ids("Ein Mann fährt Fahrrad im Park .", "src")
     assert len(ids) == 5 and ids[0] == BOS and ids[-1] == EOS
-    assert text.decode(ids, "src") == "Ein Mann fährt"
+    assert text.ids_to_text(ids, "src") == "Ein Mann fährt"
 
 
 def test_lowercase_mode():
     text = word_pipeline(lowercase=True)
     assert "Mann" not in text.src_vocab and "mann" in text.src_vocab
-    assert text.decode(text.encode("EIN MANN", "src"), "src") == "ein mann"
+    assert text.ids_to_text(text.text_to_ids("EIN MANN", "src"), "src") == "ein mann"
 
 
 def test_word_state_dict_is_weights_only_safe_and_round_trips(tmp_path):
@@ -99,7 +99,7 @@ def test_word_state_dict_is_weights_only_safe_and_round_trips(tmp_path):
     assert names == ["text_pipeline.json", "vocab.src.json", "vocab.tgt.json"]
     loaded = TextPipeline.load(tmp_path / "vocab")
     assert loaded == text
-    assert loaded.encode("Ein Hund.", "src") == text.encode("Ein Hund.", "src")
+    assert loaded.text_to_ids("Ein Hund.", "src") == text.text_to_ids("Ein Hund.", "src")
 
 
 def test_load_missing_or_damaged_is_a_data_error(tmp_path):
@@ -137,10 +137,10 @@ def test_spm_shared_vocab_and_specials(spm_pipeline):
 def test_spm_detokenises_exactly(spm_pipeline):
     text = spm_pipeline
     for sentence in ["Ein Hund läuft im Park.", "A cat jumps in the street."]:
-        ids = text.encode(sentence, "src")
+        ids = text.text_to_ids(sentence, "src")
         assert ids[0] == BOS and ids[-1] == EOS
-        assert text.decode(ids, "tgt") == sentence
-        assert "".join(text.decode_tokens(ids)).replace("\u2581", " ").strip() == sentence
+        assert text.ids_to_text(ids, "tgt") == sentence
+        assert "".join(text.ids_to_tokens(ids)).replace("\u2581", " ").strip() == sentence
 
 
 def test_spm_state_dict_round_trip(spm_pipeline, tmp_path):
@@ -151,7 +151,7 @@ def test_spm_state_dict_round_trip(spm_pipeline, tmp_path):
     spm_pipeline.save(tmp_path)
     assert {"spm.model", "spm.vocab", "text_pipeline.json"} <= {p.name for p in tmp_path.iterdir()}
     loaded = TextPipeline.load(tmp_path)
-    assert loaded.encode("Ein Mann fährt.", "src") == spm_pipeline.encode("Ein Mann fährt.", "src")
+    assert loaded.text_to_ids("Ein Mann fährt.", "src") == spm_pipeline.text_to_ids("Ein Mann fährt.", "src")
 
 
 def test_spm_vocab_too_large_is_a_config_error():

@@ -118,6 +118,7 @@ def exported(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return out
 
 
+@pytest.mark.slow
 def test_translate_script_gives_our_outputs(tiny_checkpoint, exported):
     stdin = "\n".join(SENTENCES).encode()
     ours = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
@@ -128,6 +129,7 @@ def test_translate_script_gives_our_outputs(tiny_checkpoint, exported):
     assert theirs.stdout == ours.stdout
 
 
+@pytest.mark.slow
 def test_evaluate_script_scores_the_exported_model(tiny_checkpoint, exported, multi30k_dir):
     import json
 
@@ -140,6 +142,7 @@ def test_evaluate_script_scores_the_exported_model(tiny_checkpoint, exported, mu
     assert Path(b["hypotheses"]).parent == exported  # written inside the exported folder
 
 
+@pytest.mark.slow
 def test_int8_export_is_smaller_and_close(tiny_checkpoint, exported, tmp_path):
     from annotated_transformer.ct2_translator import CT2Translator
 
@@ -149,13 +152,14 @@ def test_int8_export_is_smaller_and_close(tiny_checkpoint, exported, tmp_path):
     assert (out / "model.bin").stat().st_size < 0.6 * (exported / "model.bin").stat().st_size
     full, small = CT2Translator.from_dir(exported, threads=1), CT2Translator.from_dir(out, threads=1)
     itos = full.text.src_vocab.itos
-    src = [[itos[i] for i in full.text.encode(s, "src")[1:-1]] for s in SENTENCES if s]
+    src = [[itos[i] for i in full.text.text_to_ids(s, "src")[1:-1]] for s in SENTENCES if s]
     tgt = [r.hypotheses[0] for r in full.engine.translate_batch(src, beam_size=1, max_decoding_length=20)]
     a, b = full.engine.score_batch(src, tgt), small.engine.score_batch(src, tgt)  # the same pairs, scored twice
     diffs = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.log_probs, rb.log_probs)]
     assert max(diffs) < 0.5 and sum(diffs) / len(diffs) < 0.1
 
 
+@pytest.mark.slow
 def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_path):
     out = tmp_path / "taken"
     out.mkdir()
@@ -175,6 +179,7 @@ def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_pat
     (("--engine", "torch", "--model", "somewhere"), "pass a .pt file as --checkpoint"),
     (("--engine", "ctranslate2", "--model", "{missing}"), "model.bin is missing"),
 ])
+@pytest.mark.slow
 def test_wrong_engine_arguments_are_one_line(tmp_path, args, message):
     args = tuple(a.format(missing=tmp_path / "nothing") for a in args)
     r = run_script("translate.py", *args, stdin=b"Ein Mann.\n")
@@ -203,6 +208,7 @@ def test_engine_comparison_on_a_trained_checkpoint(tiny_checkpoint, multi30k_dir
         assert row["peak_mem_gb"] > 0 and row["latency_ms"] > 0 and row["threads"] == result["threads"]
 
 
+@pytest.mark.slow
 def test_engine_comparison_needs_a_checkpoint():
     r = run_script("benchmark.py", "--config", "tiny", "--engines")
     err = r.stderr.decode().strip()
@@ -232,6 +238,7 @@ def test_quantize_int8_keeps_the_log_probs_close(tiny_checkpoint, multi30k_data)
     assert 0 < diff.mean() < 0.05  # quantised (not the same weights), and close
 
 
+@pytest.mark.slow
 def test_translate_script_quantize_int8(tiny_checkpoint):
     stdin = "\n".join(SENTENCES).encode()
     r = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--quantize", "int8",

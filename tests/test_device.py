@@ -205,6 +205,7 @@ def one_error_line(tmp_path: Path, script: str, *args: str, nvml_sees_a_gpu: boo
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine can use CUDA")
 
 
+@pytest.mark.slow
 @needs_no_cuda
 def test_train_device_cuda_without_cuda_exits_2(tmp_path):
     line = one_error_line(tmp_path, "train.py", "--config", "copy", "train.device=cuda",
@@ -212,6 +213,7 @@ def test_train_device_cuda_without_cuda_exits_2(tmp_path):
     assert line.startswith("error: train.device is 'cuda' but ")
 
 
+@pytest.mark.slow
 @needs_no_cuda
 def test_train_device_cuda_names_the_gpu_nvml_sees(tmp_path):
     line = one_error_line(tmp_path, "train.py", "--config", "copy", "train.device=cuda",
@@ -220,6 +222,7 @@ def test_train_device_cuda_names_the_gpu_nvml_sees(tmp_path):
     assert A100 in line and "driver 535.104.05" in line and f"torch {torch.__version__}" in line
 
 
+@pytest.mark.slow
 @needs_no_cuda
 def test_translate_chooses_its_device_the_same_way(tmp_path):
     source = tmp_path / "de.txt"

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from annotated_transformer.harness.checkpointing import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,6 +21,7 @@ def train_losses(run_dir: Path) -> tuple[list[float], float]:
     return train, val
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_matches_one_process_with_accumulation(tmp_path, multi30k_dir, data_cache_dir):
     common = [f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}", "train.max_steps=30",
               "train.log_every=5", "model.dropout=0.0", "train.final_eval=false", "train.progress=false"]
@@ -45,3 +49,6 @@ def test_torchrun_two_ranks_matches_one_process_with_accumulation(tmp_path, mult
     assert single_loss[-1] < single_loss[0]  # and it did learn something
     # rank 0 alone wrote the run directory
     assert sorted(p.name for p in (tmp_path / "ddp").glob("*.pt")) == ["best.pt", "last.pt"]
+    # Each rank draws its own dropout masks (rank 1 is seeded apart after the model is built).
+    rng = load_checkpoint(tmp_path / "ddp" / "last.pt")["rng"]
+    assert not torch.equal(rng["0"]["torch"], rng["1"]["torch"])

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,12 +20,22 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from annotated_transformer.distributed import DistInfo, _restart_scoped_store, init_distributed
 from annotated_transformer.errors import DistributedError, UserError, run_cli
+from annotated_transformer.harness.distributed import DistInfo, _restart_scoped_store, init_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT")
+
+
+def torchrun_free_env(with_package: bool = False) -> dict[str, str]:
+    """This process's environment without torchrun's variables, one thread a rank (and the checkout importable)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if with_package:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    for name in TORCHRUN_VARS + ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",):
+        env.pop(name, None)
+    return env
 
 
 @pytest.fixture
@@ -120,7 +131,7 @@ def test_init_joins_with_the_restart_scoped_store(torchrun_env, agent_store, mon
 WORKER = """
 import os, signal, time
 import torch, torch.distributed as dist
-from annotated_transformer.distributed import cleanup, init_distributed
+from annotated_transformer.harness.distributed import cleanup, init_distributed
 
 info, _ = init_distributed("cpu")
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
@@ -136,6 +147,7 @@ cleanup()
 """
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_after_a_rank_is_killed(tmp_path):
     """2 gloo ranks, rank 1 SIGKILLed mid-loop, --max-restarts=1: both restarted ranks join and finish (about 15 s).
 
@@ -145,10 +157,7 @@ def test_torchrun_restarts_after_a_rank_is_killed(tmp_path):
     """
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    for name in TORCHRUN_VARS + ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",):
-        env.pop(name, None)
+    env = torchrun_free_env(with_package=True)
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1",
          str(script)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180)
@@ -174,14 +183,13 @@ def worker_pids(out_dir: Path) -> dict[int, int]:
     return pids
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the workers through /proc (Linux)")
 def test_a_training_job_survives_a_killed_rank_and_ends_as_an_uninterrupted_one(tmp_path):
     """torchrun, 2 ranks, rank 1 SIGKILLed inside epoch 2: the restart continues from last.pt; same final weights."""
-    from annotated_transformer.checkpoint import load_checkpoint
+    from annotated_transformer.harness.checkpointing import load_checkpoint
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for name in TORCHRUN_VARS + ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",):
-        env.pop(name, None)
+    env = torchrun_free_env()
     common = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1",
               str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml", "train.epochs=3", "data.copy_batches=40",
               "data.copy_batch_size=32", "model.dropout=0.1", "train.log_every=5", "train.progress=false",
@@ -209,3 +217,73 @@ def test_a_training_job_survives_a_killed_rank_and_ends_as_an_uninterrupted_one(
         k: v for k, v in b["train_state"].items() if k not in clocks} and a["train_state"]["step"] == 120
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="finds the workers through /proc (Linux)")
+def test_a_signal_to_one_rank_stops_every_rank_at_the_next_step(tmp_path):
+    """SIGTERM to rank 1 alone, with log intervals longer than the run: all ranks stop together, in the epoch."""
+    from annotated_transformer.harness.checkpointing import load_checkpoint
+
+    env = torchrun_free_env()
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml", "train.epochs=1", "data.copy_batches=2000",
+         "train.log_every=100000", "train.progress=false", "train.device=cpu", f"train.out_dir={out}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "x 2 ranks" in line:  # rank 0 is training; rank 1 a moment later
+            time.sleep(3)
+            os.kill(worker_pids(out)[1], signal.SIGTERM)
+    output = "".join(lines)
+    proc.wait(timeout=300)
+    assert "stopped by a signal on another rank in epoch 1" in output, output[-3000:]
+    state = load_checkpoint(out / "last.pt")["train_state"]
+    assert state["epoch"] == 0 and 0 < state["step"] < 2000  # inside the epoch, long before any log interval
+
+
+DISAGREE = """
+import sys
+from pathlib import Path
+from annotated_transformer.config import load_config
+from annotated_transformer.errors import UserError
+from annotated_transformer.harness import run_dir, trainer
+from annotated_transformer.harness.distributed import init_distributed
+
+info, _ = init_distributed("cpu")
+if info.rank == 1:  # this node's copy of the folder has no last.pt
+    run_dir.RunDir.plan = lambda self, cfg: ("start", None)
+try:
+    trainer.train_worker(load_config("copy", sys.argv[2:]))
+    message = "trained"
+except UserError as exc:
+    message = str(exc)
+# A file per rank and exit 0: torchrun would stop the other worker as soon as one exits non-zero.
+Path(sys.argv[1], f"rank{info.rank}.txt").write_text(message)
+"""
+
+
+@pytest.mark.slow
+def test_ranks_that_see_the_run_directory_differently_all_stop_with_one_line(tmp_path):
+    """Rank 0 would resume from last.pt, rank 1 (no shared folder) would start afresh: both refuse, nothing changes."""
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml",
+                           "train.epochs=2", "train.max_steps=30", "data.copy_batches=20", "train.progress=false",
+                           "train.device=cpu", f"train.out_dir={out}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before = {p.name: p.read_bytes() for p in out.glob("*.pt")}
+    script = tmp_path / "disagree.py"
+    script.write_text(textwrap.dedent(DISAGREE))
+    env = torchrun_free_env(with_package=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+         str(tmp_path), "train.epochs=2", "data.copy_batches=20", "train.progress=false", "train.device=cpu",
+         f"train.out_dir={out}"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=180)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.txt").read_text().startswith(
+            f"the ranks see {out} differently (rank 0 would resume at step 30, rank 1 would start afresh at step 0)")
+    assert {p.name: p.read_bytes() for p in out.glob("*.pt")} == before

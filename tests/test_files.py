@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.checkpoint import save_checkpoint
 from annotated_transformer.files import give_default_permissions
+from annotated_transformer.harness.checkpointing import save_checkpoint
 
 
 @pytest.fixture(params=[0o022, 0o002])

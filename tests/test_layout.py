@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,39 +37,84 @@ def test_readme_layout_matches_the_tree():
 
 
 # Lower layers never import higher ones; data and model, on one layer, never import each other.
+# Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
 LAYERS = {
     "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0,
-    "config": 1, "device": 1, "distributed": 1, "monitor": 1, "tensorboard_log": 1,
+    "config": 1, "device": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
-    "checkpoint": 3, "ct2_export": 3, "decoding": 3, "evaluation": 3, "run_dir": 3,
-    "tasks": 4, "translator": 4, "ct2_translator": 4,
-    "training": 5, "benchmark": 5, "engine_benchmark": 5, "visualization": 5,
-    "sweep": 6, "sweep_report": 6,
+    "loop": 3, "decoding": 3,
+    "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
+    "evaluation": 4,
+    "harness.run_dir": 5, "harness.resume": 5, "ct2_export": 5,
+    "harness.tasks": 6, "translator": 6, "ct2_translator": 6, "visualization": 6,
+    "harness.report": 7, "benchmark": 7, "engine_benchmark": 7, "sweep_report": 7,
+    "harness.trainer": 8, "sweep": 8,
 }
+CORE = {name for name, layer in LAYERS.items() if layer <= 3}
 APART = {"data", "model"}
 
 
+def module_key(parts: list[str]) -> str:
+    """A module's name in LAYERS: the harness's files one by one, other subpackages as a whole."""
+    return ".".join(parts[:2]) if parts[0] == "harness" and len(parts) > 1 else parts[0]
+
+
 def relative_imports(path: Path, package: Path):
-    """(importing top-level module, imported top-level module) for every relative import in `path`."""
+    """(importing module, imported module) for every relative import in `path`, named as in LAYERS."""
     parts = list(path.relative_to(package).with_suffix("").parts)
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level and id(node) not in typing_only:
             target = parts[: len(parts) - node.level] + (node.module.split(".") if node.module else [])
-            names = [a.name for a in node.names] if not target else [target[0]]
+            names = [target + [a.name] for a in node.names] if len(target) < 2 else [target]
             for name in names:
-                yield parts[0], name
+                yield module_key(parts), module_key(name)
 
 
 def test_no_module_imports_a_higher_layer():
     package = ROOT / "annotated_transformer"
-    modules = {p.stem if p.parent == package else p.relative_to(package).parts[0]
-               for p in package.rglob("*.py") if p != package / "__init__.py"}
+    files = [p for p in package.rglob("*.py") if p not in (package / "__init__.py", package / "harness" / "__init__.py")]
+    modules = {module_key(list(p.relative_to(package).with_suffix("").parts)) for p in files}
     assert modules <= set(LAYERS), f"give these modules a layer: {modules - set(LAYERS)}"
     wrong = []
-    for path in package.rglob("*.py"):
-        if path == package / "__init__.py":
-            continue  # the public API gathers every layer
+    for path in files:
         for me, target in relative_imports(path, package):
             if target != me and (LAYERS[target] > LAYERS[me] or {me, target} == APART):
                 wrong.append(f"{path.relative_to(package)} imports {target}")
     assert wrong == []
+
+
+def test_the_core_imports_nothing_of_the_harness():
+    package = ROOT / "annotated_transformer"
+    wrong = [f"{me} imports {target}" for path in package.rglob("*.py") if path.parent.name != "harness"
+             for me, target in relative_imports(path, package) if me in CORE and target not in CORE]
+    assert wrong == []
+
+
+def test_importing_the_package_loads_the_core_only():
+    """Nothing heavy beyond what `import torch` loads itself (torch 2.15 brings tqdm and pynvml), and no thread."""
+    code = ("import sys, threading, torch; "
+            "heavy = lambda: {m for m in sys.modules if m.split('.')[0] in ('tqdm', 'torchdata', 'sacrebleu', "
+            "'spacy', 'altair', 'pynvml', 'sentencepiece') or m.startswith(('annotated_transformer.harness', "
+            "'annotated_transformer.translator'))}; "
+            "before = heavy(); import annotated_transformer as at; "
+            "print(sorted(heavy() - before)); print(threading.active_count()); at.make_model; at.run_epoch; "
+            "assert at.train_worker.__module__ == 'annotated_transformer.harness.trainer'; "
+            "print('annotated_transformer.harness.trainer' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    loaded, threads, lazy = out.stdout.splitlines()
+    assert loaded == "[]" and threads == "1" and lazy == "True"
+
+
+def test_reading_order_names_core_files_with_their_line_counts():
+    text = ROOT.joinpath("README.md").read_text(encoding="utf-8")
+    table = text.split("## Reading order", 1)[1].split("\n\n")[2]
+    rows = [line.split("|") for line in table.splitlines()[2:]]
+    assert len(rows) >= 7
+    for row in rows:
+        path, lines = row[1].strip().strip("`"), int(row[-2])
+        assert path.removeprefix("annotated_transformer/").split("/")[0].removesuffix(".py") in CORE, path
+        actual = len(ROOT.joinpath(path).read_text(encoding="utf-8").splitlines())
+        assert abs(actual - lines) <= 0.1 * actual, f"{path}: the README says {lines} lines, it has {actual}"

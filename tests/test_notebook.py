@@ -65,6 +65,7 @@ def check_chart_output(output: dict, source: str) -> None:
     assert base64.b64decode(data["image/png"])[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_notebook_runs_and_draws_every_chart(venv_kernel, multi30k_dir, data_cache_dir, monkeypatch):
     # The notebook runs in notebooks/: a relative MULTI30K_DIR would point elsewhere from there.
     data_dir, cache_dir = multi30k_dir.resolve(), data_cache_dir.resolve()

@@ -64,6 +64,7 @@ def _build_wheel(tmp: Path) -> Path:
     return wheels[0]
 
 
+@pytest.mark.slow
 def test_wheel_ships_every_module_and_config_and_trains_copy_outside_the_checkout(tmp_path):
     wheel = _build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -140,6 +141,7 @@ BLOCK_PRELUDE = """if True:
     importlib.metadata.version = version
 """
 
+@pytest.mark.slow
 def test_import_pulls_no_spacy_altair_vl_convert_or_torchdata():
     done = _run([sys.executable, "-c", BLOCK_PRELUDE + """
     import annotated_transformer, annotated_transformer.data, annotated_transformer.translator
@@ -158,6 +160,7 @@ def test_import_pulls_no_spacy_altair_vl_convert_or_torchdata():
     assert error.startswith("word-mode text (data.tokenizer=word) is tokenised with spaCy, which is not installed")
 
 
+@pytest.mark.slow
 def test_tiny_trains_from_a_prepared_cache_without_spacy_altair_vl_convert(multi30k_dir, data_cache_dir,
                                                                            multi30k_data, tmp_path):
     # multi30k_data built the word-mode tiny cache with spaCy; this process has neither it nor its version.
@@ -171,9 +174,10 @@ def test_tiny_trains_from_a_prepared_cache_without_spacy_altair_vl_convert(multi
         print("imported:", sorted(m for m in BLOCKED if m in sys.modules))
     """, ROOT / "scripts" / "train.py", "--config", "tiny.yaml", f"data.root={multi30k_dir}",
                  f"data.cache_dir={data_cache_dir}", f"train.out_dir={run_dir}", "train.max_steps=20",
-                 "train.log_every=10", "train.final_eval=false", "train.progress=false", "train.device=cpu"],
-                cwd=tmp_path)
+                 "train.log_every=10", "train.final_eval=false", "train.progress=false", "train.device=cpu",
+                 "train.bleu_every=1", "decode.max_len_a=5"], cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "loaded from cache" in done.stdout
+    assert "val BLEU" in done.stdout  # the cache's tokenised references: BLEU needs no spaCy either
     assert (run_dir / "last.pt").is_file() and (run_dir / "metrics.jsonl").is_file()
     assert done.stdout.strip().splitlines()[-1] == "imported: []"

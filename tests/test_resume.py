@@ -1,7 +1,9 @@
-"""Checkpoints and exact resume: SIGTERM mid-epoch, then train.resume=true, ends bit-identical."""
+"""Resuming: what a run directory holds decides start, resume or finished; what may change on a resume.
+
+The bit-exact SIGTERM-then-resume test is in test_trainer.py (test_sigterm_mid_epoch_then_resume_is_bit_identical).
+"""
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
 from annotated_transformer.errors import CheckpointError
+from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml"]
@@ -25,44 +27,7 @@ def run(args, **kw):
                           timeout=300, **kw)
 
 
-def test_sigterm_then_resume_is_bit_exact(tmp_path):
-    full = tmp_path / "full"
-    assert run([f"train.out_dir={full}"]).returncode == 0
-
-    part = tmp_path / "part"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([*TRAIN, *SHORT, f"train.out_dir={part}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
-    for line in proc.stdout:
-        if line.startswith("step") and int(line.split()[1]) >= 50:  # inside epoch 2 (40 steps an epoch)
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest = proc.stdout.read()
-    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
-    assert "stopped by SIGTERM" in rest and "run the same command again to continue" in rest
-    stopped = load_checkpoint(part / "last.pt")
-    step = stopped["train_state"]["step"]
-    assert 50 <= step < 120
-    assert stopped["loader"]["taken"] == step - 40 * stopped["train_state"]["epoch"]
-
-    resumed = run([f"train.out_dir={part}"])  # train.resume=auto, the default
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed {part / 'last.pt'}" in resumed.stdout
-
-    a = load_checkpoint(full / "last.pt")
-    b = load_checkpoint(part / "last.pt")
-    assert a["train_state"]["step"] == b["train_state"]["step"] == 120
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
-    # the optimizer moments too
-    for (ka, va), (kb, vb) in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].items()):
-        assert torch.equal(va["exp_avg_sq"], vb["exp_avg_sq"])
-    # metrics were not duplicated by the resume
-    steps = [int(line.split('"step": ')[1].split(",")[0]) for line in (part / "metrics.jsonl").read_text().splitlines()
-             if '"kind": "train"' in line]
-    assert steps == sorted(set(steps))
-
-
+@pytest.mark.slow
 def test_resume_refuses_a_different_model(tmp_path):
     out = tmp_path / "r"
     assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
@@ -72,6 +37,7 @@ def test_resume_refuses_a_different_model(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
+@pytest.mark.slow
 def test_resume_takes_the_optimizer_settings_given_now(tmp_path):
     """Adam's betas and eps, the lr factor and the warm-up of the resuming command win over last.pt's."""
     import json
@@ -92,6 +58,7 @@ def test_resume_takes_the_optimizer_settings_given_now(tmp_path):
     assert all(r["lr"] == pytest.approx(rate(r["step"], 128, 0.1, 50)) for r in after)
 
 
+@pytest.mark.slow
 def test_resume_may_move_the_data_but_not_change_it(tmp_path):
     out = tmp_path / "r"
     assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
@@ -102,6 +69,7 @@ def test_resume_may_move_the_data_but_not_change_it(tmp_path):
     assert changed.returncode == 2 and "data settings differ (copy_seq_len)" in changed.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_steps, epoch", [(40, 1), (30, 0)])
 def test_max_steps_on_an_epoch_end_completes_that_epoch(tmp_path, max_steps, epoch):
     out = tmp_path / "r"
@@ -155,7 +123,7 @@ def test_atomic_save_leaves_the_old_file_on_failure(tmp_path):
 
 def plan_of(out, *overrides):
     from annotated_transformer.config import load_config
-    from annotated_transformer.run_dir import RunDir
+    from annotated_transformer.harness.run_dir import RunDir
 
     cfg = load_config("copy", [*SHORT, f"train.out_dir={out}", *overrides])
     return RunDir(out).plan(cfg)[0]
@@ -172,6 +140,7 @@ def test_resume_setting_takes_auto_true_and_false_only():
         load_config("copy", ["train.resume=maybe"])
 
 
+@pytest.mark.slow
 def test_auto_resume_decides_from_what_the_folder_holds(tmp_path):
     from annotated_transformer.errors import ConfigError
 
@@ -196,6 +165,7 @@ def test_auto_resume_decides_from_what_the_folder_holds(tmp_path):
         plan_of(out)
 
 
+@pytest.mark.slow
 def test_rerunning_after_a_stop_continues_and_a_finished_run_is_left_alone(tmp_path):
     out = tmp_path / "r"
     first = run([f"train.out_dir={out}", "train.epochs=1"])

@@ -71,10 +71,11 @@ def test_target_bleu_needs_validation_bleu():
         load_config("tiny", ["train.target_bleu=30", "train.bleu_every=0"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target, reached", [(1e-6, True), (99.0, False)])
 def test_epoch_records_carry_the_training_clock_and_the_target(tiny_config, tmp_path, target, reached):
-    from annotated_transformer.run_dir import read_metrics
-    from annotated_transformer.training import train_worker
+    from annotated_transformer.harness.run_dir import read_metrics
+    from annotated_transformer.harness.trainer import train_worker
 
     cfg = tiny_config(f"train.out_dir={tmp_path}", "train.max_steps=40", "train.log_every=20", "train.bleu_every=1",
                       f"train.target_bleu={target}", "train.schedule=linear", "train.warmup=10",
@@ -109,9 +110,10 @@ def test_decoder_depth_can_differ_from_the_encoder_depth():
         load_config("tiny", ["model.N_dec=-1"])
 
 
+@pytest.mark.slow
 def test_stop_at_target_ends_the_run_at_the_first_epoch_that_reaches_it(tiny_config, tmp_path):
-    from annotated_transformer.run_dir import RunDir
-    from annotated_transformer.training import train_worker
+    from annotated_transformer.harness.run_dir import RunDir
+    from annotated_transformer.harness.trainer import train_worker
 
     overrides = (f"train.out_dir={tmp_path}", "train.max_steps=0", "train.epochs=3", "data.batch_tokens=8192",
                  "train.bleu_every=1", "train.target_bleu=0.000001", "train.stop_at_target=true",
@@ -121,5 +123,11 @@ def test_stop_at_target_ends_the_run_at_the_first_epoch_that_reaches_it(tiny_con
     assert [e for e, _ in RunDir(tmp_path).epoch_files()] == [1]  # epochs 2 and 3 never ran
     assert RunDir(tmp_path).plan(tiny_config(*overrides))[0] == "finished"  # and a resume leaves it so
     assert RunDir(tmp_path).plan(tiny_config(*overrides[:-4], "train.stop_at_target=false"))[0] == "resume"
+    # A new target is timed afresh: an unreached one continues the run, a lower one is found in the metrics.
+    plan, last = RunDir(tmp_path).plan(tiny_config(*overrides[:-5], "train.target_bleu=1000", *overrides[-4:]))
+    assert plan == "resume" and last["train_state"]["target_epoch"] is None
+    plan, last = RunDir(tmp_path).plan(tiny_config(*overrides[:-5], "train.target_bleu=1e-7", *overrides[-4:]))
+    assert plan == "finished" and last["train_state"]["target_epoch"] == 1
+    assert last["train_state"]["target_seconds"] == results["target_seconds"]
     with pytest.raises(ConfigError, match="needs train.target_bleu"):
         tiny_config("train.stop_at_target=true")

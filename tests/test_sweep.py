@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.errors import ConfigError
-from annotated_transformer.run_dir import read_metrics
+from annotated_transformer.harness.run_dir import read_metrics
 from annotated_transformer.sweep import Launcher, Run, check_settings, parse_grid, plan_runs, read_grid
 from annotated_transformer.sweep_report import RunResult, curve_points, mean_sd, read_result, summary_markdown
 
@@ -167,6 +167,7 @@ def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
+@pytest.mark.slow
 def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path):
     _fake_run(tmp_path / "fast", "base", 1, [10.0, 20.0])
     _fake_run(tmp_path / "fast", "base", 2, [12.0, 22.0])
@@ -181,6 +182,17 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path):
     empty = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--compare", str(out)],
                            capture_output=True, text=True)
     assert empty.returncode == 2 and "no runs found" in empty.stderr
+
+
+def test_a_comparison_times_every_run_to_the_target_it_names():
+    from annotated_transformer.sweep_report import RunResult, summary_markdown, timed_to
+
+    own = RunResult("a", 1, True, curve=((1.0, 30.0), (2.0, 37.0), (3.0, 41.0)), target_seconds=120.0)  # timed to 36.5
+    never = RunResult("b", 1, True, curve=((1.0, 20.0), (2.0, 39.9)), target_seconds=None)
+    a, b = timed_to([own, never], 40.0)
+    assert (a.target_seconds, b.target_seconds) == (180.0, None)
+    table = summary_markdown([a, b], "t", 40.0)
+    assert "| 3.0 min (1/1) |" in table and "| not reached (0/1) |" in table
 
 
 def test_finished_runs_are_skipped_and_earlier_runs_in_the_folder_stay_in_the_report(tmp_path):

@@ -15,14 +15,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, make_model, run_epoch
-from annotated_transformer import training
-from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
+from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, TrainState, make_model, run_epoch, train_step
 from annotated_transformer.config import load_config
-from annotated_transformer.distributed import DistInfo
-from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError
+from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
+from annotated_transformer.harness import trainer as trainer_module
+from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
+from annotated_transformer.harness.distributed import DistInfo
+from annotated_transformer.harness.resume import RunState
+from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
+from annotated_transformer.loop import LossMeter
 from annotated_transformer.optim import build_optimizer, build_scheduler
-from annotated_transformer.training import train_step, train_worker, wrap_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
@@ -55,6 +57,7 @@ def all_tensors(obj):
 # --------------------------------------------------------------------------- divergence
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp_path):
     out = tmp_path / "run"
     common = ["--config", "copy.yaml", f"train.out_dir={out}", "train.log_every=5", *QUIET]
@@ -78,7 +81,7 @@ def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp
 
 def test_a_diverging_first_epoch_suggests_starting_again(tiny_config, tmp_path):
     cfg = tiny_config(f"train.out_dir={tmp_path}", "train.lr_factor=1e12", "train.log_every=10", *QUIET)
-    with pytest.raises(training.TrainingDiverged, match=r"between steps 1 and 10 .* train.overwrite=true"):
+    with pytest.raises(TrainingDiverged, match=r"between steps 1 and 10 .* train.overwrite=true"):
         train_worker(cfg)
     assert not list(tmp_path.glob("*.pt"))
 
@@ -86,18 +89,19 @@ def test_a_diverging_first_epoch_suggests_starting_again(tiny_config, tmp_path):
 def test_non_finite_weights_are_never_saved(tmp_path):
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=1", "data.copy_batches=2", *QUIET])
     info, device = DistInfo(), torch.device("cpu")
-    trainer = training.Trainer(cfg, info, device)
+    trainer = Trainer(cfg, info, device)
     with torch.no_grad():
         next(trainer.model.parameters()).fill_(float("inf"))
-    with pytest.raises(training.TrainingDiverged, match="weights are not finite"):
-        trainer._save_checkpoints({}, mid_epoch=False, weights_to=[trainer.run.best])
-    trainer.writer.wait()
+    with pytest.raises(TrainingDiverged, match="weights are not finite"):
+        trainer.checkpoints.save(mid_epoch=False, weights_to=[trainer.run.best])
+    trainer.checkpoints.wait()
     assert not list(tmp_path.glob("*.pt"))
 
 
 # --------------------------------------------------------------------------- filesystem errors
 
 
+@pytest.mark.slow
 def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -162,7 +166,7 @@ def test_progress_total_equals_the_optimizer_steps(tmp_path, monkeypatch):
         def __exit__(self, *exc):
             return False
 
-    monkeypatch.setattr(training, "tqdm", Bar)
+    monkeypatch.setattr(trainer_module, "tqdm", Bar)
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=10",
                                "train.accum_steps=3", *QUIET])
     results = train_worker(cfg)
@@ -195,7 +199,7 @@ def test_accumulation_under_ddp_with_compile_all_reduces_once_per_step(tmp_path,
 
 
 def test_exact_copies_restores_the_training_mode():
-    from annotated_transformer.tasks import exact_copies
+    from annotated_transformer.harness.tasks import exact_copies
 
     model = make_model(11, 11, N=1, d_model=16, d_ff=32, h=2)
     model.train()
@@ -272,7 +276,10 @@ def metrics_without_clocks(path: Path) -> list[dict]:
     return [without_clocks(r) for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") != "start"]
 
 
-def test_sigterm_mid_epoch_then_resume_on_multi30k_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir):
+@pytest.mark.slow
+def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir):
+    """SIGTERM inside epoch 2, then the same command: the weights, the Adam moments, the counters and every
+    metrics line equal an uninterrupted run's (dropout on, so the random state is restored too)."""
     common = ["--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
               "data.max_len=12", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
               "train.log_every=1", "train.final_eval=false", "model.dropout=0.1", *QUIET]
@@ -291,22 +298,29 @@ def test_sigterm_mid_epoch_then_resume_on_multi30k_is_bit_identical(tmp_path, mu
             break
     rest = proc.stdout.read()
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
+    assert "stopped by SIGTERM in epoch 2" in rest and "run the same command again to continue" in rest
     stopped = load_checkpoint(part / "last.pt")
+    step = stopped["train_state"]["step"]
     assert stopped["train_state"]["epoch"] == 1 and stopped["meter"]["epoch_tokens"] > 0
-    assert per_epoch < stopped["train_state"]["step"] < 2 * per_epoch
+    assert per_epoch < step < 2 * per_epoch and stopped["loader"]["taken"] == step - per_epoch
 
-    resumed = subprocess.run([*TRAIN, *common, f"train.out_dir={part}", "train.resume=true"], capture_output=True,
+    resumed = subprocess.run([*TRAIN, *common, f"train.out_dir={part}"], capture_output=True,  # resume=auto
                              text=True, cwd=ROOT, env=env, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed {part / 'last.pt'}: epoch 1, step {step}" in resumed.stdout
     a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
     assert without_clocks(a["train_state"]) == without_clocks(b["train_state"])
     assert b["train_state"]["train_seconds"] > 0
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+    for moments_a, moments_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(moments_a["exp_avg"], moments_b["exp_avg"])
+        assert torch.equal(moments_a["exp_avg_sq"], moments_b["exp_avg_sq"])
     # every metrics line, the resumed epoch's train_loss over the whole epoch included
     assert metrics_without_clocks(part / "metrics.jsonl") == metrics_without_clocks(tmp_path / "full" / "metrics.jsonl")
 
 
+@pytest.mark.slow
 def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path):
     out = tmp_path / "run"
     cfg = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=4", *QUIET]
@@ -329,7 +343,7 @@ def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path):
     assert refused.stderr.strip() == (f"error: {out / 'last.pt'} is not a resumable checkpoint (no optimizer, "
                                       "scheduler, rng); resume from the run's last.pt, or start a new run")
     with pytest.raises(CheckpointError):
-        training.RunState(training.TrainState(), *([None] * 4), training.LossMeter()).load_state_dict({"model": {}})
+        RunState(TrainState(), *([None] * 4), LossMeter()).load_state_dict({"model": {}})
 
 
 # --------------------------------------------------------------------------- TensorBoard

@@ -20,9 +20,9 @@ import torch
 
 from annotated_transformer import visualization as viz
 from annotated_transformer.errors import UserError
+from annotated_transformer.harness.run_dir import RunDir, read_metrics
 from annotated_transformer.model import make_model
 from annotated_transformer.optim import rate
-from annotated_transformer.run_dir import RunDir, read_metrics
 
 
 def rows(spec: dict) -> list[dict]:
@@ -262,8 +262,8 @@ def test_one_metrics_reader_for_the_run_and_the_charts(tmp_path):
     write_metrics(tmp_path / "metrics.jsonl", bleu=False)
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [10, 20, 20, 30, 40]  # the blank and the torn line skipped
-    assert RunDir(tmp_path).read_metrics() == records
-    assert RunDir(tmp_path / "none").read_metrics() == []  # a run that has logged nothing yet
+    assert RunDir(tmp_path).records() == records
+    assert RunDir(tmp_path / "none").records() == []  # a run that has logged nothing yet
     with pytest.raises(FileNotFoundError):
         read_metrics(tmp_path / "none" / "metrics.jsonl")
 
@@ -294,6 +294,7 @@ def test_save_chart_writes_offline_html_and_png(tmp_path):
         viz.save_chart(chart, tmp_path / "x", formats=("svg",))
 
 
+@pytest.mark.slow
 def test_importing_the_package_loads_no_chart_library():
     code = ("import sys, annotated_transformer, annotated_transformer.visualization as viz\n"
             "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'altair', 'vl_convert'})\n"

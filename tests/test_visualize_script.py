@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.checkpoint import load_checkpoint, save_checkpoint
+from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts/visualize.py"
@@ -166,6 +166,7 @@ def test_bad_input_is_one_line_and_exit_2(case, message, tiny_checkpoint, copy_t
     assert not out.exists()  # nothing written before the mistake was found
 
 
+@pytest.mark.slow
 def test_bad_input_from_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(tmp_path / "nope.pt"),
                            "--sentence", SENTENCE], capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -232,7 +233,7 @@ def test_word_labels_name_unknown_words_and_follow_truncation():
     sa = sentence_attention(translator, "ein Zebra läuft")
     check_alignment(sa)
     assert sa.src_tokens == ["<s>", "ein", "Zebra (unk)", "läuft", "</s>"] and not sa.truncated
-    assert sa.translation == text.decode(sa.tgt_ids, "tgt")
+    assert sa.translation == text.ids_to_text(sa.tgt_ids, "tgt")
     # Longer than max_len = 6: cut to <s> + 4 words + </s>, as the model saw it.
     sa = sentence_attention(translator, "ein Hund läuft im Park am Strand")
     check_alignment(sa)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..masks import subsequent_mask
+from ..masks import padding_mask, subsequent_mask
 
 
 class Batch:
@@ -22,7 +22,7 @@ class Batch:
     def __init__(self, src: Tensor, tgt: Tensor | None = None, pad: int = 2) -> None:
         self.pad = pad
         self.src = src
-        self.src_mask = (src != pad).unsqueeze(-2)  # (B, 1, S)
+        self.src_mask = padding_mask(src, pad)  # (B, 1, S)
         self.ntokens = 0
         self.global_ntokens: int | None = None
         if tgt is not None:
@@ -34,7 +34,7 @@ class Batch:
     @staticmethod
     def make_std_mask(tgt: Tensor, pad: int) -> Tensor:
         """Hide padding and future words: (B, T) -> (B, T, T)."""
-        return (tgt != pad).unsqueeze(-2) & subsequent_mask(tgt.size(-1), device=tgt.device)
+        return padding_mask(tgt, pad) & subsequent_mask(tgt.size(-1), device=tgt.device)
 
     def __len__(self) -> int:
         return self.src.size(0)

@@ -3,6 +3,8 @@
     <data.cache_dir>/multi30k-<key>/
         text/            the TextPipeline (vocabularies or SentencePiece model), TextPipeline.save format
         train.npz ...    per split: concatenated ids (<s> ... </s>, untruncated) + offsets, for each side
+        val.refs.json    word mode: val and test targets as BLEU compares them (spaCy tokens joined by
+        test.refs.json   spaces), so a machine without spaCy scores BLEU from the cache
         manifest.json    the settings the key was made from, and the build statistics
 
 The key is a hash of everything that changes the ids: the data checksums, the tokenisation
@@ -56,7 +58,7 @@ def cache_settings(data_cfg: Any) -> dict[str, Any]:
         "tgt_lang": d.tgt_lang, "tokenizer": d.tokenizer, "lowercase": bool(d.lowercase),
     }
     if d.tokenizer == "word":
-        settings.update(min_freq=int(d.min_freq), spacy=_version("spacy"))
+        settings.update(min_freq=int(d.min_freq), spacy=_version("spacy"), references="tokenised")
     else:
         settings.update(spm_vocab_size=int(d.spm_vocab_size), sentencepiece=_version("sentencepiece"))
     return settings
@@ -107,7 +109,7 @@ def _unpack(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
 
 def write_cache(folder: Path, text: TextPipeline, splits: dict[str, dict[str, Any]], settings: dict[str, Any],
                 stats: dict[str, Any]) -> Path:
-    """Write a complete cache folder atomically. `splits[name]` = {'src': rows, 'tgt': rows}."""
+    """Write a complete cache folder atomically. `splits[name]` = {'src': rows, 'tgt': rows} (+ 'refs': lines)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".tmp"))
     try:
@@ -119,6 +121,8 @@ def write_cache(folder: Path, text: TextPipeline, splits: dict[str, dict[str, An
                 np.savez(f, src=src_flat, src_offsets=src_off, tgt=tgt_flat, tgt_offsets=tgt_off)
                 f.flush()
                 os.fsync(f.fileno())
+            if sp.get("refs") is not None:
+                (tmp / f"{name}.refs.json").write_text(json.dumps(sp["refs"], ensure_ascii=False), encoding="utf-8")
         manifest = {"settings": settings, "stats": stats, "splits": sorted(splits)}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         give_default_permissions(tmp)  # a shared cache_dir stays shared
@@ -136,7 +140,7 @@ def write_cache(folder: Path, text: TextPipeline, splits: dict[str, dict[str, An
 def read_cache(folder: Path) -> tuple[TextPipeline, dict[str, dict[str, Any]], dict[str, Any]] | None:
     """(text pipeline, splits, build stats) from a cache folder; None if absent; CacheUnreadable if damaged.
 
-    `splits[name]` = {'src': [np.ndarray], 'tgt': [np.ndarray]}, one array per raw line.
+    `splits[name]` = {'src': [np.ndarray], 'tgt': [np.ndarray], 'refs': [str] or None}, one entry per raw line.
     """
     manifest_path = folder / MANIFEST
     if not manifest_path.is_file():
@@ -148,6 +152,8 @@ def read_cache(folder: Path) -> tuple[TextPipeline, dict[str, dict[str, Any]], d
         for name in manifest["splits"]:
             with np.load(folder / f"{name}.npz") as z:
                 splits[name] = {"src": _unpack(z["src"], z["src_offsets"]), "tgt": _unpack(z["tgt"], z["tgt_offsets"])}
+            refs = folder / f"{name}.refs.json"
+            splits[name]["refs"] = json.loads(refs.read_text(encoding="utf-8")) if refs.is_file() else None
         return text, splits, manifest["stats"]
     except Exception as exc:  # any damage at all means: do not trust it, rebuild
         raise CacheUnreadable(f"{type(exc).__name__}: {exc}") from exc

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from ..files import atomic_write
@@ -24,7 +25,9 @@ from ..errors import DataError
 from .tokenizers import SubwordModel, train_sentencepiece, word_tokenize, word_tokenize_many
 from .vocab import BOS, EOS, PAD, UNK, Vocab
 
-FORMAT = 1
+IdsT = TypeVar("IdsT", list[int], np.ndarray)
+
+TEXT_FORMAT = 1
 SIDES = ("src", "tgt")
 MODES = ("word", "spm")
 SETTINGS_FILE = "text_pipeline.json"
@@ -38,6 +41,15 @@ def _to_int_list(ids: Any) -> list[int]:
     if hasattr(ids, "tolist"):  # tensors and numpy arrays
         ids = ids.tolist()
     return [int(i) for i in ids]
+
+
+def truncate_ids(ids: IdsT, max_len: int) -> IdsT:
+    """The first max_len - 1 ids and the closing </s> when `ids` (a list or an array) is longer than max_len."""
+    if len(ids) <= max_len:
+        return ids
+    if isinstance(ids, np.ndarray):
+        return np.append(ids[: max_len - 1], EOS)
+    return [*ids[: max_len - 1], EOS]
 
 
 class TextPipeline:
@@ -138,9 +150,9 @@ class TextPipeline:
 
     def truncate(self, ids: list[int]) -> list[int]:
         """Cut ids to max_len, keeping the closing </s>."""
-        return ids if len(ids) <= self.max_len else [*ids[: self.max_len - 1], EOS]
+        return truncate_ids(ids, self.max_len)
 
-    def encode(self, text: str, side: str = "src") -> list[int]:
+    def text_to_ids(self, text: str, side: str = "src") -> list[int]:
         """<s> ids </s> of one sentence, truncated to max_len (the final </s> is kept)."""
         if self.mode == "word":
             ids = self.numericalize(self.tokenize(text, side), side)
@@ -160,14 +172,14 @@ class TextPipeline:
                 out.append(i)
         return out
 
-    def decode_tokens(self, ids: Any, side: str = "tgt") -> list[str]:
+    def ids_to_tokens(self, ids: Any, side: str = "tgt") -> list[str]:
         """The tokens (words or pieces) of an id sequence: <s> and <blank> dropped, stopping at </s>."""
         return self.vocab(side).lookup_tokens(self._content_ids(ids))
 
-    def decode(self, ids: Any, side: str = "tgt") -> str:
+    def ids_to_text(self, ids: Any, side: str = "tgt") -> str:
         """The text of an id sequence: word mode joins tokens with single spaces; spm mode detokenises."""
         if self.mode == "word":
-            return " ".join(self.decode_tokens(ids, side))
+            return " ".join(self.ids_to_tokens(ids, side))
         self._check_side(side)
         return self.subword.decode_ids(self._content_ids(ids))
 
@@ -175,7 +187,7 @@ class TextPipeline:
 
     def settings(self) -> dict[str, Any]:
         """The scalar settings (no vocabularies)."""
-        return {"format": FORMAT, "mode": self.mode, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
+        return {"format": TEXT_FORMAT, "mode": self.mode, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
                 "lowercase": self.lowercase, "max_len": self.max_len}
 
     def state_dict(self) -> dict[str, Any]:
@@ -192,8 +204,8 @@ class TextPipeline:
     def from_state_dict(cls, d: dict[str, Any]) -> TextPipeline:
         """Rebuild from `state_dict` output (no dataset needed)."""
         try:
-            if d.get("format") != FORMAT:
-                raise DataError(f"text pipeline format {d.get('format')!r} is not supported (expected {FORMAT})")
+            if d.get("format") != TEXT_FORMAT:
+                raise DataError(f"text pipeline format {d.get('format')!r} is not supported (expected {TEXT_FORMAT})")
             common = {"lowercase": bool(d["lowercase"]), "max_len": int(d["max_len"])}
             if d["mode"] == "word":
                 return cls("word", d["src_lang"], d["tgt_lang"], Vocab(d["src_vocab"]), Vocab(d["tgt_vocab"]), **common)

@@ -39,9 +39,8 @@ from .buckets import (
 from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
 from .loader import TrainLoader
 from .multi30k import SPLIT_FILES, read_split, resolve_multi30k_dir
-from .text import TextPipeline
+from .text import TextPipeline, truncate_ids
 from .tokenizers import word_tokenize_many
-from .vocab import EOS
 
 SPLITS = tuple(SPLIT_FILES)  # ("train", "val", "test")
 Log = Callable[[str], None] | None
@@ -56,6 +55,7 @@ class Split:
     tgt_text: list[str]
     src: list[np.ndarray]
     tgt: list[np.ndarray]
+    tgt_refs: list[str] | None = None  # word mode: tgt_text as BLEU compares it (tokens joined by spaces)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -125,10 +125,7 @@ def apply_long_policy(src: list[np.ndarray], tgt: list[np.ndarray], max_len: int
                 skipped += 1
                 continue
             truncated += 1
-            if len(s) > max_len:
-                s = np.append(s[: max_len - 1], EOS)
-            if len(t) > max_len:
-                t = np.append(t[: max_len - 1], EOS)
+            s, t = truncate_ids(s, max_len), truncate_ids(t, max_len)
         out_src.append(s)
         out_tgt.append(t)
         keep.append(i)
@@ -157,6 +154,8 @@ def build_cache(d: DataConfig, root: Path, log: Log = None) -> Path:
         ids["train"] = {"src": text.ids_many(raw["train"][0], "src"), "tgt": text.ids_many(raw["train"][1], "tgt")}
     for split in SPLITS[1:]:
         ids[split] = {"src": text.ids_many(raw[split][0], "src"), "tgt": text.ids_many(raw[split][1], "tgt")}
+        if d.tokenizer == "word":  # BLEU's references, so scoring needs no spaCy where only the cache is
+            ids[split]["refs"] = [" ".join(t) for t in text.tokenize_many(raw[split][1], "tgt")]
     tokenize_seconds = time.perf_counter() - t_tok
     stats = {
         "raw_lines": {s: len(raw[s][0]) for s in SPLITS},
@@ -207,7 +206,7 @@ def _load_cached(d: DataConfig, root: Path, log: Log) -> tuple[TranslationData, 
         src, tgt, keep, truncated[name], skipped[name] = apply_long_policy(
             c["src"], c["tgt"], d.max_len, skip=d.long_policy == "skip" and name == "train")
         if len(keep) == len(src_text):
-            splits[name] = Split(name, src_text, tgt_text, src, tgt)
+            splits[name] = Split(name, src_text, tgt_text, src, tgt, c.get("refs"))
         else:
             splits[name] = Split(name, [src_text[i] for i in keep], [tgt_text[i] for i in keep], src, tgt)
     if not splits["train"].src:

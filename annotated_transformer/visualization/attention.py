@@ -277,7 +277,7 @@ def sentence_attention(translator: Translator, sentence: str, beam_size: int = 1
     if beam_size < 1:
         raise UserError(f"the beam size must be at least 1, got {beam_size}")
     text, dec = translator.text, translator.config.decode
-    src_ids, truncated = translator.encode(sentence)
+    src_ids, truncated = translator.source_ids(sentence)
     out_ids = translate_ids(translator.model, [src_ids], pad=text.pad_id, bos=text.bos_id, eos=text.eos_id,
                             device=translator.device, beam_size=beam_size, alpha=dec.alpha,
                             max_len_a=dec.max_len_a, batch_size=1, amp_dtype=translator.amp_dtype)[0]
@@ -286,7 +286,7 @@ def sentence_attention(translator: Translator, sentence: str, beam_size: int = 1
     # output holds an id that decode_tokens would drop.
     tgt_tokens = ["<s>", *(display_token(t) for t in text.vocab("tgt").lookup_tokens(out_ids))]
     attention = collect_attention(translator.model, torch.tensor(src_ids), None, torch.tensor(tgt_ids))
-    return SentenceAttention(sentence=sentence, translation=text.decode(out_ids, "tgt"), src_ids=src_ids,
+    return SentenceAttention(sentence=sentence, translation=text.ids_to_text(out_ids, "tgt"), src_ids=src_ids,
                              tgt_ids=tgt_ids, src_tokens=_source_labels(translator, sentence, src_ids),
                              tgt_tokens=tgt_tokens, attention=attention, truncated=truncated)
 

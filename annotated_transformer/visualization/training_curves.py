@@ -8,7 +8,7 @@ from typing import Any
 
 import altair as alt
 
-from ..run_dir import read_metrics
+from ..harness.run_dir import read_metrics
 from .heatmap import inline_data
 
 

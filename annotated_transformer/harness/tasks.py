@@ -14,10 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .config import Config
-from .data.batch import Batch
-from .data.copy_task import COPY_PAD, COPY_START, CopyLoader, copy_validation_batches
-from .decoding import greedy_decode
+from ..config import Config
+from ..data.batch import Batch
+from ..data.copy_task import COPY_PAD, COPY_START, CopyLoader, copy_validation_batches
+from ..decoding import greedy_decode
+from ..masks import padding_mask
 from .distributed import DistInfo
 
 
@@ -74,7 +75,7 @@ def exact_copies(model, V: int, seq_len: int, n: int = 100, seed: int = 1234,
     was_training = model.training
     model.eval()
     try:
-        out = greedy_decode(model, src, (src != COPY_PAD).unsqueeze(-2), seq_len, COPY_START)
+        out = greedy_decode(model, src, padding_mask(src, COPY_PAD), seq_len, COPY_START)
     finally:
         model.train(was_training)
     return int((out == src).all(dim=1).sum())
@@ -117,7 +118,7 @@ class TranslationTask:
     def translate_split(self, model, device: torch.device, split: str, beam_size: int = 1,
                         amp_dtype: torch.dtype | None = None, limit: int | None = None) -> list[str]:
         """Every rank decodes its share of `split`; all ranks get the full list of hypotheses in order."""
-        from .translator import translate_ids
+        from ..translator import translate_ids
 
         sp = self.data.splits[split]
         n = len(sp.src) if limit is None else min(limit, len(sp.src))
@@ -126,7 +127,7 @@ class TranslationTask:
         outs = translate_ids(model, [sp.src[i] for i in mine], pad=text.pad_id, bos=text.bos_id,
                              eos=text.eos_id, device=device, beam_size=beam_size, alpha=dec.alpha,
                              max_len_a=dec.max_len_a, batch_size=dec.batch_size, amp_dtype=amp_dtype)
-        local = [(i, text.decode(ids, "tgt")) for i, ids in zip(mine, outs)]
+        local = [(i, text.ids_to_text(ids, "tgt")) for i, ids in zip(mine, outs)]
         if self.info.distributed and dist.is_initialized():
             gathered: list[Any] = [None] * self.info.world_size
             dist.all_gather_object(gathered, local)
@@ -139,11 +140,12 @@ class TranslationTask:
     def score(self, model, device: torch.device, split: str = "val", beam_size: int = 1,
               amp_dtype: torch.dtype | None = None, limit: int | None = None) -> dict[str, Any]:
         """BLEU (headline form for the tokenisation mode), its signature, chrF; plus the hypotheses."""
-        from .evaluation import score_translations
+        from ..evaluation import score_translations
 
         hyps = self.translate_split(model, device, split, beam_size, amp_dtype, limit)
-        raw = self.data.splits[split].tgt_text
-        head, scores = score_translations(hyps, raw[:limit] if limit else raw, self.data.text)
+        sp = self.data.splits[split]
+        raw = sp.tgt_text[:limit] if limit else sp.tgt_text
+        head, scores = score_translations(hyps, raw, self.data.text, sp.tgt_refs)
         out: dict[str, Any] = {"bleu": head.score, "bleu_signature": head.signature, "hypotheses": hyps}
         for key, s in scores.items():
             out[f"score_{key}"] = s.score
@@ -154,7 +156,7 @@ def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = 
     """The task the config names, with its data prepared (downloaded, tokenised, cached)."""
     if cfg.data.dataset == "copy":
         return CopyTask(cfg, info)
-    from .data import load_translation_data
+    from ..data import load_translation_data
 
     data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log)
     return TranslationTask(cfg, info, data)

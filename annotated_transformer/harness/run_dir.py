@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import load_checkpoint
-from .config import Config, config_to_dict, config_yaml
-from .errors import ConfigError, RunDirError
-from .files import atomic_write, writing
+from .checkpointing import load_checkpoint
+from ..config import Config, config_to_dict, config_yaml
+from ..errors import ConfigError, RunDirError
+from ..files import atomic_write, writing
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts", "tensorboard"}
@@ -65,6 +65,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+def retarget(state: dict[str, Any], records: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """`state` with the first epoch (and its train_seconds) whose val BLEU reached a new train.target_bleu.
+
+    A resumed run may set another target: the epoch that reached the old one says nothing about it.
+    """
+    hits = [r for r in records if r.get("kind") == "epoch" and r.get("bleu") is not None
+            and r.get("epoch", 0) <= state.get("epoch", 0) and target and r["bleu"] >= target]
+    first = min(hits, key=lambda r: r["epoch"], default=None)
+    return {**state, "target_epoch": first["epoch"] if first else None,
+            "target_seconds": first.get("train_seconds") if first else None}
 
 
 class RunDir:
@@ -154,6 +166,8 @@ class RunDir:
                               "replace it with train.overwrite=true or choose another train.out_dir")
         last = load_checkpoint(self.last)
         check_same_settings(last.get("config", {}), cfg, self.last)
+        if last.get("config", {}).get("train", {}).get("target_bleu", 0.0) != t.target_bleu:
+            last["train_state"] = retarget(last.get("train_state", {}), self.records(), t.target_bleu)
         state = last.get("train_state", {})
         done = t.finished(state.get("epoch", 0), state.get("step", 0), state.get("target_epoch") is not None)
         return ("finished" if done and t.resume == "auto" else "resume"), last
@@ -173,13 +187,13 @@ class RunDir:
         with writing(self.metrics), self.metrics.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def read_metrics(self) -> list[dict[str, Any]]:
+    def records(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl (empty when missing), as `read_metrics` reads them."""
         return read_metrics(self.metrics) if self.metrics.is_file() else []
 
     def truncate_metrics(self, step: int) -> None:
         """Drop records logged after optimizer step `step` (a resumed run logs them again)."""
-        kept = [r for r in self.read_metrics() if int(r.get("step", 0)) <= step]
+        kept = [r for r in self.records() if int(r.get("step", 0)) <= step]
         text = "".join(json.dumps(r) + "\n" for r in kept)
         with writing(self.metrics):
             atomic_write(self.metrics, lambda f: f.write(text.encode("utf-8")))

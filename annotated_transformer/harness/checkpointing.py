@@ -20,15 +20,22 @@ import threading
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from .errors import CheckpointError, ConfigError
-from .files import atomic_write, run_dir_error
+from ..errors import CheckpointError, ConfigError, TrainingDiverged
+from ..files import atomic_write, run_dir_error, writing
+from ..loop import Log, weights_finite, world_size
 
-FORMAT = "annotated-transformer/1"
+if TYPE_CHECKING:  # run_dir and resume import this module
+    from .distributed import DistInfo
+    from .resume import RunState
+    from .run_dir import RunDir
+
+CHECKPOINT_FORMAT = "annotated-transformer/1"
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -44,7 +51,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
     """Write a checkpoint dict atomically (temporary file, fsync, rename)."""
-    payload = {"format": FORMAT, **payload}
+    payload = {"format": CHECKPOINT_FORMAT, **payload}
     atomic_write(path, lambda f: torch.save(payload, f))
 
 
@@ -134,8 +141,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CheckpointError(f"checkpoint {path} is unreadable or truncated ({first[:160]})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT or "model" not in payload:
-        raise CheckpointError(f"{path} is not an annotated-transformer checkpoint (no '{FORMAT}' format tag)")
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT or "model" not in payload:
+        raise CheckpointError(f"{path} is not an annotated-transformer checkpoint "
+                              f"(no '{CHECKPOINT_FORMAT}' format tag)")
     return payload
 
 
@@ -202,3 +210,78 @@ def _same_text(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same_text(x, y) for x, y in zip(a, b))
     return a == b
+
+
+def broadcast_weights(model: nn.Module) -> None:
+    """Give every rank rank 0's weights (no-op on one process)."""
+    if world_size() > 1:
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
+class Checkpointer:
+    """A run's checkpoint files: last.pt (resumable), best.pt and epoch_NN.pt (weights), avg.pt.
+
+    Every rank takes part in a save (the random states are gathered); rank 0 copies the state to
+    the CPU and a background `CheckpointWriter` writes it while training goes on.
+    """
+
+    def __init__(self, run: RunDir, run_state: RunState, info: DistInfo, common: dict[str, Any]) -> None:
+        self.run, self.run_state, self.info = run, run_state, info
+        self.common = common  # what every file carries: the config and the text pipeline
+        self.writer = CheckpointWriter()
+        self.saved_step: int | None = None  # the step of the newest last.pt (None: there is none yet)
+
+    def save(self, mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
+        """Queue last.pt, and the weights alone to `weights_to`; never from weights that are not finite."""
+        step = self.run_state.train_state.step
+        if not weights_finite(self.run_state.model):  # a last line of defence: never overwrite good files
+            raise TrainingDiverged(f"training diverged: the weights are not finite at step {step}; nothing was "
+                                   "saved from them. Lower train.lr_factor or set train.clip_grad_norm")
+        resumable = self.run_state.state_dict(mid_epoch=mid_epoch)  # a collective: every rank takes part
+        self.saved_step = step
+        if not self.info.is_main:
+            return
+        weights = {**self.common, "model": resumable["model"], "train_state": resumable["train_state"]}
+        jobs = ([(weights, weights_to)] if weights_to else []) + [({**self.common, **resumable}, [self.run.last])]
+        self.writer.save(*jobs)
+
+    def wait(self) -> None:
+        """Until every queued file is on disk (raises what the writer met)."""
+        self.writer.wait()
+
+    def restart_hint(self) -> str:
+        """How to go on after a divergence: from the last good last.pt, or from scratch."""
+        self.writer.wait()
+        if self.saved_step is not None:
+            return f"rerun to continue from {self.run.last} (step {self.saved_step}, the last good state)"
+        return "start again with train.overwrite=true (no checkpoint was written before the divergence)"
+
+    def load_weights(self, model: nn.Module, path: Path) -> bool:
+        """Load `path`'s weights on rank 0 and give them to every rank; False when rank 0 has no such file."""
+        found = [self.info.is_main and path.is_file()]
+        if self.info.distributed:
+            dist.broadcast_object_list(found, src=0)
+        if found[0]:
+            if self.info.is_main:
+                device = next(model.parameters()).device
+                model.load_state_dict(load_checkpoint(path, map_location=device)["model"])
+            broadcast_weights(model)
+        return found[0]
+
+    def average_last(self, n: int, log: Log) -> Path | None:
+        """Average the newest `n` epoch files into avg.pt (rank 0); None if n < 2 or too few exist."""
+        if n < 2:
+            return None
+        paths = [path for _, path in self.run.epoch_files()[-n:]]
+        enough = [len(paths) >= n]
+        if self.info.distributed:
+            dist.broadcast_object_list(enough, src=0)
+        if not enough[0]:
+            log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
+            return None
+        if self.info.is_main:
+            with writing(self.run.avg):
+                save_checkpoint(average_checkpoints(paths), self.run.avg)
+            log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
+        return self.run.avg

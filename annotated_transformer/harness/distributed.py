@@ -15,8 +15,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import device as devices
-from .errors import ConfigError, DistributedError
+from .. import device as devices
+from ..errors import ConfigError, DistributedError
+from ..loop import all_reduce_sum, world_size  # noqa: F401 - the loop's collectives, public here too
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,24 @@ def _restart_scoped_store(info: DistInfo, timeout: timedelta) -> dist.Store | No
     return dist.PrefixStore(f"annotated_transformer/restart_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
+_HOST_GROUP: list[dist.ProcessGroup | None] = []  # made once per process group, on first use
+
+
+def host_group() -> dist.ProcessGroup | None:
+    """A gloo group for small host-side flags: the job's default group when it is gloo, else one made once.
+
+    Every rank must call this at the same point the first time (new_group is a collective).
+    """
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo"))
+    return _HOST_GROUP[0]
+
+
 def cleanup() -> None:
     """Leave the process group, if any."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _HOST_GROUP.clear()
 
 
 def is_main_process() -> bool:
@@ -121,15 +136,3 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over ranks in place (no-op when not distributed); returns it."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor
-
-
-def world_size() -> int:
-    """Number of processes in the job (1 when not distributed)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return 1

@@ -1,0 +1,140 @@
+"""Everything a resume needs: the run state behind last.pt, every rank's random state, the signals that stop a run."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import CheckpointError
+from ..loop import LossMeter, TrainState, world_size
+from .checkpointing import unwrap_model
+from .distributed import host_group
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuplify(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuplify(x: Any) -> Any:
+    """random.setstate wants tuples where a checkpoint round trip may give lists."""
+    return tuple(_tuplify(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+RESUMABLE_KEYS = ("train_state", "model", "optimizer", "scheduler", "rng")
+
+
+@dataclass
+class RunState:
+    """Everything `last.pt` holds to continue a run exactly, behind one state_dict() / load_state_dict().
+
+    The counters, the model, the optimizer, the schedule, every rank's random-number state and,
+    for a run stopped inside an epoch, the data loader's position and the epoch's loss sums.
+    """
+
+    train_state: TrainState
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loader: Any  # TrainLoader or CopyLoader: state_dict() / load_state_dict()
+    meter: LossMeter
+    rank: int = 0
+
+    def state_dict(self, mid_epoch: bool = False) -> dict[str, Any]:
+        """The resumable state; under torchrun a collective (every rank's RNG state is gathered)."""
+        rngs: list[Any] = [_rng_state()]
+        if world_size() > 1:
+            rngs = [None] * world_size()
+            dist.all_gather_object(rngs, _rng_state())
+        return {"train_state": self.train_state.state_dict(), "model": unwrap_model(self.model).state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "loader": self.loader.state_dict() if mid_epoch else None,
+                "meter": self.meter.state_dict() if mid_epoch else None,
+                "rng": {str(r): s for r, s in enumerate(rngs)}}
+
+    def load_state_dict(self, payload: dict[str, Any], source: Path | str = "last.pt") -> bool:
+        """Restore everything from a `state_dict()` payload; returns True when it stopped inside an epoch."""
+        missing = [k for k in RESUMABLE_KEYS if k not in payload]
+        if missing:
+            raise CheckpointError(f"{source} is not a resumable checkpoint (no {', '.join(missing)}); "
+                                  "resume from the run's last.pt, or start a new run")
+        try:
+            return self._restore(payload)
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise CheckpointError(f"cannot resume from {source}: {first[:200]}") from None
+
+    def _restore(self, payload: dict[str, Any]) -> bool:
+        unwrap_model(self.model).load_state_dict(payload["model"])
+        # The moments come from last.pt; the settings (betas, eps, ...) and the schedule are the ones
+        # given now, so a resumed run can change them (the saved param groups would otherwise win).
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(payload["optimizer"])
+        for group, given in zip(self.optimizer.param_groups, settings):
+            group.update(given)
+        self.scheduler.load_state_dict(payload["scheduler"])  # the step count; the rate function stays ours
+        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * fn(self.scheduler.last_epoch)  # the next step's rate under today's schedule
+        self.train_state.load_state_dict(payload["train_state"])
+        rng = payload["rng"].get(str(self.rank))
+        if rng is not None:
+            _set_rng_state(rng)
+        if payload.get("loader") is None:
+            return False
+        self.loader.load_state_dict(payload["loader"])
+        if payload.get("meter") is not None:  # absent in files written before the meter was saved
+            self.meter.load_state_dict(payload["meter"])
+        return True
+
+
+class StopSignal:
+    """Turns SIGTERM / SIGINT into a flag the training loop reads between steps (host only)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Catch SIGTERM and SIGINT from now on (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        """Put the previous handlers back."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.signum = signum
+
+    def agreed(self) -> bool:
+        """True when any rank received a signal: a collective, so every rank stops at the same step.
+
+        Asked after every step: the flag is a CPU tensor summed over a gloo group (the job's own on
+        the CPU, a second one beside NCCL), so it costs one small message and never waits for a GPU.
+        """
+        flag = torch.tensor(0.0 if self.signum is None else 1.0)
+        dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=host_group())
+        return bool(flag > 0)

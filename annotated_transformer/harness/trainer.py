@@ -1,0 +1,348 @@
+"""The Trainer behind `train_worker`: one rank's run built from a config (fit / train epoch / evaluate / save).
+
+The loop itself (`train_step`, `run_epoch`) is the core's (`annotated_transformer.loop`); the parts
+a practical run adds live beside this file: checkpointing.py (the files and the background
+writer), resume.py (the run state and signals), report.py (the end of a run), run_dir.py,
+distributed.py, tasks.py (Multi30k or the copy task), monitor.py and tensorboard_log.py.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+from ..config import Config, config_to_dict
+from ..device import resolve_amp_dtype
+from ..errors import DistributedError, TrainingDiverged, UserError
+from ..files import writing
+from ..loop import LossMeter, TrainState, evaluate_loss, train_loop
+from ..loss import LabelSmoothing, SimpleLossCompute
+from ..model import make_model_from_config
+from ..optim import build_optimizer, build_scheduler
+from .checkpointing import Checkpointer
+from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
+from .monitor import GPUMonitor, format_gpu, peak_memory_gb
+from .report import epoch_line, finish, start_line
+from .resume import RunState, StopSignal
+from .run_dir import RunDir
+from .tasks import build_task
+from .tensorboard_log import TensorBoardLog, summary_writer_class
+
+
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: bool) -> nn.Module:
+    """The module the training step calls: compiled inside, DDP outside.
+
+    DDP must be the outer wrapper: `train_step` finds it with isinstance to skip the gradient
+    all-reduce (`no_sync`) on all but the last micro-batch; torch.compile(DDP(...)) would hide it.
+    Every bucketed batch has its own (B, S, T): one compile for symbolic shapes, not one per shape.
+    """
+    wrapped = torch.compile(model, dynamic=True) if compile else model
+    if info.distributed:
+        wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
+    return wrapped
+
+
+class Trainer:
+    """One rank's training run: built from a config, then `fit()`.
+
+    The loop reads like the paper's training section: for each epoch, `train_step` over its
+    batches (`train_loop`), then `evaluate` and `save`; at the end `finish` (averaging, final scores,
+    examples).
+    """
+
+    def __init__(self, cfg: Config, info: DistInfo, device: torch.device, plan: str = "start",
+                 last: dict[str, Any] | None = None) -> None:
+        self.cfg, self.info, self.device, self.log = cfg, info, device, print0
+        self.t_start = time.perf_counter()
+        self.run = RunDir(cfg.run_dir())
+        if cfg.train.tensorboard and info.is_main:
+            summary_writer_class()  # a missing package is an error before anything is written
+        if info.is_main:
+            self.run.prepare(cfg, plan)
+        barrier()
+        torch.manual_seed(cfg.train.seed)
+        random.seed(cfg.train.seed)
+        self.task = build_task(cfg, info, log=self.log)
+        if info.is_main and self.task.text is not None:
+            with writing(self.run.vocab):
+                self.task.text.save(self.run.vocab)
+        self._build_model()
+        if info.rank:  # dropout draws differ between ranks; the weights above were drawn alike on every rank
+            torch.manual_seed(cfg.train.seed + info.rank)
+        self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
+        self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
+                                         cfg.train.schedule, self.total_steps(), cfg.train.final_lr_ratio)
+        self.val_batches = self.task.val_batches()
+        self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
+                              LossMeter(device), info.rank)
+        self.train_state = self.run_state.train_state
+        text_state = self.task.text.state_dict() if self.task.text is not None else None
+        common = {"config": config_to_dict(cfg), "text": text_state}  # what every checkpoint file carries
+        self.checkpoints = Checkpointer(self.run, self.run_state, info, common)
+        self.mid_epoch = self._resume(last) if plan == "resume" else False
+        self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
+        self.stopper = StopSignal()
+        self.monitor = GPUMonitor(device)
+        self.gpu_samples: list[dict[str, float]] = []
+        self.compile_seconds: float | None = None if cfg.train.compile else 0.0  # measured on the first step
+        self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
+        self.tensorboard = TensorBoardLog(self.run.tensorboard) if cfg.train.tensorboard and info.is_main else None
+
+    def _build_model(self) -> None:
+        """Model, loss, optimizer and precision from the config (the schedule needs the loader's length)."""
+        m, t = self.cfg.model, self.cfg.train
+        self.model = make_model_from_config(m, self.task.src_vocab_size, self.task.tgt_vocab_size).to(self.device)
+        criterion = LabelSmoothing(self.task.tgt_vocab_size, self.task.pad, t.label_smoothing)
+        self.loss_compute = SimpleLossCompute(self.model.generator, criterion)
+        self.optimizer = build_optimizer(self.model, betas=tuple(t.adam_betas), eps=t.adam_eps)
+        self.amp_dtype = resolve_amp_dtype(t.precision, self.device)
+
+    def _resume(self, last: dict[str, Any]) -> bool:
+        """Load last.pt into the run state; True when it stopped inside an epoch."""
+        mid_epoch = self.run_state.load_state_dict(last, self.run.last)
+        self.checkpoints.saved_step = self.train_state.step
+        if self.info.is_main:
+            self.run.truncate_metrics(self.train_state.step)
+        self.log(f"resumed {self.run.last}: epoch {self.train_state.epoch}, step {self.train_state.step}")
+        return mid_epoch
+
+    def total_steps(self) -> int:
+        """The optimizer steps this run will take: train.max_steps, or train.epochs' worth if fewer."""
+        t = self.cfg.train
+        by_epochs = t.epochs * -(-len(self.loader) // t.accum_steps)  # the last group of an epoch may be short
+        return min(x for x in (by_epochs, t.max_steps) if x > 0)
+
+    def done(self) -> bool:
+        """Training is over when the epochs are done or the step budget is spent."""
+        s = self.train_state
+        return self.cfg.train.finished(s.epoch, s.step, s.target_epoch is not None)
+
+    def fit(self) -> dict[str, Any]:
+        """Train epoch by epoch until done; a signal saves last.pt and stops; then finish."""
+        m = self.model
+        self.log(start_line(self))
+        self.stopper.install()
+        self.startup_seconds, self.startup_reported = time.perf_counter() - self.t_start, False
+        if self.info.is_main:
+            self.record({"kind": "start", "step": self.train_state.step, "params": m.num_parameters(),
+                         "device": str(self.device), "world_size": self.info.world_size,
+                         "threads": torch.get_num_threads(), "precision": str(self.amp_dtype or "fp32"),
+                         "startup_seconds": self.startup_seconds})
+        try:
+            while not self.done():
+                epoch, t_epoch = self.train_state.epoch, time.perf_counter()
+                train_loss = self.train_epoch()
+                if self.stopping:
+                    self.train_state.wall_seconds += time.perf_counter() - t_epoch
+                    return self.stop(epoch)
+                record = self.evaluate(epoch, train_loss, time.perf_counter() - t_epoch)
+                self.save(record, t_epoch)
+            self.stopper.restore()  # from here on Ctrl-C interrupts at once
+            self.checkpoints.wait()  # best.pt on disk before finish reads it back
+            return self.finish()
+        except TrainingDiverged as exc:
+            raise TrainingDiverged(f"{exc}, then {self.checkpoints.restart_hint()}") from None
+        finally:
+            self.stopper.restore()
+            self.checkpoints.wait()  # every checkpoint on disk before the process exits
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+
+    def train_epoch(self) -> float:
+        """One epoch (or the rest of a resumed one) of `train_step`; returns its mean training loss."""
+        t = self.cfg.train
+        if not self.mid_epoch:
+            self.loader.set_epoch(self.train_state.epoch)
+            self.run_state.meter = LossMeter(self.device)
+        self.mid_epoch, self.stopping = False, False
+        steps = -(-len(self.loader) // t.accum_steps)  # the last group may be short
+        bar = tqdm(total=steps, desc=f"epoch {self.train_state.epoch + 1}", leave=False, dynamic_ncols=True,
+                   disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.gpu_samples.clear()
+        self.step_clock = time.perf_counter()
+        with bar:
+            loss = train_loop(
+                self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler, self.train_state,
+                accum_iter=t.accum_steps, device=self.device, amp_dtype=self.amp_dtype,
+                clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
+                log=(self.log if bar.disable else bar.write) if self.info.is_main else None, on_log=self._on_log,
+                should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.run_state.meter)
+        self.train_state.train_seconds += time.perf_counter() - self.step_clock
+        return loss
+
+    def _should_stop(self) -> bool:
+        """After each step: a signal arrived (under torchrun on any rank, agreed by all at the same step)."""
+        if self.compile_seconds is None:  # the first step of a compiled model: compile time, not training time
+            self.compile_seconds = time.perf_counter() - self.step_clock
+            self.step_clock = time.perf_counter()
+        self.stopping = self.stopper.agreed() if self.info.distributed else self.stopper.signum is not None
+        return self.stopping
+
+    def _on_log(self, figures: dict[str, float]) -> None:
+        sample = self.monitor.sample()
+        if sample:
+            self.gpu_samples.append(sample)
+        if self.info.is_main:
+            self.record({"kind": "train", "epoch": self.train_state.epoch + 1, **figures})
+
+    def record(self, record: dict[str, Any]) -> None:
+        """One metrics record (rank 0): a line of metrics.jsonl, and scalars for TensorBoard when asked."""
+        self.run.log_metrics(record)
+        if self.tensorboard is not None:
+            self.tensorboard.add(record)
+
+    def stop(self, epoch: int) -> dict[str, Any]:
+        """A signal stopped training inside `epoch`: save last.pt with the data position, report, return."""
+        self.checkpoints.save(mid_epoch=True)
+        self.checkpoints.wait()  # last.pt on disk ...
+        barrier()  # ... before any rank exits: torchrun stops the others when the first one exits
+        name = signal.Signals(self.stopper.signum).name if self.stopper.signum else "a signal on another rank"
+        self.log(f"stopped by {name} in epoch {epoch + 1} at step {self.train_state.step}; saved {self.run.last}; "
+                 "run the same command again to continue (train.resume=auto)")
+        return {"stopped_by": self.stopper.signum or signal.SIGTERM}
+
+    def evaluate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
+        """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record with its clocks."""
+        t, s, t_eval = self.cfg.train, self.train_state, time.perf_counter()
+        if not self.cut_short():
+            s.epoch = epoch + 1
+        val_loss = evaluate_loss(self.val_batches, self.model, self.loss_compute, device=self.device,
+                                 amp_dtype=self.amp_dtype)
+        record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": s.step, "train_loss": train_loss,
+                                  "val_loss": val_loss, "seconds": seconds}
+        if self.task.name == "multi30k" and t.bleu_every and ((epoch + 1) % t.bleu_every == 0 or self.done()):
+            scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype)
+            record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
+            if t.target_bleu and s.target_epoch is None and scored["bleu"] >= t.target_bleu:
+                s.target_epoch, s.target_seconds = epoch + 1, s.train_seconds
+        record.update(train_seconds=s.train_seconds, eval_seconds=time.perf_counter() - t_eval,
+                      **self._one_off_clocks())
+        if s.target_epoch is not None:
+            record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
+        if self.gpu_samples:
+            record["gpu_util"] = sum(x["gpu_util"] for x in self.gpu_samples) / len(self.gpu_samples)
+            record["gpu_mem_used_gb"] = max(x["gpu_mem_used_gb"] for x in self.gpu_samples)
+        peak = peak_memory_gb(self.device)
+        if peak is not None:
+            record["peak_mem_gb"] = peak
+        return record
+
+    def _one_off_clocks(self) -> dict[str, float]:
+        """Start-up (process start to the first step) and compile warm-up, reported once per process."""
+        if self.startup_reported:
+            return {}
+        self.startup_reported = True
+        clocks = {"startup_seconds": self.startup_seconds}
+        if self.cfg.train.compile and self.compile_seconds is not None:
+            clocks["compile_seconds"] = self.compile_seconds
+        return clocks
+
+    def cut_short(self) -> bool:
+        """max_steps ended training inside an epoch: that epoch stays unfinished (no epoch file, mid-epoch last.pt).
+
+        A budget that lands exactly on an epoch's last batch completes that epoch.
+        """
+        t = self.cfg.train
+        return (bool(t.max_steps) and self.train_state.step >= t.max_steps
+                and self.loader.taken < len(self.loader))
+
+    def save(self, record: dict[str, Any], t_epoch: float) -> None:
+        """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""
+        t, s, epoch = self.cfg.train, self.train_state, record["epoch"]
+        t_save = time.perf_counter()
+        metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
+        improved = metric is not None and (s.best_metric is None or (
+            metric > s.best_metric if t.best_metric == "bleu" else metric < s.best_metric))
+        if improved:
+            s.best_metric, s.best_epoch = float(metric), epoch
+        cut_short = self.cut_short()
+        targets = ([self.run.best] if improved else []) + ([] if cut_short else [self.run.epoch(epoch)])
+        s.wall_seconds += t_save - t_epoch  # before the checkpoint, so last.pt holds it
+        record["wall_seconds"] = s.wall_seconds
+        self.checkpoints.save(mid_epoch=cut_short, weights_to=targets)
+        if self.info.is_main:  # copying the weights and waiting for the previous write, not the write itself
+            self.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
+        if self.info.is_main and t.keep_last_epochs and not cut_short:
+            self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
+        self.log(epoch_line(record, s, t) + format_gpu(self.gpu_samples[-1] if self.gpu_samples else {}))
+
+    def finish(self) -> dict[str, Any]:
+        """Charts, final scores and example translations (report.finish)."""
+        return finish(self)
+
+
+def train_worker(cfg: Config) -> dict[str, Any]:
+    """Train one rank (of one or many, under torchrun) from a validated config; return the final figures.
+
+    Builds data, model, loss, optimizer and schedule; trains epoch by epoch; evaluates validation
+    loss every epoch and validation BLEU every `train.bleu_every` epochs; keeps `best.pt`,
+    `last.pt` and `epoch_NN.pt`; finally scores the test split with the best weights and shows a
+    few translations (or, for the copy task, counts exact copies).
+    """
+    info, device = init_distributed(cfg.train.device)
+    try:
+        run = RunDir(cfg.run_dir())
+        plan, last = agree_on_plan(run, cfg, info)  # every rank decides (or fails) alike before rank 0 writes
+        if plan == "finished":
+            s = last["train_state"]
+            print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
+                   "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
+                   "train.out_dir, or raise train.epochs to continue it")
+            return {"finished": True, "steps": s["step"]}
+        return Trainer(cfg, info, device, plan, last).fit()
+    except RuntimeError as exc:
+        if info.distributed and _lost_a_rank(exc):
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DistributedError(
+                f"rank {info.rank} lost contact with another rank ({first[:200]}); under torchrun --max-restarts "
+                "the job restarts and continues from last.pt, otherwise rerun the same command to continue") from None
+        raise
+    finally:
+        cleanup()
+
+
+def agree_on_plan(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[str, Any] | None]:
+    """The run directory's plan (start, resume or finished), the same on every rank or an error on every rank.
+
+    Each rank reads the folder itself; under torchrun the ranks compare what they saw, so a node
+    that sees no last.pt (a folder that is not shared) never starts from step 0 while another resumes.
+    """
+    try:
+        plan, last = run.plan(cfg)
+        mine: tuple[Any, ...] = (plan, (last or {}).get("train_state", {}).get("step", 0), "")
+    except UserError as exc:
+        if not info.distributed:
+            raise
+        failure, mine = exc, ("", 0, str(exc))
+    if not info.distributed:
+        return plan, last
+    seen: list[Any] = [None] * info.world_size
+    dist.all_gather_object(seen, mine)  # a barrier too: nobody writes before everybody has looked
+    if mine[2]:
+        raise failure
+    failed = [(rank, msg) for rank, (_, _, msg) in enumerate(seen) if msg]
+    if failed:
+        raise DistributedError(f"rank {failed[0][0]} could not use {run.path}: {failed[0][1]}")
+    if len({(p, step) for p, step, _ in seen}) > 1:
+        what = {"start": "start afresh", "resume": "resume", "finished": "find a finished run"}
+        views = ", ".join(f"rank {rank} would {what[p]} at step {step}" for rank, (p, step, _) in enumerate(seen))
+        raise DistributedError(f"the ranks see {run.path} differently ({views}); train.out_dir must be one folder "
+                               "that every node reads and writes (a shared filesystem)")
+    return plan, last
+
+
+def _lost_a_rank(exc: RuntimeError) -> bool:
+    """Whether a collective failed because a peer went away (gloo/NCCL errors are RuntimeErrors)."""
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or any(
+        marker in text for marker in ("Connection reset", "Connection closed", "Broken pipe", "gloo", "NCCL"))

@@ -1,0 +1,301 @@
+"""The training loop, as the notebook has it: `TrainState`, one `train_step`, `run_epoch` (a train loop
+and an evaluation loop). The harness (`annotated_transformer.harness`) builds a run around it.
+
+Loss normalisation: an optimizer step may span `accum_iter` micro-batches on each of
+`world_size` ranks. Its loss is the sum of the per-token losses of all of them divided by their
+total number of non-padding target tokens, so the gradient is exactly the gradient of one big
+batch, however the tokens are split between micro-batches and ranks. Every rank knows that total
+on the host (all ranks follow one batch plan, see `data.loader`), and divides its summed loss by
+(global tokens / world_size) because DDP averages gradients over ranks.
+
+No host synchronisation per step: losses (and gradient norms) are summed on the device and read
+once per log interval (`LossMeter`), where a non-finite value stops the run (`TrainingDiverged`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from itertools import islice
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .data.batch import Batch
+from .device import amp_context
+from .errors import TrainingDiverged
+from .loss import SimpleLossCompute
+
+Log = Callable[[str], None]
+
+
+def world_size() -> int:
+    """Number of processes in the job (1 when not distributed)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """Sum a tensor over ranks in place (no-op when not distributed); returns it."""
+    if world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+@dataclass
+class TrainState:
+    """Counters that say how far training got; saved in every checkpoint.
+
+    The notebook counted batches in `step` and optimizer updates in `accum_step`. Here `step`
+    is the optimizer update (what the learning-rate schedule, the logs and `train.max_steps`
+    count) and `micro_step` counts batches; with no accumulation they are equal.
+    """
+
+    step: int = 0  # optimizer updates taken
+    micro_step: int = 0  # batches (micro-batches) processed
+    samples: int = 0  # sentences processed (this rank)
+    tokens: int = 0  # non-padding target tokens processed (this rank)
+    epoch: int = 0  # epochs completed
+    best_metric: float | None = None  # best validation score so far (BLEU or loss)
+    best_epoch: int = 0  # the epoch that scored it
+    train_seconds: float = 0.0  # time spent in optimizer steps (data included; compile warm-up, eval, saving not)
+    wall_seconds: float = 0.0  # time spent in epochs: training, validation, BLEU and queueing checkpoints
+    target_epoch: int | None = None  # the first epoch whose validation BLEU reached train.target_bleu
+    target_seconds: float | None = None  # train_seconds at the end of that epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """A plain dict for checkpoints."""
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict()` output."""
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+class LossMeter:
+    """Summed token losses of the epoch and of the current log window, kept on the device.
+
+    Adding costs no host synchronisation; `read_window` and `read_epoch` sum over ranks and
+    bring the figures to the host (one sync per log interval). A NaN or inf loss (or gradient
+    norm, when clipping) poisons the sums it enters, so the reads also say whether every step
+    since the last read was finite.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.epoch_loss = torch.zeros((), device=self.device)  # summed per-token losses of the epoch (this rank)
+        self.window_loss = torch.zeros((), device=self.device)  # the same since the last log line
+        self.window_grad_norm = torch.zeros((), device=self.device)  # summed gradient norms since the last log line
+        self.epoch_tokens = self.window_tokens = 0  # non-padding target tokens (host ints, this rank)
+        self.window_time = time.perf_counter()
+
+    def add(self, loss_sum: Tensor, tokens: int, grad_norm: Tensor | None = None) -> None:
+        """Count one batch's (or step's) summed loss and tokens; device additions only."""
+        self.epoch_loss += loss_sum
+        self.window_loss += loss_sum
+        if grad_norm is not None:
+            self.window_grad_norm += grad_norm
+        self.epoch_tokens += tokens
+        self.window_tokens += tokens
+
+    def read_window(self) -> dict[str, float]:
+        """Loss per token, tokens/s and finiteness of the window over all ranks; starts a new window."""
+        loss, grad_norm, tokens = self._over_ranks(self.window_loss, self.window_grad_norm, self.window_tokens)
+        elapsed = time.perf_counter() - self.window_time
+        self.window_loss.zero_()
+        self.window_grad_norm.zero_()
+        self.window_tokens, self.window_time = 0, time.perf_counter()
+        return {"loss": loss / max(tokens, 1.0), "tokens_per_s": tokens / max(elapsed, 1e-9),
+                "finite": math.isfinite(loss) and math.isfinite(grad_norm)}
+
+    def read_epoch(self) -> float:
+        """Loss per token of the epoch so far over all ranks (nan when no tokens)."""
+        loss, tokens = self._over_ranks(self.epoch_loss, self.epoch_tokens)
+        return loss / tokens if tokens else math.nan
+
+    def _over_ranks(self, *values: Tensor | int) -> list[float]:
+        """Device sums and host counts, summed over ranks in one all-reduce and brought to the host (one sync)."""
+        stats = torch.stack([v.float() if isinstance(v, Tensor) else torch.tensor(float(v), device=self.device)
+                             for v in values])
+        return all_reduce_sum(stats).tolist()
+
+    def state_dict(self) -> dict[str, float]:
+        """The sums as plain numbers (a host sync), so a resumed epoch reports the whole epoch's loss."""
+        return {"epoch_loss": self.epoch_loss.item(), "epoch_tokens": self.epoch_tokens,
+                "window_loss": self.window_loss.item(), "window_grad_norm": self.window_grad_norm.item(),
+                "window_tokens": self.window_tokens}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        """Continue from `state_dict()` output."""
+        for name in ("epoch_loss", "window_loss", "window_grad_norm"):
+            getattr(self, name).fill_(state[name])
+        self.epoch_tokens, self.window_tokens = int(state["epoch_tokens"]), int(state["window_tokens"])
+
+
+def step_norm(group: list[Batch], ws: int) -> float:
+    """What this rank divides its summed loss by: global non-padding target tokens / world size (host ints)."""
+    if ws == 1:
+        return float(max(sum(b.ntokens for b in group), 1))
+    if any(b.global_ntokens is None for b in group):
+        raise ValueError("under torchrun each training batch needs global_ntokens (set by the training loaders)")
+    return max(sum(b.global_ntokens for b in group), 1) / ws
+
+
+def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCompute,
+               optimizer: torch.optim.Optimizer, scheduler: Any, *, amp_dtype: torch.dtype | None = None,
+               clip_grad_norm: float = 0.0, ws: int = 1) -> tuple[Tensor, Tensor | None]:
+    """One optimizer step over the micro-batches of `group` (already on the device).
+
+    Forward and backward of each micro-batch (DDP all-reduces only after the last), optional
+    clipping, the optimizer and the schedule. Returns the summed loss and the gradient norm
+    (when clipping) as device tensors: nothing here waits for the device.
+    """
+    norm = step_norm(group, ws)
+    device = group[0].src.device
+    loss_sum: Tensor | None = None
+    for i, batch in enumerate(group):
+        sync = model.no_sync() if isinstance(model, DDP) and i < len(group) - 1 else nullcontext()
+        with sync:
+            with amp_context(device, amp_dtype):
+                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
+                batch_loss, loss = loss_compute(out, batch.tgt_y, norm)
+            loss.backward()
+        loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm) if clip_grad_norm > 0 else None
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    return loss_sum, grad_norm
+
+
+def _groups(data_iter: Iterable[Batch], size: int) -> Iterator[list[Batch]]:
+    """Consecutive lists of `size` batches (the last may be shorter), drawn only when asked for."""
+    it = iter(data_iter)
+    while group := list(islice(it, size)):
+        yield group
+
+
+def train_loop(
+    data_iter: Iterable[Batch],
+    model: nn.Module,
+    loss_compute: SimpleLossCompute,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: TrainState,
+    *,
+    accum_iter: int = 1,
+    device: torch.device | str | None = None,
+    amp_dtype: torch.dtype | None = None,
+    clip_grad_norm: float = 0.0,
+    max_steps: int = 0,
+    log_every: int = 50,
+    log: Log | None = print,
+    on_log: Callable[[dict[str, float]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    progress: Any = None,
+    meter: LossMeter | None = None,
+) -> float:
+    """One epoch of `train_step`s over `data_iter` (`accum_iter` micro-batches each); the mean loss per token.
+
+    Every `log_every` steps the window's loss, tokens/s and learning rate go to `log` (a line) and
+    `on_log` (a dict), and a non-finite loss raises `TrainingDiverged`. `should_stop` is asked after
+    every step; `max_steps` > 0 stops when `state.step` reaches it; `progress` (a tqdm-like bar)
+    advances once per step; `meter` carries the loss sums of an epoch resumed mid-way. The loss is
+    summed over ranks and divided by the tokens of all ranks.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    meter = meter if meter is not None else LossMeter(device)
+    model.train()
+    ws = world_size()
+    for group in _groups(data_iter, accum_iter):
+        group = [b.to(device, non_blocking=True) for b in group]
+        loss_sum, grad_norm = train_step(group, model, loss_compute, optimizer, scheduler, amp_dtype=amp_dtype,
+                                         clip_grad_norm=clip_grad_norm, ws=ws)
+        tokens = sum(b.ntokens for b in group)
+        meter.add(loss_sum, tokens, grad_norm)
+        state.step += 1
+        state.micro_step += len(group)
+        state.samples += sum(len(b) for b in group)
+        state.tokens += tokens
+        if progress is not None:
+            progress.update(1)
+        if state.step % log_every == 0:
+            _log_window(meter, state, optimizer, log, on_log, progress, log_every)
+        if (max_steps and state.step >= max_steps) or (should_stop is not None and should_stop()):
+            break
+    loss = meter.read_epoch()
+    if not math.isfinite(loss):
+        raise _diverged(state, "the epoch's loss", loss, state.step - state.step % log_every)
+    return loss
+
+
+@torch.no_grad()
+def evaluate_loss(data_iter: Iterable[Batch], model: nn.Module, loss_compute: SimpleLossCompute, *,
+                  device: torch.device | str | None = None, amp_dtype: torch.dtype | None = None) -> float:
+    """Mean loss per token over `data_iter` in eval mode (no dropout, no gradients), summed over ranks."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    meter = LossMeter(device)
+    model.eval()
+    for batch in data_iter:
+        batch = batch.to(device, non_blocking=True)
+        with amp_context(device, amp_dtype):
+            out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
+            meter.add(loss_compute(out, batch.tgt_y, 1.0)[0], batch.ntokens)
+    return meter.read_epoch()
+
+
+def run_epoch(data_iter: Iterable[Batch], model: nn.Module, loss_compute: SimpleLossCompute,
+              optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, mode: str = "train",
+              accum_iter: int = 1, train_state: TrainState | None = None, **options: Any) -> tuple[float, TrainState]:
+    """The notebook's entry point: `train_loop` (mode='train') or `evaluate_loss` (mode='eval').
+
+    Returns (mean loss per token, state); `options` go to the loop (see `train_loop`; evaluation
+    takes only `device` and `amp_dtype`).
+    """
+    if mode not in ("train", "eval"):
+        raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
+    state = train_state if train_state is not None else TrainState()
+    if mode == "eval":
+        return evaluate_loss(data_iter, model, loss_compute, device=options.get("device"),
+                             amp_dtype=options.get("amp_dtype")), state
+    if optimizer is None or scheduler is None:
+        raise ValueError("training needs an optimizer and a scheduler")
+    return train_loop(data_iter, model, loss_compute, optimizer, scheduler, state, accum_iter=accum_iter,
+                      **options), state
+
+
+def _log_window(meter: LossMeter, state: TrainState, optimizer: torch.optim.Optimizer, log: Log | None,
+                on_log: Callable[[dict[str, float]], None] | None, progress: Any, log_every: int) -> None:
+    """Read the window's figures (one sync), stop on a non-finite loss, report them."""
+    window = meter.read_window()
+    if not window.pop("finite"):
+        raise _diverged(state, "the loss or the gradient norm", window["loss"], state.step - log_every)
+    figures = {"step": state.step, **window, "lr": optimizer.param_groups[0]["lr"]}
+    if log is not None:
+        log(f"step {state.step:6d} | loss {figures['loss']:7.4f} | {figures['tokens_per_s']:9.0f} tok/s | "
+            f"lr {figures['lr']:.3e}")
+    if progress is not None:
+        progress.set_postfix(loss=f"{figures['loss']:.3f}", tok_s=f"{figures['tokens_per_s']:.0f}",
+                             lr=f"{figures['lr']:.2e}")
+    if on_log is not None:
+        on_log(figures)
+
+
+def _diverged(state: TrainState, what: str, value: float, after_step: int) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"training diverged: {what} became {value} between steps {after_step + 1} and {state.step} "
+        f"(epoch {state.epoch + 1}); nothing was saved from these weights. Lower train.lr_factor or set "
+        "train.clip_grad_norm (e.g. 1.0)")
+
+
+def weights_finite(model: nn.Module) -> bool:
+    """True when every parameter is finite (one host sync)."""
+    return bool(torch.stack([p.detach().isfinite().all() for p in model.parameters()]).all())
