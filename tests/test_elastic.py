@@ -287,3 +287,34 @@ def test_ranks_that_see_the_run_directory_differently_all_stop_with_one_line(tmp
         assert (tmp_path / f"rank{rank}.txt").read_text().startswith(
             f"the ranks see {out} differently (rank 0 would resume at step 30, rank 1 would start afresh at step 0)")
     assert {p.name: p.read_bytes() for p in out.glob("*.pt")} == before
+
+
+def test_ranks_compare_signal_flags_about_once_a_second(monkeypatch):
+    """Rank 0 times the steps between comparisons and sets the next gap (about CHECK_SECONDS); a signal is seen
+    at the next comparison, and at an epoch's end at once."""
+    from annotated_transformer.harness import resume
+
+    clock = [0.0]
+    monkeypatch.setattr(resume.time, "perf_counter", lambda: clock[0])
+    calls = []
+    real_all_reduce = dist.all_reduce
+    monkeypatch.setattr(resume.dist, "all_reduce", lambda t, **kw: calls.append(1) or real_all_reduce(t, **kw))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        stop = resume.StopSignal()
+        stop.install()
+        stop.restore()
+        clock[0] = 0.01  # the first step took 10 ms: the next comparison comes 100 steps later
+        assert stop.stop_now(True) is False and len(calls) == 1
+        stop.signum = signal.SIGTERM
+        for _ in range(99):
+            clock[0] += 0.01
+            assert stop.stop_now(True) is False
+        assert len(calls) == 1
+        clock[0] += 0.01
+        assert stop.stop_now(True) is True and len(calls) == 2
+        assert stop.stop_now(True, force=True) is True and len(calls) == 3  # an epoch's end compares at once
+        assert resume.StopSignal().stop_now(False) is False  # one process reads its own flag, no collective
+        assert len(calls) == 3
+    finally:
+        dist.destroy_process_group()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,15 +105,22 @@ class RunState:
         return True
 
 
+# Under torchrun the ranks compare their signal flags about this often (seconds of training).
+CHECK_SECONDS = 1.0
+
+
 class StopSignal:
     """Turns SIGTERM / SIGINT into a flag the training loop reads between steps (host only)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self._every = self._steps_left = 1  # under torchrun: steps between comparisons, and steps to the next
+        self._last_check = time.perf_counter()
 
     def install(self) -> None:
         """Catch SIGTERM and SIGINT from now on (main thread only)."""
+        self._last_check = time.perf_counter()
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -129,12 +137,28 @@ class StopSignal:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.signum = signum
 
-    def agreed(self) -> bool:
-        """True when any rank received a signal: a collective, so every rank stops at the same step.
+    def stop_now(self, distributed: bool, rank: int = 0, force: bool = False) -> bool:
+        """Asked after every step (and with `force` at an epoch's end): whether training stops here.
 
-        Asked after every step: the flag is a CPU tensor summed over a gloo group (the job's own on
-        the CPU, a second one beside NCCL), so it costs one small message and never waits for a GPU.
+        One process reads its own flag. Under torchrun the ranks compare flags every few steps, as
+        many as take about CHECK_SECONDS on rank 0 (it measures, and the same collective tells
+        everyone), so a signal to any rank stops all of them after the same step, a second or so
+        later, for one small gloo message a second.
         """
-        flag = torch.tensor(0.0 if self.signum is None else 1.0)
-        dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=host_group())
-        return bool(flag > 0)
+        if not distributed:
+            return self.signum is not None
+        if not force:
+            self._steps_left -= 1
+            if self._steps_left > 0:
+                return False
+        now = time.perf_counter()
+        proposal = 0.0
+        if rank == 0 and not force:
+            step_seconds = (now - self._last_check) / self._every
+            proposal = float(min(1000, max(1, round(CHECK_SECONDS / max(step_seconds, 1e-6)))))
+        flags = torch.tensor([0.0 if self.signum is None else 1.0, proposal])
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=host_group())  # (any rank's flag, rank 0's proposal)
+        if not force:
+            self._every = self._steps_left = max(1, int(flags[1]))
+            self._last_check = now
+        return bool(flags[0] > 0)

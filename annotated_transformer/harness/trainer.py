@@ -140,6 +140,8 @@ class Trainer:
             while not self.done():
                 epoch, t_epoch = self.train_state.epoch, time.perf_counter()
                 train_loss = self.train_epoch()
+                if not self.stopping and self.info.distributed:  # a signal since the last comparison
+                    self.stopping = self.stopper.stop_now(True, self.info.rank, force=True)
                 if self.stopping:
                     self.train_state.wall_seconds += time.perf_counter() - t_epoch
                     return self.stop(epoch)
@@ -185,7 +187,7 @@ class Trainer:
         if self.compile_seconds is None:  # the first step of a compiled model: compile time, not training time
             self.compile_seconds = time.perf_counter() - self.step_clock
             self.step_clock = time.perf_counter()
-        self.stopping = self.stopper.agreed() if self.info.distributed else self.stopper.signum is not None
+        self.stopping = self.stopper.stop_now(self.info.distributed, self.info.rank)
         return self.stopping
 
     def _on_log(self, figures: dict[str, float]) -> None:
