@@ -2,7 +2,7 @@
 
 The loop itself (`train_step`, `run_epoch`) is the core's (`annotated_transformer.loop`); the parts
 a practical run adds live beside this file: checkpointing.py (the files and the background
-writer), resume.py (the run state and signals), report.py (the end of a run), run_dir.py,
+writer), resume.py (the run state and signals), report.py (log lines, the end of a run), run_dir.py,
 distributed.py, tasks.py (Multi30k or the copy task), monitor.py and tensorboard_log.py.
 """
 
