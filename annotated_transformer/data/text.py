@@ -142,8 +142,7 @@ class TextPipeline:
     def ids_many(self, texts: Sequence[str], side: str = "src") -> list[list[int]]:
         """<s> ids </s> of many sentences, untruncated (the dataset builder applies the long-sentence policy)."""
         if self.mode == "word":
-            vocab = self.vocab(side)
-            return [[BOS, *vocab.lookup_indices(toks), EOS] for toks in self.tokenize_many(texts, side)]
+            return [self.numericalize(toks, side) for toks in self.tokenize_many(texts, side)]
         self._check_side(side)
         texts = [t.lower() for t in texts] if self.lowercase else list(texts)
         return [[BOS, *ids, EOS] for ids in self.subword.encode_ids(texts)]

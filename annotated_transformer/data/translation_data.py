@@ -153,9 +153,12 @@ def build_cache(d: DataConfig, root: Path, log: Log = None) -> Path:
                                          vocab_size=d.spm_vocab_size, lowercase=d.lowercase, max_len=d.max_len)
         ids["train"] = {"src": text.ids_many(raw["train"][0], "src"), "tgt": text.ids_many(raw["train"][1], "tgt")}
     for split in SPLITS[1:]:
-        ids[split] = {"src": text.ids_many(raw[split][0], "src"), "tgt": text.ids_many(raw[split][1], "tgt")}
-        if d.tokenizer == "word":  # BLEU's references, so scoring needs no spaCy where only the cache is
-            ids[split]["refs"] = [" ".join(t) for t in text.tokenize_many(raw[split][1], "tgt")]
+        ids[split] = {"src": text.ids_many(raw[split][0], "src")}
+        if d.tokenizer == "word":  # tokenised once: the ids, and BLEU's references (no spaCy needed to score)
+            tokens = text.tokenize_many(raw[split][1], "tgt")
+            ids[split].update(tgt=[text.numericalize(t, "tgt") for t in tokens], refs=[" ".join(t) for t in tokens])
+        else:
+            ids[split]["tgt"] = text.ids_many(raw[split][1], "tgt")
     tokenize_seconds = time.perf_counter() - t_tok
     stats = {
         "raw_lines": {s: len(raw[s][0]) for s in SPLITS},

@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from .. import device as devices
 from ..errors import ConfigError, DistributedError
-from ..loop import all_reduce_sum, world_size  # noqa: F401 - the loop's collectives, public here too
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .checkpointing import load_checkpoint
 from ..config import Config, config_to_dict, config_yaml
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, writing
+from .checkpointing import load_checkpoint
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts", "tensorboard"}
