@@ -41,8 +41,9 @@ from typing import Any
 
 import torch
 
-from .config import Config, config_from_dict, config_to_dict
-from .device import native_bf16, select_device
+from .config import Config
+from .config_loading import config_from_dict, config_to_dict
+from .device import native_bf16, select_device, synchronize
 from .errors import ConfigError
 from .loop import Log
 from .masks import padding_mask
@@ -64,12 +65,6 @@ def device_name(device: torch.device) -> str:
     except OSError:
         pass
     return f"{model}, {torch.get_num_threads()} threads"
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued kernels so wall-clock times mean something."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 20) -> float:
@@ -335,64 +330,6 @@ def _test_sources(cfg: Config, tr: Any) -> list[str]:
     return src
 
 
-# --------------------------------------------------------------------------- the sweep
-
-
-def sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps: int, log: Log = print) -> list[dict]:
-    """Fast-path training cost over batch sizes (real bucketed batches) and sentence lengths (synthetic)."""
-    from .data.batch import Batch
-    from .loss import LabelSmoothing, SimpleLossCompute
-    from .model import make_model_from_config
-    from .optim import build_optimizer, build_scheduler
-    from .loop import run_epoch
-
-    device = select_device(cfg.train.device)
-    amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
-    V = 8000
-    torch.manual_seed(cfg.train.seed)
-    model = make_model_from_config(cfg.model, V, V).to(device)
-    optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps)
-    scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
-    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, 2, cfg.train.label_smoothing))
-    rows = []
-    for tokens in batch_tokens:
-        for length in lengths:
-            B = max(1, tokens // length)
-            g = torch.Generator().manual_seed(0)
-            src = torch.randint(4, V, (B, length), generator=g)
-            tgt = torch.randint(4, V, (B, length + 1), generator=g)
-            batch = Batch(src, tgt, pad=2)
-            times = []
-            for i in range(steps + 1):
-                synchronize(device)
-                t0 = time.perf_counter()
-                run_epoch([batch], model, loss_compute, optimizer, scheduler, device=device, amp_dtype=amp_dtype,
-                          log=None)
-                synchronize(device)
-                if i:
-                    times.append(time.perf_counter() - t0)
-            dt = statistics.median(times)
-            row = {"batch_tokens": tokens, "sentence_length": length, "sentences": B,
-                   "tokens_per_s": B * length / dt, "step_ms": 1000 * dt}
-            rows.append(row)
-            if log:
-                log(f"  sweep: {tokens:6d} tokens/batch, length {length:3d} ({B:4d} sentences): "
-                    f"{row['tokens_per_s']:9.0f} tok/s, {row['step_ms']:8.1f} ms/step")
-    return rows
-
-
-def sweep_chart(rows: list[dict], title: str):
-    """Tokens/s against sentence length, one line per batch size (an altair chart)."""
-    import altair as alt
-
-    return alt.Chart(alt.Data(values=rows)).mark_line(point=True).encode(
-        x=alt.X("sentence_length:Q", title="sentence length (tokens)", scale=alt.Scale(type="log", base=2)),
-        y=alt.Y("tokens_per_s:Q", title="training tokens / s"),
-        color=alt.Color("batch_tokens:N", title="tokens per batch"),
-        tooltip=["batch_tokens:Q", "sentence_length:Q", "sentences:Q", "tokens_per_s:Q", "step_ms:Q"],
-    ).properties(title=title, width=420, height=280)
-
-
 # --------------------------------------------------------------------------- the whole run
 
 
@@ -448,14 +385,16 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
         result["decode"] = measure_decoding(cfg, checkpoint, device, one_sentence_limit, limit=decode_limit)
     if sweep_tokens and sweep_lengths:
         log("sweep (fast path, synthetic batches) ...")
-        rows = sweep(cfg, sweep_tokens, sweep_lengths, max(2, steps // 3), log=log)
+        from .shape_benchmark import shape_chart, shape_sweep
+
+        rows = shape_sweep(cfg, sweep_tokens, sweep_lengths, max(2, steps // 3), log=log)
         result["sweep"] = rows
         if out_dir:
             from .visualization import save_chart
 
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
-            save_chart(sweep_chart(rows, f"{cfg.name} on {result['device']}"), out / "sweep")
+            save_chart(shape_chart(rows, f"{cfg.name} on {result['device']}"), out / "sweep")
             result["sweep_chart"] = str(out / "sweep.png")
     if out_dir:
         out = Path(out_dir)

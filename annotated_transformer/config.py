@@ -1,45 +1,28 @@
-"""Typed configuration: dataclasses loaded from YAML, dotted CLI overrides, one validate(); the scripts'
-shared `--config` parser; docs/config.md (`uv run python -m annotated_transformer.config > docs/config.md`).
+"""Typed configuration: the dataclasses of a run with a help text per field, one validate(), and the
+reference docs (`uv run python -m annotated_transformer.config > docs/config.md`).
 
-A run is described by one `Config` made of four sections (`model`, `data`,
-`train`, `decode`). Every field carries a one-line help text (`param(...)`),
-so `--help`-style listings and the docs come from the same place as the code.
+A run is described by one `Config` made of five sections (`model`, `data`, `train`, `decode`,
+and `objective` for the extensions of the training loss). Every field carries a one-line help
+text (`param(...)`), so listings and the docs come from the same place as the code. Reading
+YAML files and dotted overrides is `config_loading.py`:
 
     cfg = load_config("copy.yaml", ["train.epochs=2", "model.d_model=64"])
 
-Unknown keys (with the closest valid name suggested), wrong types, missing
-files, YAML syntax errors and invalid combinations raise `ConfigError` with a
-one-line message; scripts turn that into `error: ...` on stderr and exit 2.
+Invalid combinations raise `ConfigError` with a one-line message; scripts turn that into
+`error: ...` on stderr and exit 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
-import types
 import typing
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .errors import ConfigError
-
-# The shipped configs live in `configs/` at the top of a checkout; the wheel carries the same files
-# as package data in `annotated_transformer/configs/` (setup.py maps the one onto the other).
-CHECKOUT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-
-def shipped_config_dir() -> Path | None:
-    """The folder of the configs that come with the code: the installed package's, else the checkout's."""
-    packaged = resources.files("annotated_transformer") / "configs"
-    # An unpacked install gives a real folder; a checkout (editable install) has none inside the package.
-    if isinstance(packaged, Path) and packaged.is_dir():
-        return packaged
-    return CHECKOUT_CONFIG_DIR if CHECKOUT_CONFIG_DIR.is_dir() else None
 
 
 def param(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
@@ -72,6 +55,14 @@ class ModelConfig:
         choices=("sdpa", "naive"),
     )
     max_positions: int = param(5000, "length of the sinusoidal positional-encoding table")
+    local_window: int = param(0, "local attention: self-attention (encoder, and the decoder's causal one) sees only "
+                              "+/- this many positions; encoder-decoder attention stays full (0: full attention)")
+    merge_ratio: float = param(0.0, "token merging (ToMe): after the self-attention of each merging encoder layer, "
+                               "merge this fraction of each sentence's tokens (at most half) into their most similar "
+                               "neighbours (0: off)")
+    merge_layers: list[int] = param([], "token merging: the encoder layers that merge, from 0 (empty: all)")
+    proportional_attention: bool = param(True, "token merging: later attention adds log(size) to a merged token's "
+                                         "logits, so it weighs as much as the tokens it replaced")
     layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm's square root")
 
 
@@ -158,6 +149,28 @@ class TrainConfig:
 
 
 @dataclass
+class ObjectiveConfig:
+    """Extensions of the training objective (annotated_transformer/extensions); all off by default."""
+
+    ss_rate: float = param(0.0, "scheduled sampling: the largest probability of replacing a decoder input by the "
+                           "model's own prediction from a first, teacher-forced pass (0: off, teacher forcing)")
+    ss_schedule: str = param("linear", "how the replacement probability grows to ss_rate after ss_start: 'constant' "
+                             "(at once), 'linear' (over ss_steps), 'exponential' (1 - exp(-s/ss_steps)) or "
+                             "'inverse_sigmoid' (Bengio et al.: 1 - k/(k + exp(s/k)), k = ss_steps)",
+                             choices=("constant", "linear", "exponential", "inverse_sigmoid"))
+    ss_start: int = param(0, "scheduled sampling: the optimizer step where mixing starts (teacher forcing before)")
+    ss_steps: int = param(1000, "scheduled sampling: the schedule's length scale in optimizer steps")
+    ss_sample: bool = param(False, "scheduled sampling: draw the predictions from the softmax instead of the argmax")
+    guide_weight: float = param(0.0, "guided attention: weight (lambda) of the penalty on encoder-decoder attention "
+                                "far from the diagonal (Tachibana et al. 2017) (0: off)")
+    guide_sigma: float = param(0.2, "guided attention: width g of the allowed band, in fractions of the lengths")
+    guide_layers: list[int] = param([], "guided attention: decoder layers it applies to, from 0 (empty: all)")
+    guide_heads: list[int] = param([], "guided attention: heads it applies to, from 0 (empty: all)")
+    guide_decay_steps: int = param(0, "guided attention: the weight falls linearly to 0 over this many optimizer "
+                                   "steps (0: constant)")
+
+
+@dataclass
 class DecodeConfig:
     """How translations are produced."""
 
@@ -176,6 +189,8 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data and batching"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "optimisation and the run"})
     decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "decoding"})
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig,
+                                       metadata={"help": "extensions of the training objective"})
 
     def validate(self) -> Config:
         """Check rules that involve several fields; raise ConfigError on the first broken one."""
@@ -247,20 +262,50 @@ class Config:
         if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
             raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
                               f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
+        self._validate_extensions()
         if t.resume is True and t.overwrite:
             raise ConfigError("train.resume and train.overwrite are both true; pick one")
         return self
+
+    def _validate_extensions(self) -> None:
+        """The rules of the extensions: model.local_window, model.merge_*, the objective section."""
+        m, o = self.model, self.objective
+        if m.local_window < 0:
+            raise ConfigError(f"model.local_window must be 0 (full attention) or positive, got {m.local_window}")
+        if not 0.0 <= o.ss_rate <= 1.0:
+            raise ConfigError(f"objective.ss_rate must be in [0, 1], got {o.ss_rate}")
+        for key, value in {"objective.ss_start": o.ss_start, "objective.guide_decay_steps": o.guide_decay_steps,
+                           "objective.guide_weight": o.guide_weight}.items():
+            if value < 0:
+                raise ConfigError(f"{key} must not be negative, got {value}")
+        if not 0.0 <= m.merge_ratio <= 0.5:
+            raise ConfigError(f"model.merge_ratio must be in [0, 0.5] (at most half the tokens merge), got {m.merge_ratio}")
+        if any(not 0 <= i < m.N for i in m.merge_layers):
+            raise ConfigError(f"model.merge_layers {m.merge_layers} names a layer outside the encoder's 0..{m.N - 1}")
+        if m.merge_ratio and m.local_window:
+            raise ConfigError("model.merge_ratio and model.local_window are both on: a window over merged tokens "
+                              "has no positions to count; use one of them")
+        if o.ss_steps < 1:
+            raise ConfigError(f"objective.ss_steps must be at least 1, got {o.ss_steps}")
+        if o.guide_sigma <= 0:
+            raise ConfigError(f"objective.guide_sigma must be positive, got {o.guide_sigma}")
+        layers = m.N_dec or m.N
+        if any(not 0 <= i < layers for i in o.guide_layers):
+            raise ConfigError(f"objective.guide_layers {o.guide_layers} names a layer outside the decoder's "
+                              f"0..{layers - 1}")
+        if any(not 0 <= i < m.h for i in o.guide_heads):
+            raise ConfigError(f"objective.guide_heads {o.guide_heads} names a head outside 0..{m.h - 1}")
 
     def run_dir(self) -> Path:
         """The run directory: train.out_dir, or runs/<name>."""
         return Path(self.train.out_dir) if self.train.out_dir else Path("runs") / self.name
 
 
+# --------------------------------------------------------------------------- keys and the docs
 
-# --------------------------------------------------------------------------- loading
 
-
-def _field_types(cls: type) -> dict[str, Any]:
+def field_types(cls: type) -> dict[str, Any]:
+    """A config class's field annotations, resolved to types."""
     return typing.get_type_hints(cls)
 
 
@@ -268,7 +313,7 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     """Every valid dotted key of a config class (e.g. 'model.d_model')."""
     keys = []
     for f in dataclasses.fields(cls):
-        ftype = _field_types(cls)[f.name]
+        ftype = field_types(cls)[f.name]
         if dataclasses.is_dataclass(ftype):
             keys.extend(all_keys(ftype, f"{prefix}{f.name}."))
         else:
@@ -276,187 +321,11 @@ def all_keys(cls: type = Config, prefix: str = "") -> list[str]:
     return keys
 
 
-def _suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    if not close:  # a typo in the section name: match on the last part alone
-        tails = {k.rsplit(".", 1)[-1]: k for k in valid}
-        hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)
-        close = [tails[hit[0]]] if hit else []
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
-    """Check `value` against the annotation `tp`; convert the few safe cases (int->float, '1e-9'->float)."""
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        for option in inner[:-1]:  # the first type that takes the value (bool | str: true, false or a word)
-            try:
-                return _coerce(value, option, key, from_cli)
-            except ConfigError:
-                pass
-        return _coerce(value, inner[-1], key, from_cli)
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list like [0.9, 0.98], got {value!r}")
-        return [_coerce(v, args[0], f"{key}[{i}]", from_cli) for i, v in enumerate(value)]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            return int(value)
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads '1e-9' as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key} must be a number, got {value!r}")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if from_cli and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key} must be a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")  # pragma: no cover - programming error
-
-
-def _set_key(obj: Any, parts: list[str], value: Any, full: str, from_cli: bool) -> None:
-    cls = type(obj)
-    name = parts[0]
-    names = [f.name for f in dataclasses.fields(cls)]
-    if name not in names:
-        raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    ftype = _field_types(cls)[name]
-    if dataclasses.is_dataclass(ftype):
-        if len(parts) == 1:
-            if not isinstance(value, dict):
-                raise ConfigError(f"'{full}' is a section; give keys under it (e.g. {full}.{dataclasses.fields(ftype)[0].name}=...)")
-            for k, v in value.items():
-                _set_key(getattr(obj, name), [str(k)], v, f"{full}.{k}", from_cli)
-            return
-        _set_key(getattr(obj, name), parts[1:], value, full, from_cli)
-        return
-    if len(parts) > 1:
-        raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
-    value = _coerce(value, ftype, full, from_cli)
-    choices = f.metadata.get("choices")
-    if choices and not any(value == c and type(value) is type(c) for c in choices):
-        shown = ", ".join(str(c).lower() if isinstance(c, bool) else repr(c) for c in choices)
-        raise ConfigError(f"{full} must be one of {shown}; got {value!r}")
-    setattr(obj, name, value)
-
-
-def apply_dict(cfg: Config, data: dict[str, Any], source: str = "config") -> Config:
-    """Merge a nested dict (from YAML or a checkpoint) into `cfg`, checking keys and types."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of sections (model:, data:, train:, ...)")
-    for key, value in data.items():
-        try:
-            _set_key(cfg, [str(key)], value, str(key), from_cli=False)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
-    return cfg
-
-
-def apply_override(cfg: Config, override: str) -> Config:
-    """Apply one dotted override such as 'train.epochs=2'."""
-    if "=" not in override:
-        raise ConfigError(f"override '{override}' is not of the form section.key=value (e.g. train.epochs=2)")
-    key, raw = override.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"override '{override}' has no key before '='")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    _set_key(cfg, key.split("."), value, key, from_cli=True)
-    return cfg
-
-
-def resolve_config_path(name: str) -> Path:
-    """A bare name ('copy' or 'copy.yaml') is looked up in ./configs/ (the user's own configs win),
-    then in the shipped configs (`shipped_config_dir`); anything else is a path."""
-    path = Path(name).expanduser()
-    if path.is_file():
-        return path
-    shipped = shipped_config_dir()
-    if len(path.parts) == 1:
-        for folder in [Path("configs")] + ([shipped] if shipped else []):
-            for cand in (folder / name, folder / f"{name}.yaml"):
-                if cand.is_file():
-                    return cand
-    available = sorted(p.stem for p in shipped.glob("*.yaml")) if shipped else []
-    hint = f"; available in configs/: {', '.join(available)}" if available else ""
-    raise ConfigError(f"config file '{name}' not found{hint}")
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping; syntax errors become one-line ConfigErrors with line and column."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}{where}: invalid YAML ({problem}); fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...)")
-    return data
-
-
-def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Load a config by bare name or path, apply dotted overrides, validate."""
-    path = resolve_config_path(name)
-    cfg = Config(name=path.stem)
-    apply_dict(cfg, read_yaml(path), source=str(path))
-    for override in overrides:
-        apply_override(cfg, override)
-    return cfg.validate()
-
-
-def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """A plain nested dict (YAML/JSON/checkpoint friendly)."""
-    return dataclasses.asdict(cfg)
-
-
-def config_from_dict(data: dict[str, Any]) -> Config:
-    """Rebuild a Config from `config_to_dict` output (e.g. from a checkpoint)."""
-    return apply_dict(Config(), data, source="saved config").validate()
-
-
-def config_yaml(cfg: Config) -> str:
-    """The resolved config as YAML text, in field order."""
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
-
-
 def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]:
     """(dotted key, default, help) for every field: the source of the config docs."""
     rows = []
     for f in dataclasses.fields(cls):
-        ftype = _field_types(cls)[f.name]
+        ftype = field_types(cls)[f.name]
         if dataclasses.is_dataclass(ftype):
             rows.extend(describe(ftype, f"{prefix}{f.name}."))
         else:
@@ -482,35 +351,6 @@ def reference_markdown() -> str:
         if head == "top level":
             lines.append("")
     return "\n".join(lines).replace("|\n## ", "|\n\n## ") + "\n"
-
-
-# --------------------------------------------------------------------------- the scripts' shared arguments
-
-
-def config_parser(description: str) -> argparse.ArgumentParser:
-    """A parser with `--config NAME_OR_PATH` and trailing `section.key=value` overrides."""
-    parser = argparse.ArgumentParser(
-        description=description,
-        epilog="Overrides look like train.epochs=2 model.d_model=256 (see README for every key).",
-    )
-    parser.add_argument("--config", required=True, metavar="NAME",
-                        help="a config in configs/ by bare name (copy, tiny, small, base) or a path to a YAML file")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
-    return parser
-
-
-def parse_config(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> Config:
-    """Parse the command line and load the validated config it names."""
-    args = parser.parse_args(argv)
-    return load_config(args.config, args.overrides)
-
-
-def check_decode_options(beam: int | None, alpha: float | None) -> None:
-    """The translate and evaluate scripts' --beam and --alpha, refused in one line when out of range."""
-    if beam is not None and beam < 1:
-        raise ConfigError(f"--beam must be at least 1, got {beam}")
-    if alpha is not None and alpha < 0:
-        raise ConfigError(f"--alpha must not be negative, got {alpha}")
 
 
 if __name__ == "__main__":  # uv run python -m annotated_transformer.config > docs/config.md

@@ -58,7 +58,8 @@ def check_exportable(model_cfg: ModelConfig) -> None:
     """Refuse, in one line, a model with a switch CTranslate2 has no equivalent for."""
     for field in dataclasses.fields(model_cfg):
         value = getattr(model_cfg, field.name)
-        if field.name not in EXPORTED_FIELDS and value != field.default:
+        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+        if field.name not in EXPORTED_FIELDS and value != default:
             raise ExportError(f"model.{field.name}={value!r} has no CTranslate2 equivalent; "
                               "export a model trained without it")
 
@@ -139,7 +140,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     The folder is built beside `out_dir` and renamed into place, so a failed export leaves
     whatever was there before (with `force`) or nothing.
     """
-    from .config import config_yaml
+    from .config_loading import config_yaml
     from .files import give_default_permissions
 
     if quantization not in QUANTIZATIONS:

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import DecoderCache, EncoderDecoder, subsequent_mask
+from .kv_cache import DecoderCache
+from .model import EncoderDecoder, subsequent_mask
 
 
 def _limits(max_len: int | Tensor, batch: int, device: torch.device) -> Tensor:
@@ -45,7 +46,7 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     active = (limits > 1).nonzero().squeeze(1)  # original row of each sentence still decoding
     if len(active) < B:  # a limit of 1 means the start symbol alone: never decode for those rows
         src, src_mask = src[active], src_mask[active]
-    memory = model.encode(src, src_mask)  # (b, S, d)
+    memory, src_mask = model.encode_memory(src, src_mask)  # (b, S, d); merged tokens: (b, S', d) and its mask
     cache = model.init_cache()
     tokens = out[active, :1]  # (b, 1): the newest token of each active sentence
     t = 0
@@ -80,7 +81,7 @@ def greedy_decode_naive(model: EncoderDecoder, src: Tensor, src_mask: Tensor, ma
     limits = _limits(max_len, B, device)
     L = int(limits.max())
     fill = end_symbol if pad_symbol is None else pad_symbol
-    memory = model.encode(src, src_mask)  # (B, S, d)
+    memory, src_mask = model.encode_memory(src, src_mask)  # (B, S, d)
     ys = torch.full((B, 1), start_symbol, dtype=torch.long, device=device)
     finished = limits <= 1
     for t in range(1, L):
@@ -207,8 +208,9 @@ def _start_beams(model: EncoderDecoder, src: Tensor, src_mask: Tensor, limits: T
     sent = (limits > 1).nonzero().squeeze(1)  # (b,)
     n = sent.numel()
     rows = torch.arange(n, device=src.device)
+    memory, mask = model.encode_memory(src, src_mask)  # (B, S, d), (B, 1, S); S' < S with token merging
     return _Beams(sent=sent, budget=torch.full((n,), k, dtype=torch.long, device=src.device),
-                  memory=model.encode(src, src_mask).index_select(0, sent), mask=src_mask.index_select(0, sent),
+                  memory=memory.index_select(0, sent), mask=mask.index_select(0, sent),
                   work=rows, slot=torch.zeros_like(rows), score=torch.zeros(n, device=src.device),
                   seq=torch.full((n, 1), start_symbol, dtype=torch.long, device=src.device))
 

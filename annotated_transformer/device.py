@@ -209,3 +209,9 @@ def amp_context(device: torch.device, dtype: torch.dtype | None):
     if dtype is None or dtype == torch.float32:
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels so wall-clock times mean something."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

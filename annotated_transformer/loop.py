@@ -33,6 +33,8 @@ from .errors import TrainingDiverged
 from .loss import SimpleLossCompute
 
 Log = Callable[[str], None]
+# (model, batch, loss_compute, norm, step) -> (summed loss, loss / norm): a training loss other than teacher forcing
+Objective = Callable[[nn.Module, Batch, SimpleLossCompute, float, int], tuple[Tensor, Tensor]]
 
 
 def world_size() -> int:
@@ -151,12 +153,14 @@ def step_norm(group: list[Batch], ws: int) -> float:
 
 def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCompute,
                optimizer: torch.optim.Optimizer, scheduler: Any, *, amp_dtype: torch.dtype | None = None,
-               clip_grad_norm: float = 0.0, ws: int = 1) -> tuple[Tensor, Tensor | None]:
+               clip_grad_norm: float = 0.0, ws: int = 1, objective: Objective | None = None,
+               step: int = 0) -> tuple[Tensor, Tensor | None]:
     """One optimizer step over the micro-batches of `group` (already on the device).
 
     Forward and backward of each micro-batch (DDP all-reduces only after the last), optional
     clipping, the optimizer and the schedule. Returns the summed loss and the gradient norm
-    (when clipping) as device tensors: nothing here waits for the device.
+    (when clipping) as device tensors: nothing here waits for the device. An `objective`
+    (extensions.objective) replaces the teacher-forced forward and loss; `step` is its clock.
     """
     norm = step_norm(group, ws)
     device = group[0].src.device
@@ -165,8 +169,11 @@ def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCom
         sync = model.no_sync() if isinstance(model, DDP) and i < len(group) - 1 else nullcontext()
         with sync:
             with amp_context(device, amp_dtype):
-                out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
-                batch_loss, loss = loss_compute(out, batch.tgt_y, norm)
+                if objective is None:
+                    out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
+                    batch_loss, loss = loss_compute(out, batch.tgt_y, norm)
+                else:
+                    batch_loss, loss = objective(model, batch, loss_compute, norm, step)
             loss.backward()
         loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm) if clip_grad_norm > 0 else None
@@ -202,14 +209,16 @@ def train_loop(
     should_stop: Callable[[], bool] | None = None,
     progress: Any = None,
     meter: LossMeter | None = None,
+    objective: Objective | None = None,
 ) -> float:
     """One epoch of `train_step`s over `data_iter` (`accum_iter` micro-batches each); the mean loss per token.
 
     Every `log_every` steps the window's loss, tokens/s and learning rate go to `log` (a line) and
     `on_log` (a dict), and a non-finite loss raises `TrainingDiverged`. `should_stop` is asked after
     every step; `max_steps` > 0 stops when `state.step` reaches it; `progress` (a tqdm-like bar)
-    advances once per step; `meter` carries the loss sums of an epoch resumed mid-way. The loss is
-    summed over ranks and divided by the tokens of all ranks.
+    advances once per step; `meter` carries the loss sums of an epoch resumed mid-way; `objective`
+    replaces the teacher-forced loss (see `train_step`). The loss is summed over ranks and divided
+    by the tokens of all ranks.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     meter = meter if meter is not None else LossMeter(device)
@@ -218,7 +227,7 @@ def train_loop(
     for group in _groups(data_iter, accum_iter):
         group = [b.to(device, non_blocking=True) for b in group]
         loss_sum, grad_norm = train_step(group, model, loss_compute, optimizer, scheduler, amp_dtype=amp_dtype,
-                                         clip_grad_norm=clip_grad_norm, ws=ws)
+                                         clip_grad_norm=clip_grad_norm, ws=ws, objective=objective, step=state.step)
         tokens = sum(b.ntokens for b in group)
         meter.add(loss_sum, tokens, grad_norm)
         state.step += 1

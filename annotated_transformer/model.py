@@ -21,22 +21,30 @@ the same module otherwise (a speed detail, kept in its own module).
 Attention runs through `torch.nn.functional.scaled_dot_product_attention`
 (fused kernels) unless the explicit probabilities are wanted: inside
 `model.keep_attention()` every `MultiHeadedAttention` stores them in `.attn`
-(B, h, T, S) for visualisation, computed with the notebook's `attention`.
+(B, h, T, S) for visualisation, computed with the notebook's `attention`; a layer
+whose `probs_for_loss` is set keeps them with their gradient in `.probs` (guided attention).
+
+One extension lives here because it changes the masks the stacks see: `local_window` > 0
+restricts self-attention (encoder, and the decoder's causal self-attention) to +/- that many
+positions (`masks.local_mask`); encoder-decoder attention stays full. The other extensions of
+the Transformer are in `annotated_transformer/extensions/`.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
+from .extensions.token_merging import TokenMerger
+from .kv_cache import AttentionCache, DecoderCache
+from .masks import local_mask
 from .masks import subsequent_mask  # noqa: F401 - the decoder's mask, public here as in the notebook
 
 
@@ -65,37 +73,21 @@ def attention(
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V (the paper's equation 1), explicitly.
 
-    query (..., T, d_k), key/value (..., S, d_k), mask broadcastable to (..., T, S) with True = keep.
-    Returns the output (..., T, d_k) and the attention probabilities (..., T, S).
+    query (..., T, d_k), key/value (..., S, d_k), mask broadcastable to (..., T, S): boolean with
+    True = keep, or a float bias added to the scores (token merging's log sizes).
+    Returns the output (..., T, d_k) and the attention probabilities (..., T, S) before dropout
+    (the notebook returned them after; in eval mode, where maps are drawn, the two are equal).
     """
     d_k = query.size(-1)
     scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., T, S)
-    if mask is not None:
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask
+    elif mask is not None:
         # The most negative finite value, not -inf: a row with nothing to attend to stays finite.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     p_attn = scores.softmax(dim=-1)  # (..., T, S)
-    if dropout is not None:
-        p_attn = dropout(p_attn)
-    return p_attn @ value, p_attn  # (..., T, d_k), (..., T, S)
-
-
-@dataclass
-class AttentionCache:
-    """Keys and values of one attention sublayer kept between decoding steps.
-
-    Self-attention (`static=False`) appends the new step's keys/values; encoder-decoder
-    attention (`static=True`) projects the memory once and reuses it every step.
-    """
-
-    static: bool
-    k: Tensor | None = None  # (B, h, t, d_k)
-    v: Tensor | None = None  # (B, h, t, d_k)
-
-    def index_select(self, index: Tensor) -> None:
-        """Keep (and reorder) batch rows: for beam search and for dropping finished sentences."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+    p_used = dropout(p_attn) if dropout is not None else p_attn
+    return p_used @ value, p_attn  # (..., T, d_k), (..., T, S)
 
 
 class MultiHeadedAttention(nn.Module):
@@ -111,6 +103,10 @@ class MultiHeadedAttention(nn.Module):
         self.impl = impl  # 'sdpa' or 'naive'
         self.keep_attn = False  # set by EncoderDecoder.keep_attention()
         self.attn: Tensor | None = None  # (B, h, T, S) when keep_attn
+        self.probs_for_loss = False  # set by a loss on the attention (extensions.guided_attention)
+        self.probs: Tensor | None = None  # (B, h, T, S) with gradient, before dropout, when probs_for_loss
+        self.keep_keys = False  # set on the encoder layers that merge tokens (extensions.token_merging)
+        self.keys: Tensor | None = None  # (B, h, S, d_k) the latest keys, when keep_keys
 
     def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
         B = x.size(0)
@@ -133,11 +129,16 @@ class MultiHeadedAttention(nn.Module):
                     k = torch.cat([cache.k, k], dim=2)  # (B, h, t+1, d_k)
                     v = torch.cat([cache.v, v], dim=2)
                 cache.k, cache.v = k, v
+        if self.keep_keys:
+            self.keys = k
         if mask is not None:
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
-        if self.keep_attn or self.impl == "naive":
+            if mask.dtype != torch.bool:
+                mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
+        if self.keep_attn or self.impl == "naive" or self.probs_for_loss:
             x, p_attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k)
             self.attn = p_attn.detach() if self.keep_attn else None
+            self.probs = p_attn if self.probs_for_loss else None
         else:
             p = self.dropout.p if self.training else 0.0
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, h, T, d_k)
@@ -189,9 +190,11 @@ class EncoderLayer(nn.Module):
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first, eps), 2)
         self.size = size
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x (B, S, d), mask (B, 1, S) -> (B, S, d)."""
+    def forward(self, x: Tensor, mask: Tensor, merge: TokenMerger | None = None) -> Tensor:
+        """x (B, S, d), mask (B, 1, S) -> (B, S, d); with `merge`, (B, S', d): fewer tokens after the attention."""
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
+        if merge is not None:
+            x = merge(x, self.self_attn.keys)  # (B, S', d)
         return self.sublayer[1](x, self.feed_forward)
 
 
@@ -203,10 +206,13 @@ class Encoder(nn.Module):
         self.layers = clones(layer, N)
         self.norm = LayerNorm(layer.size, eps=eps) if norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        """x (B, S, d), mask (B, 1, S) -> memory (B, S, d)."""
-        for layer in self.layers:
-            x = layer(x, mask)
+    def forward(self, x: Tensor, mask: Tensor, merger: TokenMerger | None = None) -> Tensor:
+        """x (B, S, d), mask (B, 1, S) -> memory (B, S, d); a `merger` shortens it in its layers (its .mask follows)."""
+        for i, layer in enumerate(self.layers):
+            merging = merger is not None and i in merger.layers
+            x = layer(x, mask, merger if merging else None)
+            if merging:
+                mask = merger.mask  # (B, 1, S'): log sizes (proportional attention) or the survivors
         return self.norm(x)
 
 
@@ -247,20 +253,6 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, memory, src_mask, tgt_mask, cache.layers[i] if cache is not None else None)
         return self.norm(x)
-
-
-@dataclass
-class DecoderCache:
-    """Everything incremental decoding keeps between steps: per-layer (self, source) attention caches."""
-
-    layers: list[tuple[AttentionCache, AttentionCache]]
-    length: int = 0  # target positions already decoded (the next position's index)
-
-    def index_select(self, index: Tensor) -> None:
-        """Keep/reorder batch rows of every cached tensor."""
-        for self_cache, src_cache in self.layers:
-            self_cache.index_select(index)
-            src_cache.index_select(index)
 
 
 # --------------------------------------------------------------------------- embeddings and output
@@ -334,13 +326,43 @@ class EncoderDecoder(nn.Module):
         self.src_embed = src_embed  # Sequential(Embeddings, PositionalEncoding)
         self.tgt_embed = tgt_embed
         self.generator = generator
+        self.local_window = 0  # > 0: self-attention sees only +/- this many positions (model.local_window)
+        self.merge_ratio = 0.0  # > 0: token merging in the encoder (model.merge_ratio, extensions.token_merging)
+        self.merge_layers: set[int] = set()
+        self.proportional_attention = True
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         """src (B, S), tgt (B, T), masks -> decoder output (B, T, d); apply `generator` for log-probs."""
-        return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
+        memory, memory_mask = self.encode_memory(src, src_mask)
+        return self.decode(memory, memory_mask, tgt, tgt_mask)
+
+    def encode_memory(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The memory and the mask the decoder attends to it with: `encode`, or with token merging
+        (model.merge_ratio > 0) a shorter memory (B, S', d) and its mask (B, 1, S')."""
+        if not self.merge_ratio:
+            return self.encode(src, src_mask), src_mask
+        merger = self.merger(src_mask)
+        return self.encoder(self.src_embed(src), src_mask, merger), merger.mask
+
+    def set_token_merging(self, ratio: float, layers: Iterable[int] = (), proportional: bool = True) -> None:
+        """Merge `ratio` of each sentence's tokens after the self-attention of `layers` (all when empty);
+        0 turns merging off. Works on a trained model too (merging at inference only)."""
+        self.merge_ratio, self.merge_layers, self.proportional_attention = ratio, set(layers), proportional
+        chosen = self.merge_layers or set(range(len(self.encoder.layers)))
+        for i, layer in enumerate(self.encoder.layers):
+            layer.self_attn.keep_keys = bool(ratio) and i in chosen  # the matching reads these layers' keys
+
+    def merger(self, src_mask: Tensor) -> TokenMerger:
+        """A fresh merging state for one encoder pass (model.merge_ratio, merge_layers, proportional_attention)."""
+        layers = self.merge_layers or set(range(len(self.encoder.layers)))
+        return TokenMerger(src_mask, self.merge_ratio, layers, self.proportional_attention)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """src (B, S) -> memory (B, S, d)."""
+        if self.local_window:
+            S = src.size(1)
+            band = local_mask(S, S, self.local_window, device=src.device)  # (1, S, S)
+            src_mask = (src_mask & band) | torch.eye(S, dtype=torch.bool, device=src.device)  # (B, S, S)
         return self.encoder(self.src_embed(src), src_mask)
 
     def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor | None,
@@ -354,6 +376,11 @@ class EncoderDecoder(nn.Module):
         if cache is not None:
             start = cache.length
             cache.length += tgt.size(1)
+        if self.local_window:
+            L = tgt.size(1)
+            band = local_mask(L, start + L, self.local_window, start, causal=True, device=tgt.device)  # (1, L, start+L)
+            itself = local_mask(L, start + L, 0, start, device=tgt.device)  # kept even where padding masks it
+            tgt_mask = band if tgt_mask is None else (tgt_mask & band) | itself  # (B, L, start+L)
         emb, pos = self.tgt_embed[0], self.tgt_embed[1]
         x = pos(emb(tgt), start=start)  # (B, T, d)
         return self.decoder(x, memory, src_mask, tgt_mask, cache)
@@ -392,12 +419,13 @@ class EncoderDecoder(nn.Module):
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
                dropout: float = 0.1, norm_first: bool = True, tie_embeddings: bool = False,
                attention: str = "sdpa", max_positions: int = 5000, layer_norm_eps: float = 1e-6,
-               N_dec: int | None = None) -> EncoderDecoder:
+               N_dec: int | None = None, local_window: int = 0) -> EncoderDecoder:
     """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
 
     N layers in the encoder and `N_dec` (default N, as in the paper) in the decoder.
     `tie_embeddings` shares one (V, d) matrix between the source embedding, the target embedding
     and the generator's projection (Section 3.4); it needs src_vocab == tgt_vocab.
+    `local_window` > 0 restricts self-attention to +/- that many positions (0: full attention).
     """
     if tie_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"tied embeddings need one shared vocabulary, got {src_vocab} and {tgt_vocab}")
@@ -416,6 +444,7 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
     for p in model.parameters():
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
+    model.local_window = local_window
     if tie_embeddings:
         shared = model.src_embed[0].lut.weight
         model.tgt_embed[0].lut.weight = shared
@@ -425,9 +454,11 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
 
 def make_model_from_config(model_cfg, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
     """`make_model` with the fields of a `ModelConfig`."""
-    return make_model(
+    model = make_model(
         src_vocab, tgt_vocab, N=model_cfg.N, d_model=model_cfg.d_model, d_ff=model_cfg.d_ff, h=model_cfg.h,
         dropout=model_cfg.dropout, norm_first=model_cfg.norm_first, tie_embeddings=model_cfg.tie_embeddings,
         attention=model_cfg.attention, max_positions=model_cfg.max_positions,
-        layer_norm_eps=model_cfg.layer_norm_eps, N_dec=model_cfg.N_dec or None,
+        layer_norm_eps=model_cfg.layer_norm_eps, N_dec=model_cfg.N_dec or None, local_window=model_cfg.local_window,
     )
+    model.set_token_merging(model_cfg.merge_ratio, model_cfg.merge_layers, model_cfg.proportional_attention)
+    return model

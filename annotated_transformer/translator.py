@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from .config import Config, config_from_dict
+from .config import Config
+from .config_loading import config_from_dict
 from .data.buckets import pad_rows
 from .device import amp_context, configure_backends, native_bf16, select_device
 from .errors import CheckpointError, ConfigError

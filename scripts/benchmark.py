@@ -4,6 +4,7 @@
     uv run python scripts/benchmark.py --config small.yaml --checkpoint runs/small/best.pt --json
     uv run python scripts/benchmark.py --config base.yaml --skip-decode --sweep --out runs/benchmark
     uv run python scripts/benchmark.py --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min/best.pt
+    uv run python scripts/benchmark.py --config cpu_15min.yaml --extensions --rounds 5
 
 What each side does is described in annotated_transformer/benchmark.py. With --json, stdout is one
 JSON object and progress goes to stderr.
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 from annotated_transformer.benchmark import format_summary, run_benchmark
-from annotated_transformer.config import config_parser, load_config
+from annotated_transformer.config_loading import config_parser, load_config
 from annotated_transformer.errors import ConfigError, run_cli
 
 
@@ -41,11 +42,16 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--engines", action="store_true", help="instead: our decoder against CTranslate2 (float32, "
                         "int8) on --checkpoint's weights, each engine in its own process (needs ctranslate2)")
+    parser.add_argument("--extensions", action="store_true", help="instead: the cost of each extension switch "
+                        "(training tokens/s, decoding sentences/s) against the plain model, interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="--extensions: rounds of --steps steps per arm")
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
     if args.engines:
         return compare_engines_cli(args, cfg, log)
+    if args.extensions:
+        return extensions_cli(args, cfg, log)
     result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
                            one_sentence_limit=args.one_sentence, decode_limit=args.sentences, train=not args.skip_train,
                            decode=not args.skip_decode, sweep_tokens=args.sweep_tokens if args.sweep else None,
@@ -66,6 +72,18 @@ def compare_engines_cli(args, cfg, log) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "engines.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result) if args.json else format_engines(result))
+    return 0
+
+
+def extensions_cli(args, cfg, log) -> int:
+    """--extensions: the cost table of the extension switches, extensions.json in --out."""
+    from annotated_transformer.extension_benchmark import format_extensions, measure_extensions
+
+    result = measure_extensions(cfg, steps=args.steps, rounds=args.rounds, sentences=args.sentences or 256, log=log)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "extensions.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result) if args.json else format_extensions(result))
     return 0
 
 

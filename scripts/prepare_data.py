@@ -9,7 +9,7 @@ the progress lines go to stderr.
 import json
 import sys
 
-from annotated_transformer.config import config_parser, load_config
+from annotated_transformer.config_loading import config_parser, load_config
 from annotated_transformer.data import load_translation_data
 from annotated_transformer.errors import run_cli
 

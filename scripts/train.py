@@ -4,7 +4,7 @@ The same command runs one process (CPU, one GPU) or one rank of many under
 `torchrun --nproc_per_node=N scripts/train.py --config base.yaml`.
 """
 
-from annotated_transformer.config import config_parser, parse_config
+from annotated_transformer.config_loading import config_parser, parse_config
 from annotated_transformer.errors import run_cli
 from annotated_transformer.harness.trainer import train_worker
 

@@ -8,7 +8,7 @@
 import argparse
 import sys
 
-from annotated_transformer.config import check_decode_options
+from annotated_transformer.config_loading import check_decode_options
 from annotated_transformer.errors import run_cli
 from annotated_transformer.files import read_lines
 from annotated_transformer.translator import add_engine_arguments, load_translator

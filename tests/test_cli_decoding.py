@@ -193,6 +193,19 @@ def test_evaluate_script_refuses_a_bad_beam(tiny_checkpoint):
     assert proc.stderr.decode().strip() == "error: --beam must be at least 1, got -1"
 
 
+@pytest.mark.slow
+def test_evaluate_script_merges_tokens_at_inference_only(tiny_checkpoint, multi30k_dir, tmp_path):
+    common = ("--checkpoint", str(tiny_checkpoint), "--split", "val", "--limit", "30", "--json",
+              "--data-root", str(multi30k_dir), "--device", "cpu")
+    plain = run_script("evaluate.py", *common, "--output", str(tmp_path / "plain.txt"))
+    merged = run_script("evaluate.py", *common, "--output", str(tmp_path / "merged.txt"), "--merge-ratio", "0.4")
+    assert plain.returncode == 0 and merged.returncode == 0, merged.stderr.decode()
+    assert json.loads(merged.stdout)["sentences"] == 30
+    assert len((tmp_path / "merged.txt").read_text().splitlines()) == 30
+    bad = run_script("evaluate.py", *common, "--merge-ratio", "0.9")
+    assert bad.returncode == 2 and bad.stderr.decode().strip() == "error: --merge-ratio must be in [0, 0.5], got 0.9"
+
+
 # ---------------------------------------------------------------- average_checkpoints.py
 
 
@@ -217,7 +230,7 @@ def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_p
     payload = load_checkpoint(tiny_checkpoint)
     cfg = json.loads(json.dumps(payload["config"]))
     cfg["model"]["d_ff"] *= 2
-    from annotated_transformer.config import config_from_dict
+    from annotated_transformer.config_loading import config_from_dict
 
     other = make_model_from_config(config_from_dict(cfg).model, payload["model"]["src_embed.0.lut.weight"].shape[0],
                                    payload["model"]["tgt_embed.0.lut.weight"].shape[0])

@@ -6,15 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.config import (
-    Config,
-    all_keys,
-    config_from_dict,
-    config_to_dict,
-    config_yaml,
-    describe,
-    load_config,
-)
+from annotated_transformer.config import Config, all_keys, describe
+from annotated_transformer.config_loading import config_from_dict, config_to_dict, config_yaml, load_config
 from annotated_transformer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -85,7 +85,7 @@ def test_notebook_runs_and_draws_every_chart(venv_kernel, multi30k_dir, data_cac
         if cell.cell_type == "code":
             assert not [o for o in cell.outputs if o["output_type"] == "error"], cell.source
     chart_cells = [c for c in nb.cells if "chart" in c.metadata.get("tags", [])]
-    assert len(chart_cells) == 9  # mask, encoding, schedule, smoothing, penalty, 3 attention kinds, curves
+    assert len(chart_cells) == 10  # mask, encoding, schedule, smoothing, penalty, 3 attention kinds, extensions, curves
     for cell in chart_cells:
         charts = [o for o in cell.outputs if o["output_type"] in ("display_data", "execute_result")]
         assert charts, cell.source

@@ -122,7 +122,7 @@ def test_atomic_save_leaves_the_old_file_on_failure(tmp_path):
 
 
 def plan_of(out, *overrides):
-    from annotated_transformer.config import load_config
+    from annotated_transformer.config_loading import load_config
     from annotated_transformer.harness.run_dir import RunDir
 
     cfg = load_config("copy", [*SHORT, f"train.out_dir={out}", *overrides])
@@ -130,7 +130,7 @@ def plan_of(out, *overrides):
 
 
 def test_resume_setting_takes_auto_true_and_false_only():
-    from annotated_transformer.config import load_config
+    from annotated_transformer.config_loading import load_config
     from annotated_transformer.errors import ConfigError
 
     assert load_config("copy").train.resume == "auto"

@@ -100,7 +100,7 @@ def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file:
 
         split = tr.task.data.splits["test" if t.score_test else "val"]
         tr.log(check_outputs(split.src_text, split.tgt_text, shown["hypotheses"], n=3))
-        tr.record(record)
+        tr.metrics.record(record)
 
 
 def write_charts(run: RunDir, log: Log) -> None:

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import Config, config_to_dict, config_yaml
+from ..config import Config
+from ..config_loading import config_to_dict, config_yaml
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, writing
 from .checkpointing import load_checkpoint

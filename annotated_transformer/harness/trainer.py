@@ -3,7 +3,7 @@
 The loop itself (`train_step`, `run_epoch`) is the core's (`annotated_transformer.loop`); the parts
 a practical run adds live beside this file: checkpointing.py (the files and the background
 writer), resume.py (the run state and signals), report.py (log lines, the end of a run), run_dir.py,
-distributed.py, tasks.py (Multi30k or the copy task), monitor.py and tensorboard_log.py.
+distributed.py, tasks.py (Multi30k or the copy task), metrics.py (records, TensorBoard, GPU samples).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from ..config import Config, config_to_dict
+from ..config import Config
+from ..config_loading import config_to_dict
 from ..device import resolve_amp_dtype
 from ..errors import DistributedError, TrainingDiverged, UserError
+from ..extensions.objective import build_objective
 from ..files import writing
 from ..loop import LossMeter, TrainState, evaluate_loss, train_loop
 from ..loss import LabelSmoothing, SimpleLossCompute
@@ -29,12 +31,12 @@ from ..model import make_model_from_config
 from ..optim import build_optimizer, build_scheduler
 from .checkpointing import Checkpointer
 from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
-from .monitor import GPUMonitor, format_gpu, peak_memory_gb
+from .metrics import Metrics
 from .report import epoch_line, finish, start_line
 from .resume import RunState, StopSignal
 from .run_dir import RunDir
 from .tasks import build_task
-from .tensorboard_log import TensorBoardLog, summary_writer_class
+from .tensorboard_log import summary_writer_class
 
 
 def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: bool) -> nn.Module:
@@ -90,11 +92,8 @@ class Trainer:
         self.mid_epoch = self._resume(last) if plan == "resume" else False
         self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
         self.stopper = StopSignal()
-        self.monitor = GPUMonitor(device)
-        self.gpu_samples: list[dict[str, float]] = []
-        self.compile_seconds: float | None = None if cfg.train.compile else 0.0  # measured on the first step
+        self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
         self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
-        self.tensorboard = TensorBoardLog(self.run.tensorboard) if cfg.train.tensorboard and info.is_main else None
 
     def _build_model(self) -> None:
         """Model, loss, optimizer and precision from the config (the schedule needs the loader's length)."""
@@ -102,6 +101,7 @@ class Trainer:
         self.model = make_model_from_config(m, self.task.src_vocab_size, self.task.tgt_vocab_size).to(self.device)
         criterion = LabelSmoothing(self.task.tgt_vocab_size, self.task.pad, t.label_smoothing)
         self.loss_compute = SimpleLossCompute(self.model.generator, criterion)
+        self.objective = build_objective(self.cfg.objective, self.model, self.task.pad)
         self.optimizer = build_optimizer(self.model, betas=tuple(t.adam_betas), eps=t.adam_eps)
         self.amp_dtype = resolve_amp_dtype(t.precision, self.device)
 
@@ -130,12 +130,12 @@ class Trainer:
         m = self.model
         self.log(start_line(self))
         self.stopper.install()
-        self.startup_seconds, self.startup_reported = time.perf_counter() - self.t_start, False
+        startup = self.metrics.started()
         if self.info.is_main:
-            self.record({"kind": "start", "step": self.train_state.step, "params": m.num_parameters(),
-                         "device": str(self.device), "world_size": self.info.world_size,
-                         "threads": torch.get_num_threads(), "precision": str(self.amp_dtype or "fp32"),
-                         "startup_seconds": self.startup_seconds})
+            self.metrics.record({"kind": "start", "step": self.train_state.step, "params": m.num_parameters(),
+                                 "device": str(self.device), "world_size": self.info.world_size,
+                                 "threads": torch.get_num_threads(), "precision": str(self.amp_dtype or "fp32"),
+                                 "startup_seconds": startup})
         try:
             while not self.done():
                 epoch, t_epoch = self.train_state.epoch, time.perf_counter()
@@ -155,8 +155,7 @@ class Trainer:
         finally:
             self.stopper.restore()
             self.checkpoints.wait()  # every checkpoint on disk before the process exits
-            if self.tensorboard is not None:
-                self.tensorboard.close()
+            self.metrics.close()
 
     def train_epoch(self) -> float:
         """One epoch (or the rest of a resumed one) of `train_step`; returns its mean training loss."""
@@ -168,9 +167,7 @@ class Trainer:
         steps = -(-len(self.loader) // t.accum_steps)  # the last group may be short
         bar = tqdm(total=steps, desc=f"epoch {self.train_state.epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.gpu_samples.clear()
+        self.metrics.new_epoch()
         self.step_clock = time.perf_counter()
         with bar:
             loss = train_loop(
@@ -178,30 +175,24 @@ class Trainer:
                 accum_iter=t.accum_steps, device=self.device, amp_dtype=self.amp_dtype,
                 clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
                 log=(self.log if bar.disable else bar.write) if self.info.is_main else None, on_log=self._on_log,
-                should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.run_state.meter)
+                should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.run_state.meter,
+                objective=self.objective)
         self.train_state.train_seconds += time.perf_counter() - self.step_clock
         return loss
 
     def _should_stop(self) -> bool:
         """After each step: a signal arrived (under torchrun on any rank, agreed by all at the same step)."""
-        if self.compile_seconds is None:  # the first step of a compiled model: compile time, not training time
-            self.compile_seconds = time.perf_counter() - self.step_clock
+        if self.metrics.compile_seconds is None:  # the first step of a compiled model: compile, not training
+            self.metrics.compile_seconds = time.perf_counter() - self.step_clock
             self.step_clock = time.perf_counter()
         self.stopping = self.stopper.stop_now(self.info.distributed, self.info.rank)
         return self.stopping
 
     def _on_log(self, figures: dict[str, float]) -> None:
-        sample = self.monitor.sample()
-        if sample:
-            self.gpu_samples.append(sample)
-        if self.info.is_main:
-            self.record({"kind": "train", "epoch": self.train_state.epoch + 1, **figures})
-
-    def record(self, record: dict[str, Any]) -> None:
-        """One metrics record (rank 0): a line of metrics.jsonl, and scalars for TensorBoard when asked."""
-        self.run.log_metrics(record)
-        if self.tensorboard is not None:
-            self.tensorboard.add(record)
+        """A log line's figures (with the objective's, when one is on) go to the metrics."""
+        if self.objective is not None:
+            figures = {**figures, **self.objective.figures()}
+        self.metrics.on_log(figures, self.train_state.epoch + 1)
 
     def stop(self, epoch: int) -> dict[str, Any]:
         """A signal stopped training inside `epoch`: save last.pt with the data position, report, return."""
@@ -227,27 +218,10 @@ class Trainer:
             record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
             if t.target_bleu and s.target_epoch is None and scored["bleu"] >= t.target_bleu:
                 s.target_epoch, s.target_seconds = epoch + 1, s.train_seconds
-        record.update(train_seconds=s.train_seconds, eval_seconds=time.perf_counter() - t_eval,
-                      **self._one_off_clocks())
+        record.update(train_seconds=s.train_seconds, eval_seconds=time.perf_counter() - t_eval)
         if s.target_epoch is not None:
             record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
-        if self.gpu_samples:
-            record["gpu_util"] = sum(x["gpu_util"] for x in self.gpu_samples) / len(self.gpu_samples)
-            record["gpu_mem_used_gb"] = max(x["gpu_mem_used_gb"] for x in self.gpu_samples)
-        peak = peak_memory_gb(self.device)
-        if peak is not None:
-            record["peak_mem_gb"] = peak
-        return record
-
-    def _one_off_clocks(self) -> dict[str, float]:
-        """Start-up (process start to the first step) and compile warm-up, reported once per process."""
-        if self.startup_reported:
-            return {}
-        self.startup_reported = True
-        clocks = {"startup_seconds": self.startup_seconds}
-        if self.cfg.train.compile and self.compile_seconds is not None:
-            clocks["compile_seconds"] = self.compile_seconds
-        return clocks
+        return {**record, **self.metrics.epoch_figures()}
 
     def cut_short(self) -> bool:
         """max_steps ended training inside an epoch: that epoch stays unfinished (no epoch file, mid-epoch last.pt).
@@ -273,10 +247,10 @@ class Trainer:
         record["wall_seconds"] = s.wall_seconds
         self.checkpoints.save(mid_epoch=cut_short, weights_to=targets)
         if self.info.is_main:  # copying the weights and waiting for the previous write, not the write itself
-            self.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
+            self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
         if self.info.is_main and t.keep_last_epochs and not cut_short:
             self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
-        self.log(epoch_line(record, s, t) + format_gpu(self.gpu_samples[-1] if self.gpu_samples else {}))
+        self.log(epoch_line(record, s, t) + self.metrics.gpu_line())
 
     def finish(self) -> dict[str, Any]:
         """Charts, final scores and example translations (report.finish)."""

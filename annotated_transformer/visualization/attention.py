@@ -152,8 +152,8 @@ def collect_attention(model: EncoderDecoder, src: Tensor, src_mask: Tensor | Non
     model.eval()
     try:
         with model.keep_attention():
-            memory = model.encode(src, src_mask)
-            model.decode(memory, src_mask, tgt, subsequent_mask(tgt.size(1), device=device))
+            memory, memory_mask = model.encode_memory(src, src_mask)
+            model.decode(memory, memory_mask, tgt, subsequent_mask(tgt.size(1), device=device))
     finally:
         model.train(was_training)
     return {kind: [m.attn[0].cpu() for m in _attention_modules(model, kind)] for kind in ATTENTION_KINDS}

@@ -1,0 +1,238 @@
+"""Reading a `Config`: YAML files (by bare name from configs/ or by path), dotted overrides with type
+checks and typo suggestions, dicts from checkpoints; writing it back as YAML; the scripts' shared
+`--config` parser. Every problem is one `ConfigError` line (the schema is in config.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import types
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import Config, field_types, all_keys
+from .errors import ConfigError
+
+# The shipped configs live in `configs/` at the top of a checkout; the wheel carries the same files
+# as package data in `annotated_transformer/configs/` (setup.py maps the one onto the other).
+CHECKOUT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def shipped_config_dir() -> Path | None:
+    """The folder of the configs that come with the code: the installed package's, else the checkout's."""
+    packaged = resources.files("annotated_transformer") / "configs"
+    # An unpacked install gives a real folder; a checkout (editable install) has none inside the package.
+    if isinstance(packaged, Path) and packaged.is_dir():
+        return packaged
+    return CHECKOUT_CONFIG_DIR if CHECKOUT_CONFIG_DIR.is_dir() else None
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if not close:  # a typo in the section name: match on the last part alone
+        tails = {k.rsplit(".", 1)[-1]: k for k in valid}
+        hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)
+        close = [tails[hit[0]]] if hit else []
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
+    """Check `value` against the annotation `tp`; convert the few safe cases (int->float, '1e-9'->float)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        for option in inner[:-1]:  # the first type that takes the value (bool | str: true, false or a word)
+            try:
+                return _coerce(value, option, key, from_cli)
+            except ConfigError:
+                pass
+        return _coerce(value, inner[-1], key, from_cli)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list like [0.9, 0.98], got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]", from_cli) for i, v in enumerate(value)]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            return int(value)
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads '1e-9' as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if from_cli and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")  # pragma: no cover - programming error
+
+
+def _set_key(obj: Any, parts: list[str], value: Any, full: str, from_cli: bool) -> None:
+    cls = type(obj)
+    name = parts[0]
+    names = [f.name for f in dataclasses.fields(cls)]
+    if name not in names:
+        raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    ftype = field_types(cls)[name]
+    if dataclasses.is_dataclass(ftype):
+        if len(parts) == 1:
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{full}' is a section; give keys under it (e.g. {full}.{dataclasses.fields(ftype)[0].name}=...)")
+            for k, v in value.items():
+                _set_key(getattr(obj, name), [str(k)], v, f"{full}.{k}", from_cli)
+            return
+        _set_key(getattr(obj, name), parts[1:], value, full, from_cli)
+        return
+    if len(parts) > 1:
+        raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
+    value = _coerce(value, ftype, full, from_cli)
+    choices = f.metadata.get("choices")
+    if choices and not any(value == c and type(value) is type(c) for c in choices):
+        shown = ", ".join(str(c).lower() if isinstance(c, bool) else repr(c) for c in choices)
+        raise ConfigError(f"{full} must be one of {shown}; got {value!r}")
+    setattr(obj, name, value)
+
+
+def apply_dict(cfg: Config, data: dict[str, Any], source: str = "config") -> Config:
+    """Merge a nested dict (from YAML or a checkpoint) into `cfg`, checking keys and types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections (model:, data:, train:, ...)")
+    for key, value in data.items():
+        try:
+            _set_key(cfg, [str(key)], value, str(key), from_cli=False)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    return cfg
+
+
+def apply_override(cfg: Config, override: str) -> Config:
+    """Apply one dotted override such as 'train.epochs=2'."""
+    if "=" not in override:
+        raise ConfigError(f"override '{override}' is not of the form section.key=value (e.g. train.epochs=2)")
+    key, raw = override.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{override}' has no key before '='")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    _set_key(cfg, key.split("."), value, key, from_cli=True)
+    return cfg
+
+
+def resolve_config_path(name: str) -> Path:
+    """A bare name ('copy' or 'copy.yaml') is looked up in ./configs/ (the user's own configs win),
+    then in the shipped configs (`shipped_config_dir`); anything else is a path."""
+    path = Path(name).expanduser()
+    if path.is_file():
+        return path
+    shipped = shipped_config_dir()
+    if len(path.parts) == 1:
+        for folder in [Path("configs")] + ([shipped] if shipped else []):
+            for cand in (folder / name, folder / f"{name}.yaml"):
+                if cand.is_file():
+                    return cand
+    available = sorted(p.stem for p in shipped.glob("*.yaml")) if shipped else []
+    hint = f"; available in configs/: {', '.join(available)}" if available else ""
+    raise ConfigError(f"config file '{name}' not found{hint}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; syntax errors become one-line ConfigErrors with line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML ({problem}); fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...)")
+    return data
+
+
+def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load a config by bare name or path, apply dotted overrides, validate."""
+    path = resolve_config_path(name)
+    cfg = Config(name=path.stem)
+    apply_dict(cfg, read_yaml(path), source=str(path))
+    for override in overrides:
+        apply_override(cfg, override)
+    return cfg.validate()
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """A plain nested dict (YAML/JSON/checkpoint friendly)."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """Rebuild a Config from `config_to_dict` output (e.g. from a checkpoint)."""
+    return apply_dict(Config(), data, source="saved config").validate()
+
+
+def config_yaml(cfg: Config) -> str:
+    """The resolved config as YAML text, in field order."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+# --------------------------------------------------------------------------- the scripts' shared arguments
+
+
+def config_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with `--config NAME_OR_PATH` and trailing `section.key=value` overrides."""
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="Overrides look like train.epochs=2 model.d_model=256 (see README for every key).",
+    )
+    parser.add_argument("--config", required=True, metavar="NAME",
+                        help="a config in configs/ by bare name (copy, tiny, small, base) or a path to a YAML file")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
+    return parser
+
+
+def parse_config(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> Config:
+    """Parse the command line and load the validated config it names."""
+    args = parser.parse_args(argv)
+    return load_config(args.config, args.overrides)
+
+
+def check_decode_options(beam: int | None, alpha: float | None) -> None:
+    """The translate and evaluate scripts' --beam and --alpha, refused in one line when out of range."""
+    if beam is not None and beam < 1:
+        raise ConfigError(f"--beam must be at least 1, got {beam}")
+    if alpha is not None and alpha < 0:
+        raise ConfigError(f"--alpha must not be negative, got {alpha}")

@@ -1,0 +1,135 @@
+"""What the extensions cost: training tokens/s and greedy decoding sentences/s of each switch against
+the plain model, in one process, on the same batches, in interleaved rounds (scripts/benchmark.py
+--extensions).
+
+Each arm is the config plus its overrides (`ARMS`), built with the same seed. A round times
+`steps` optimizer steps of every arm on the same list of real training batches, then greedy
+decoding of the same validation sentences run to a fixed length (no end symbol, so every arm
+decodes the same number of positions: the figure is the cost per position, not a quality). The
+result per arm is the median over rounds and its ratio to the plain arm's median, so a machine
+that slows down in the middle slows every arm alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .config import Config
+from .config_loading import apply_override, config_from_dict, config_to_dict
+from .data.buckets import pad_rows
+from .decoding import greedy_decode
+from .device import amp_context, resolve_amp_dtype, select_device
+from .errors import ConfigError
+from .extensions.objective import build_objective
+from .loop import train_step
+from .loss import LabelSmoothing, SimpleLossCompute
+from .masks import padding_mask
+from .model import make_model_from_config
+from .optim import build_optimizer, build_scheduler
+
+# The settings measured in the README's extension table, each against "plain".
+ARMS: dict[str, tuple[str, ...]] = {
+    "plain": (),
+    "scheduled sampling": ("objective.ss_rate=0.3", "objective.ss_schedule=constant"),
+    "guided attention": ("objective.guide_weight=0.5", "objective.guide_heads=[0,1]"),
+    "local attention w=2": ("model.local_window=2",),
+    "token merging r=0.25": ("model.merge_ratio=0.25",),
+    "token merging r=0.5": ("model.merge_ratio=0.5",),
+}
+
+
+class _Arm:
+    """One setting's model, optimizer and objective, ready to time."""
+
+    def __init__(self, cfg: Config, vocab: tuple[int, int], pad: int, device: torch.device) -> None:
+        torch.manual_seed(cfg.train.seed)
+        self.model = make_model_from_config(cfg.model, *vocab).to(device)
+        criterion = LabelSmoothing(vocab[1], pad, cfg.train.label_smoothing)
+        self.loss_compute = SimpleLossCompute(self.model.generator, criterion)
+        self.optimizer = build_optimizer(self.model, tuple(cfg.train.adam_betas), cfg.train.adam_eps)
+        self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
+        self.objective = build_objective(cfg.objective, self.model, pad)
+        self.amp_dtype = resolve_amp_dtype(cfg.train.precision, device)
+        self.step = 0
+
+    def train(self, batches: list[Any]) -> float:
+        """Seconds for one optimizer step per batch."""
+        self.model.train()
+        t0 = time.perf_counter()
+        for batch in batches:
+            loss, _ = train_step([batch], self.model, self.loss_compute, self.optimizer, self.scheduler,
+                                 amp_dtype=self.amp_dtype, objective=self.objective, step=self.step)
+            self.step += 1
+        loss.item()  # wait for the last step
+        return time.perf_counter() - t0
+
+    @torch.no_grad()
+    def decode(self, src: torch.Tensor, pad: int, bos: int, length: int) -> float:
+        """Seconds to decode `src` greedily to `length` positions (no end symbol)."""
+        self.model.eval()
+        t0 = time.perf_counter()
+        with amp_context(src.device, self.amp_dtype):
+            greedy_decode(self.model, src, padding_mask(src, pad), length, bos, None, pad)
+        return time.perf_counter() - t0
+
+
+def measure_extensions(cfg: Config, arms: dict[str, tuple[str, ...]] = ARMS, steps: int = 20, rounds: int = 5,
+                       sentences: int = 256, length: int = 20, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Median training tokens/s and decoding sentences/s per arm over `rounds`, and ratios to the first arm."""
+    if cfg.data.dataset != "multi30k":
+        raise ConfigError(f"--extensions times training on Multi30k; {cfg.name} has data.dataset={cfg.data.dataset}")
+    if steps < 1 or rounds < 1:
+        raise ConfigError(f"--steps and --rounds must be at least 1 (got {steps}, {rounds})")
+    from .data import load_translation_data
+
+    device = select_device(cfg.train.device)
+    data = load_translation_data(cfg, log=None)
+    pad, bos, vocab = data.text.pad_id, data.text.bos_id, (len(data.text.src_vocab), len(data.text.tgt_vocab))
+    loader = iter(data.train_loader(cfg.train.seed))
+    batches = [next(loader).to(device) for _ in range(steps)]
+    tokens = sum(b.ntokens for b in batches)
+    val = data.splits["val"].src[:sentences]
+    src = pad_rows(val, pad).to(device)  # (n, S)
+    built = {}
+    for name, overrides in arms.items():
+        arm_cfg = config_from_dict(config_to_dict(cfg))
+        for override in overrides:
+            apply_override(arm_cfg, override)
+        built[name] = _Arm(arm_cfg.validate(), vocab, pad, device)
+        built[name].train(batches[:2])  # warm-up: first-call allocations and kernel choices
+    train_s: dict[str, list[float]] = {name: [] for name in arms}
+    decode_s: dict[str, list[float]] = {name: [] for name in arms}
+    for r in range(rounds):
+        for name, arm in built.items():
+            train_s[name].append(arm.train(batches))
+            decode_s[name].append(arm.decode(src, pad, bos, length))
+        log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {tokens / train_s[n][-1]:.0f} tok/s" for n in arms))
+    first = next(iter(arms))
+    rows = {}
+    for name in arms:
+        tok_s = tokens / statistics.median(train_s[name])
+        sent_s = len(val) / statistics.median(decode_s[name])
+        rows[name] = {"overrides": list(arms[name]), "train_tokens_per_s": tok_s, "decode_sentences_per_s": sent_s}
+    for row in rows.values():
+        row["train_ratio"] = row["train_tokens_per_s"] / rows[first]["train_tokens_per_s"]
+        row["decode_ratio"] = row["decode_sentences_per_s"] / rows[first]["decode_sentences_per_s"]
+    return {"config": cfg.name, "device": str(device), "threads": torch.get_num_threads(), "steps": steps,
+            "rounds": rounds, "tokens_per_round": tokens, "sentences": len(val), "decode_length": length,
+            "arms": rows}
+
+
+def format_extensions(result: dict[str, Any]) -> str:
+    """The table scripts/benchmark.py --extensions prints."""
+    lines = [f"{result['config']} on {result['device']} ({result['threads']} threads): median of {result['rounds']} "
+             f"rounds of {result['steps']} training steps and {result['sentences']} sentences decoded to "
+             f"{result['decode_length']} positions",
+             f"{'arm':24s} {'train tok/s':>12s} {'ratio':>6s} {'decode sent/s':>14s} {'ratio':>6s}"]
+    for name, row in result["arms"].items():
+        lines.append(f"{name:24s} {row['train_tokens_per_s']:12.0f} {row['train_ratio']:6.2f} "
+                     f"{row['decode_sentences_per_s']:14.1f} {row['decode_ratio']:6.2f}")
+    return "\n".join(lines)

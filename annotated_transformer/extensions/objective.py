@@ -1,0 +1,92 @@
+"""The training step's loss with the objective's extensions: scheduled sampling and guided attention.
+
+`train_step` calls `TrainingObjective(model, batch, loss_compute, norm, step)` instead of its own
+teacher-forced forward when the config switches one of them on (`build_objective` returns None
+otherwise, so a run with both off executes exactly the plain step).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ObjectiveConfig
+from ..data.batch import Batch
+from ..loss import SimpleLossCompute
+from ..model import EncoderDecoder, MultiHeadedAttention
+from .guided_attention import decayed_weight, guide_weights, guided_attention_penalty
+from .scheduled_sampling import mix_inputs, predictions, replace_probability
+
+
+def bare_model(model: nn.Module) -> EncoderDecoder:
+    """The EncoderDecoder inside a DDP or torch.compile wrapper."""
+    while not isinstance(model, EncoderDecoder):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+class TrainingObjective:
+    """Loss of one training micro-batch: (summed loss for logging, loss divided by `norm`)."""
+
+    def __init__(self, cfg: ObjectiveConfig, model: nn.Module, pad: int) -> None:
+        self.cfg, self.pad = cfg, pad
+        self.guided: list[MultiHeadedAttention] = []
+        if cfg.guide_weight > 0:
+            layers = bare_model(model).decoder.layers
+            self.guided = [layers[i].src_attn for i in (cfg.guide_layers or range(len(layers)))]
+            for attn in self.guided:
+                attn.probs_for_loss = True  # these layers run the explicit attention in training; the rest stay fused
+        self.last_p = 0.0  # the replacement probability of the latest step (for tests and logs)
+        self.last_penalty: Tensor | None = None  # the latest guided penalty per target token (before lambda)
+
+    def decoder_input(self, model: nn.Module, batch: Batch, step: int) -> Tensor:
+        """The gold decoder input, or the scheduled-sampling mix of it with the first pass's predictions."""
+        c = self.cfg
+        self.last_p = p = replace_probability(step, c.ss_rate, c.ss_schedule, c.ss_start, c.ss_steps)
+        if p == 0.0:
+            return batch.tgt
+        with torch.no_grad():
+            out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d), teacher-forced
+            guess = predictions(bare_model(model).generator.logits(out), c.ss_sample)  # (B, T)
+        return mix_inputs(batch.tgt, batch.tgt_y, guess, p, self.pad)
+
+    def penalty(self, batch: Batch, step: int) -> Tensor | None:
+        """lambda x the guided-attention penalty of the forward pass just run (None when its weight is 0 now)."""
+        weight = decayed_weight(step, self.cfg.guide_weight, self.cfg.guide_decay_steps)
+        if not self.guided or weight == 0.0:
+            return None
+        src_len = (batch.src != self.pad).sum(1)  # (B,)
+        tgt_len = (batch.tgt != self.pad).sum(1)  # (B,)
+        w = guide_weights(src_len, tgt_len, batch.src.size(1), batch.tgt.size(1), self.cfg.guide_sigma)  # (B, T, S)
+        total = 0.0
+        for attn in self.guided:
+            probs = attn.probs if not self.cfg.guide_heads else attn.probs[:, self.cfg.guide_heads]  # (B, h', T, S)
+            total = total + guided_attention_penalty(probs, w)
+            attn.probs = None  # the graph keeps what backward needs
+        self.last_penalty = total.detach() / len(self.guided) / tgt_len.sum().clamp(min=1)  # per target token
+        return weight * total / len(self.guided)
+
+    def figures(self) -> dict[str, float]:
+        """What the log records: the replacement probability and the penalty per token of the latest step."""
+        out = {"ss_p": self.last_p} if self.cfg.ss_rate else {}
+        if self.last_penalty is not None:
+            out["guide_penalty"] = self.last_penalty.item()
+        return out
+
+    def __call__(self, model: nn.Module, batch: Batch, loss_compute: SimpleLossCompute, norm: float,
+                 step: int) -> tuple[Tensor, Tensor]:
+        """Forward (one or two passes), the loss, and the penalty added before dividing by `norm`."""
+        tgt = self.decoder_input(model, batch, step)
+        out = model(batch.src, tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
+        batch_loss, loss = loss_compute(out, batch.tgt_y, norm)
+        extra = self.penalty(batch, step)
+        if extra is not None:
+            loss = loss + extra / norm
+        return batch_loss, loss
+
+
+def build_objective(cfg: ObjectiveConfig, model: nn.Module, pad: int) -> TrainingObjective | None:
+    """The objective the config asks for, or None for the plain teacher-forced loss."""
+    if cfg.ss_rate == 0.0 and cfg.guide_weight == 0.0:
+        return None
+    return TrainingObjective(cfg, model, pad)

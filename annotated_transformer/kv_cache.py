@@ -1,0 +1,40 @@
+"""The key/value cache of incremental decoding: what each attention sublayer keeps between steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+
+@dataclass
+class AttentionCache:
+    """Keys and values of one attention sublayer kept between decoding steps.
+
+    Self-attention (`static=False`) appends the new step's keys/values; encoder-decoder
+    attention (`static=True`) projects the memory once and reuses it every step.
+    """
+
+    static: bool
+    k: Tensor | None = None  # (B, h, t, d_k)
+    v: Tensor | None = None  # (B, h, t, d_k)
+
+    def index_select(self, index: Tensor) -> None:
+        """Keep (and reorder) batch rows: for beam search and for dropping finished sentences."""
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+@dataclass
+class DecoderCache:
+    """Everything incremental decoding keeps between steps: per-layer (self, source) attention caches."""
+
+    layers: list[tuple[AttentionCache, AttentionCache]]
+    length: int = 0  # target positions already decoded (the next position's index)
+
+    def index_select(self, index: Tensor) -> None:
+        """Keep/reorder batch rows of every cached tensor."""
+        for self_cache, src_cache in self.layers:
+            self_cache.index_select(index)
+            src_cache.index_select(index)

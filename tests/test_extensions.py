@@ -1,0 +1,352 @@
+"""The Transformer's extensions: local attention, scheduled sampling, guided attention (exact when off)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer.config import ObjectiveConfig
+from annotated_transformer.config_loading import load_config
+from annotated_transformer.data.batch import Batch
+from annotated_transformer.decoding import beam_search, greedy_decode, greedy_decode_naive
+from annotated_transformer.errors import ConfigError
+from annotated_transformer.extensions.guided_attention import guide_weights, guided_attention_penalty
+from annotated_transformer.extensions.objective import TrainingObjective, build_objective
+from annotated_transformer.extensions.scheduled_sampling import mix_inputs, replace_probability
+from annotated_transformer.extensions.token_merging import TokenMerger, merged_groups
+from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
+from annotated_transformer.masks import local_mask
+from annotated_transformer.model import attention, make_model
+
+PAD, BOS, EOS, V = 2, 0, 1, 23
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny(window: int = 0, N: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    return make_model(V, V, N=N, d_model=32, d_ff=64, h=4, dropout=0.0, local_window=window).eval()
+
+
+def padded_batch(seed: int = 1) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, V, (3, 9), generator=g)
+    tgt = torch.randint(3, V, (3, 8), generator=g)
+    src[0, 4:] = PAD
+    src[2, 7:] = PAD
+    tgt[:, 0] = BOS
+    tgt[1, 5:] = PAD
+    return Batch(src, tgt, pad=PAD)
+
+
+# --------------------------------------------------------------------------- local attention
+
+
+def test_local_mask_is_a_band_that_always_keeps_the_query():
+    band = local_mask(5, 5, 1)[0]
+    assert band.tolist()[2] == [False, True, True, True, False]
+    causal = local_mask(2, 6, 2, start=4, causal=True)[0]  # queries at positions 4 and 5 of a cache of 6
+    assert causal.tolist() == [[False, False, True, True, True, False], [False, False, False, True, True, True]]
+    assert local_mask(7, 7, 0)[0].equal(torch.eye(7, dtype=torch.bool))
+
+
+def test_a_window_as_long_as_the_sentence_is_full_attention():
+    b = padded_batch()
+    full, wide = tiny(0), tiny(window=9)
+    out_full = full(b.src, b.tgt, b.src_mask, b.tgt_mask)
+    out_wide = wide(b.src, b.tgt, b.src_mask, b.tgt_mask)
+    real = b.tgt != PAD  # padding queries may also see themselves in the windowed model; nothing reads them
+    assert torch.allclose(out_full[real], out_wide[real], atol=1e-6, rtol=0)
+
+
+def test_a_small_window_limits_what_a_position_sees_and_padding_gives_no_nan():
+    model = tiny(window=1, N=1)
+    src = torch.randint(3, V, (1, 9), generator=torch.Generator().manual_seed(3))
+    src[0, 6:] = PAD  # three padding queries: their windows hold only padding except themselves
+    changed = src.clone()
+    changed[0, 4] = (src[0, 4] + 1 - 3) % (V - 3) + 3
+    mask = (src != PAD).unsqueeze(1)
+    a, b = model.encode(src, mask), model.encode(changed, mask)
+    assert a.isfinite().all()
+    with model.keep_attention():
+        model.encode(src, mask)
+    p = model.encoder.layers[0].self_attn.attn[0, 0]  # (S, S)
+    assert p[8].equal(torch.eye(9)[8]) and p[2, 4:].eq(0).all()  # a padding query keeps itself; the band holds
+    moved = (a - b).abs().amax(-1)[0]  # (S,)
+    assert moved[[3, 4, 5]].gt(1e-4).all() and moved[[0, 1, 2]].eq(0).all()  # one layer, window 1: +/-1 only
+    unwindowed = tiny(window=0, N=1)
+    c, d = unwindowed.encode(src, mask), unwindowed.encode(changed, mask)
+    assert (c - d).abs().amax(-1)[0, :3].gt(1e-4).all()  # full attention: everything moves
+
+
+def test_decoding_with_a_window_agrees_between_cache_and_full_prefix():
+    model = tiny(window=2)
+    b = padded_batch()
+    cached = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    naive = greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    assert cached.equal(naive)
+    assert beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)[:, :cached.size(1)].equal(cached)
+    wider = tiny(window=0)
+    assert not greedy_decode(wider, b.src, b.src_mask, 12, BOS, EOS, PAD).equal(cached)
+
+
+# --------------------------------------------------------------------------- scheduled sampling
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "exponential", "inverse_sigmoid"])
+def test_the_replacement_probability_follows_its_schedule(schedule):
+    p = [replace_probability(s, 0.4, schedule, start=100, steps=50) for s in range(0, 1000, 10)]
+    assert all(x == 0.0 for x in p[:10])  # before the start: teacher forcing
+    assert all(b >= a for a, b in zip(p, p[1:])) and 0.0 <= max(p) <= 0.4  # rises to the rate, never above
+    assert p[-1] == pytest.approx(0.4, abs=0.01)
+    expected = {"constant": 0.4, "linear": 0.2, "exponential": 0.4 * (1 - math.exp(-0.5)),
+                "inverse_sigmoid": 0.4 * (1 - 50 / (50 + math.exp(0.5)))}[schedule]
+    assert replace_probability(125, 0.4, schedule, 100, 50) == pytest.approx(expected)
+
+
+def test_mixing_shifts_the_guess_for_token_i_to_input_i_plus_1_and_keeps_bos_and_padding():
+    b = padded_batch()
+    guess = (b.tgt_y + 1 - 3) % (V - 3) + 3  # differs from every gold token, never padding
+    mixed = mix_inputs(b.tgt, b.tgt_y, guess, 1.0, PAD)
+    assert mixed[:, 0].eq(BOS).all()
+    real_next = b.tgt[:, 1:] != PAD
+    assert mixed[:, 1:][real_next].equal(guess[:, :-1][real_next])  # the model's guess, not its own target
+    assert mixed[:, 1:][~real_next].eq(PAD).all()
+    assert mix_inputs(b.tgt, b.tgt_y, guess, 0.0, PAD).equal(b.tgt)
+    assert mix_inputs(b.tgt, b.tgt_y, torch.full_like(guess, PAD), 1.0, PAD).equal(b.tgt)  # padding never fed
+
+
+def test_the_mixing_rate_is_p():
+    torch.manual_seed(0)
+    tgt = torch.randint(3, V, (200, 30))
+    tgt[:, 0] = BOS
+    b = Batch(tgt, tgt, pad=PAD)
+    guess = (b.tgt_y + 1 - 3) % (V - 3) + 3
+    mixed = mix_inputs(b.tgt, b.tgt_y, guess, 0.3, PAD)
+    rate = (mixed[:, 1:] != b.tgt[:, 1:]).float().mean().item()
+    assert rate == pytest.approx(0.3, abs=0.02)  # 5,800 draws: sd about 0.006
+
+
+def _loss_and_grads(model, b, objective, step):
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, PAD, 0.1))
+    model.zero_grad()
+    if objective is None:
+        loss = loss_compute(model(b.src, b.tgt, b.src_mask, b.tgt_mask), b.tgt_y, b.ntokens)[1]
+    else:
+        loss = objective(model, b, loss_compute, b.ntokens, step)[1]
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def test_scheduled_sampling_at_p_0_is_the_teacher_forced_loss_and_gradient():
+    model, b = tiny().train(), padded_batch()
+    plain = _loss_and_grads(model, b, None, 0)
+    objective = TrainingObjective(ObjectiveConfig(ss_rate=0.5, ss_start=10), model, PAD)
+    before_start = _loss_and_grads(model, b, objective, 5)
+    assert objective.last_p == 0.0 and plain[0].equal(before_start[0])
+    assert all(g.equal(h) for g, h in zip(plain[1], before_start[1]))
+    mixing = _loss_and_grads(model, b, objective, 10_000)
+    assert objective.last_p == 0.5 and not mixing[0].equal(plain[0])  # the second pass saw other inputs
+    assert build_objective(ObjectiveConfig(), model, PAD) is None  # both switches off: the plain step
+
+
+def test_scheduled_sampling_feeds_the_first_pass_argmax(monkeypatch):
+    model, b = tiny().train(), padded_batch()
+    seen = []
+    original = model.forward
+    monkeypatch.setattr(model, "forward", lambda src, tgt, *a: seen.append(tgt.clone()) or original(src, tgt, *a))
+    objective = TrainingObjective(ObjectiveConfig(ss_rate=1.0, ss_schedule="constant"), model, PAD)
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, PAD, 0.1))
+    objective(model, b, loss_compute, b.ntokens, 0)
+    with torch.no_grad():
+        guess = model.generator.logits(original(b.src, b.tgt, b.src_mask, b.tgt_mask)).argmax(-1)
+    assert seen[0].equal(b.tgt)  # the first pass is teacher-forced
+    expected = mix_inputs(b.tgt, b.tgt_y, guess, 1.0, PAD)
+    assert seen[1].equal(expected)
+
+
+# --------------------------------------------------------------------------- guided attention
+
+
+def test_a_diagonal_square_map_costs_nothing_and_padding_costs_nothing():
+    n = torch.tensor([6])
+    w = guide_weights(n, n, 6, 6, 0.2)  # (1, 6, 6)
+    diagonal = torch.eye(6).view(1, 1, 6, 6)
+    assert guided_attention_penalty(diagonal, w).item() == 0.0
+    assert guided_attention_penalty(torch.eye(6).flip(1).view(1, 1, 6, 6), w).item() > 3.0  # anti-diagonal
+    w = guide_weights(torch.tensor([4]), torch.tensor([3]), 7, 5, 0.2)
+    assert w[0, 3:].eq(0).all() and w[0, :, 4:].eq(0).all() and w[0, :3, :4].gt(0).any()
+
+
+def test_the_penalty_trains_the_guided_heads_only_and_is_off_at_weight_0():
+    model, b = tiny().train(), padded_batch()
+    plain = _loss_and_grads(model, b, None, 0)
+    cfg = ObjectiveConfig(guide_weight=1.0, guide_layers=[1], guide_heads=[0, 2], guide_decay_steps=100)
+    objective = TrainingObjective(cfg, model, PAD)
+    attn = model.decoder.layers
+    assert attn[1].src_attn.probs_for_loss and not attn[0].src_attn.probs_for_loss  # the rest keep the fused kernel
+    guided = _loss_and_grads(model, b, objective, 0)
+    assert objective.figures()["guide_penalty"] > 0 and guided[0] > plain[0]
+    assert not guided[1][0].equal(plain[1][0])
+    decayed = _loss_and_grads(model, b, objective, 100)  # the weight has fallen to 0
+    assert torch.allclose(decayed[0], plain[0], atol=1e-6)  # explicit attention vs the fused kernel: rounding only
+    assert build_objective(ObjectiveConfig(guide_weight=0.0), model, PAD) is None
+
+
+def test_the_penalty_reads_probabilities_before_dropout():
+    torch.manual_seed(0)
+    model = make_model(V, V, N=1, d_model=32, d_ff=64, h=4, dropout=0.5).train()
+    b = padded_batch()
+    TrainingObjective(ObjectiveConfig(guide_weight=1.0), model, PAD)
+    model(b.src, b.tgt, b.src_mask, b.tgt_mask)
+    probs = model.decoder.layers[0].src_attn.probs  # (B, h, T, S)
+    assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[:-1]), atol=1e-5)  # rows of a softmax, not dropped
+
+
+# --------------------------------------------------------------------------- token merging
+
+
+def test_merging_averages_the_most_similar_pair_by_size_and_keeps_padding_out():
+    x = torch.tensor([[[1.0, 0.0], [3.0, 2.0], [5.0, 5.0], [7.0, 1.0], [1e6, 1e6], [1e6, 1e6]]])  # (1, 6, 2)
+    keys = torch.tensor([[[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 0, 0], [1.0, 0, 0]]])
+    mask = torch.tensor([[[True] * 4 + [False] * 2]])  # (1, 1, 6): two padding tokens with token 0's key
+    merger = TokenMerger(mask, ratio=0.25, layers={0})
+    out = merger(x, keys.unsqueeze(1))  # keys (B, h=1, S, d_k)
+    assert out.shape == (1, 3, 2)  # one merge (0.25 x 4), and the padding left the sequence
+    assert out[0].tolist() == [[2.0, 1.0], [5.0, 5.0], [7.0, 1.0]]  # tokens 0 and 1 averaged, the rest as they were
+    assert merger.size.tolist() == [[2.0, 1.0, 1.0]]
+    assert merger.slot.tolist() == [[0, 0, 1, 2, -1, -1]]  # where each source token went; padding nowhere
+    assert torch.allclose(merger.mask, torch.tensor([[[math.log(2), 0.0, 0.0]]]))  # proportional attention
+
+
+def test_merged_sizes_always_sum_to_the_real_length():
+    torch.manual_seed(0)
+    lengths = torch.tensor([9, 4, 1, 7])
+    mask = (torch.arange(9).unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)  # (4, 1, 9)
+    merger = TokenMerger(mask, ratio=0.5, layers={0, 1})
+    x = torch.randn(4, 9, 8)
+    for _ in range(3):  # three merging layers in a row
+        n_before = (merger.size > 0).sum(1)
+        x = merger(x, torch.randn(4, 2, x.size(1), 4))
+        assert merger.size.sum(1).tolist() == lengths.float().tolist()
+        assert ((merger.size > 0).sum(1) == n_before - torch.minimum(n_before // 2, (0.5 * n_before).floor().long())).all()
+    assert x.size(1) == int((merger.size > 0).sum(1).max()) < 9
+    assert ((merger.slot >= 0).sum(1) == lengths).all()  # every real token has a place, padding has none
+
+
+def test_proportional_attention_to_a_merged_token_equals_attention_to_its_parts():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 2, 4), torch.randn(1, 2, 4), torch.randn(1, 2, 4)
+    k3, v3 = torch.cat([k[:, :1], k[:, :1], k[:, 1:]], 1), torch.cat([v[:, :1], v[:, :1], v[:, 1:]], 1)  # token 0 twice
+    separate, _ = attention(q, k3, v3)
+    merged, _ = attention(q, k, v, mask=torch.tensor([[[math.log(2.0), 0.0]]]))
+    assert torch.allclose(separate, merged, atol=1e-6)
+    plain, _ = attention(q, k, v)
+    assert not torch.allclose(separate, plain, atol=1e-3)
+
+
+def test_merging_ratio_0_is_exact_and_merging_shortens_the_memory():
+    b = padded_batch()
+    model = tiny()
+    memory, mask = model.encode_memory(b.src, b.src_mask)
+    assert memory.equal(model.encode(b.src, b.src_mask)) and mask is b.src_mask
+    model.set_token_merging(0.5)
+    assert all(layer.self_attn.keep_keys for layer in model.encoder.layers)
+    merged, merged_mask = model.encode_memory(b.src, b.src_mask)
+    assert merged.size(1) < b.src.size(1) and merged_mask.dtype == torch.float32
+    model.set_token_merging(0.0)
+    assert model.encode_memory(b.src, b.src_mask)[0].equal(memory)
+    assert not any(layer.self_attn.keep_keys for layer in model.encoder.layers)
+
+
+@pytest.mark.parametrize("proportional", [True, False])
+def test_decoding_with_a_merged_memory_agrees_between_cache_and_full_prefix(proportional):
+    model, b = tiny(), padded_batch()
+    model.set_token_merging(0.4, layers=[0], proportional=proportional)
+    cached = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    assert cached.equal(greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
+    beam1 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)
+    assert beam1[:, :cached.size(1)].equal(cached)
+    beam4 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=4, pad_symbol=PAD)
+    assert beam4.size(0) == 3 and beam4[:, 0].eq(BOS).all()
+    # one sentence alone decodes as it does inside the batch: nothing leaks between rows through the merging
+    alone = greedy_decode(model, b.src[1:2], b.src_mask[1:2], 12, BOS, EOS, PAD)
+    assert alone[0].equal(cached[1, :alone.size(1)])
+
+
+def test_merged_groups_cover_every_source_position_once():
+    model = tiny()
+    groups = merged_groups(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5)
+    assert sorted(p for g in groups for p in g) == list(range(9)) and len(groups) < 9
+    assert model.merge_ratio == 0.0 and not model.encoder.layers[0].self_attn.keep_keys  # left as it was
+
+
+def test_a_model_trains_through_the_merging():
+    model, b = tiny().train(), padded_batch()
+    model.set_token_merging(0.5)
+    loss = _loss_and_grads(model, b, None, 0)
+    assert loss[0].isfinite() and model.src_embed[0].lut.weight.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------- the user's command
+
+
+@pytest.mark.slow
+def test_the_switches_train_from_the_command_line(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml", f"train.out_dir={out}",
+           "train.epochs=3", "train.log_every=10", "objective.ss_rate=0.25", "objective.ss_schedule=constant",
+           "objective.ss_start=20", "objective.guide_weight=0.5", "objective.guide_heads=[0]", "model.local_window=2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    # logged after 10, 20, 30 steps: the step counted from 0 as 20 (the 21st) is the first to mix
+    assert [r["ss_p"] for r in train[:3]] == [0.0, 0.0, 0.25]
+    assert all(r["guide_penalty"] > 0 for r in train)
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    assert epochs[-1]["val_loss"] < epochs[0]["val_loss"] < 2.0  # it learns (the start is about ln 11 = 2.4)
+    assert "local_window: 2" in (out / "config.yaml").read_text()
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.local_window=-1", "model.local_window"),
+    ("objective.ss_rate=1.5", "objective.ss_rate"),
+    ("objective.ss_steps=0", "objective.ss_steps"),
+    ("objective.guide_sigma=0", "objective.guide_sigma"),
+    ("objective.guide_layers=[5]", "objective.guide_layers"),
+    ("objective.guide_heads=[4]", "objective.guide_heads"),
+    ("objective.ss_schedule=cubic", "ss_schedule"),
+    ("model.merge_ratio=0.6", "model.merge_ratio"),
+    ("model.merge_layers=[2]", "model.merge_layers"),
+])
+def test_bad_extension_settings_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("copy.yaml", [override, "model.h=4", "model.N=2"]).validate()
+    with pytest.raises(ConfigError, match="model.merge_ratio and model.local_window are both on"):
+        load_config("copy.yaml", ["model.merge_ratio=0.2", "model.local_window=2"])
+
+
+# --------------------------------------------------------------------------- the cost benchmark
+
+
+@pytest.mark.slow
+def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
+    from annotated_transformer.extension_benchmark import measure_extensions
+
+    arms = {"plain": (), "window 1": ("model.local_window=1",), "guided": ("objective.guide_weight=1.0",)}
+    result = measure_extensions(tiny_config(), arms, steps=1, rounds=1, sentences=4, length=5, log=lambda _: None)
+    assert list(result["arms"]) == list(arms) and result["arms"]["plain"]["train_ratio"] == 1.0
+    assert all(r["train_tokens_per_s"] > 0 and r["decode_sentences_per_s"] > 0 for r in result["arms"].values())
+    assert result["arms"]["window 1"]["overrides"] == ["model.local_window=1"]
+    copy_cfg = load_config("copy.yaml")
+    with pytest.raises(ConfigError, match="data.dataset=copy"):
+        measure_extensions(copy_cfg, arms)
