@@ -1,13 +1,14 @@
-"""What the extensions cost: training tokens/s and greedy decoding sentences/s of each switch against
+"""What the extensions cost: training tokens/s, encoding and greedy decoding sentences/s of each switch against
 the plain model, in one process, on the same batches, in interleaved rounds (scripts/benchmark.py
 --extensions).
 
 Each arm is the config plus its overrides (`ARMS`), built with the same seed. A round times
-`steps` optimizer steps of every arm on the same list of real training batches, then greedy
-decoding of the same validation sentences run to a fixed length (no end symbol, so every arm
+`steps` optimizer steps of every arm on the same list of real training batches, encoding of the
+first validation sentences, then greedy decoding of them run to a fixed length (no end symbol, so every arm
 decodes the same number of positions: the figure is the cost per position, not a quality). The
-result per arm is the median over rounds and its ratio to the plain arm's median, so a machine
-that slows down in the middle slows every arm alike.
+result per arm is the median over rounds and its ratio to the plain arm's median; each round
+starts with the next arm, so no arm always runs first (a machine that slows down in the middle
+slows every arm alike).
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ class _Arm:
         return time.perf_counter() - t0
 
     @torch.no_grad()
+    def encode(self, src: torch.Tensor, pad: int) -> float:
+        """Seconds to encode `src` (the memory the decoder reads, merged where merging is on)."""
+        self.model.eval()
+        t0 = time.perf_counter()
+        with amp_context(src.device, self.amp_dtype):
+            memory, _ = self.model.encode_memory(src, padding_mask(src, pad))
+        memory.sum().item()
+        return time.perf_counter() - t0
+
+    @torch.no_grad()
     def decode(self, src: torch.Tensor, pad: int, bos: int, length: int) -> float:
         """Seconds to decode `src` greedily to `length` positions (no end symbol)."""
         self.model.eval()
@@ -102,11 +113,17 @@ def measure_extensions(cfg: Config, arms: dict[str, tuple[str, ...]] = ARMS, ste
             apply_override(arm_cfg, override)
         built[name] = _Arm(arm_cfg.validate(), vocab, pad, device)
         built[name].train(batches[:2])  # warm-up: first-call allocations and kernel choices
+        built[name].encode(src, pad)
+        built[name].decode(src[:8], pad, bos, length)
     train_s: dict[str, list[float]] = {name: [] for name in arms}
     decode_s: dict[str, list[float]] = {name: [] for name in arms}
+    encode_s: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(built)
     for r in range(rounds):
-        for name, arm in built.items():
+        for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts with the next arm
+            arm = built[name]
             train_s[name].append(arm.train(batches))
+            encode_s[name].append(arm.encode(src, pad))
             decode_s[name].append(arm.decode(src, pad, bos, length))
         log(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {tokens / train_s[n][-1]:.0f} tok/s" for n in arms))
     first = next(iter(arms))
@@ -114,10 +131,11 @@ def measure_extensions(cfg: Config, arms: dict[str, tuple[str, ...]] = ARMS, ste
     for name in arms:
         tok_s = tokens / statistics.median(train_s[name])
         sent_s = len(val) / statistics.median(decode_s[name])
-        rows[name] = {"overrides": list(arms[name]), "train_tokens_per_s": tok_s, "decode_sentences_per_s": sent_s}
+        rows[name] = {"overrides": list(arms[name]), "train_tokens_per_s": tok_s, "decode_sentences_per_s": sent_s,
+                      "encode_sentences_per_s": len(val) / statistics.median(encode_s[name])}
     for row in rows.values():
-        row["train_ratio"] = row["train_tokens_per_s"] / rows[first]["train_tokens_per_s"]
-        row["decode_ratio"] = row["decode_sentences_per_s"] / rows[first]["decode_sentences_per_s"]
+        for key in ("train_tokens_per_s", "encode_sentences_per_s", "decode_sentences_per_s"):
+            row[key.split("_")[0] + "_ratio"] = row[key] / rows[first][key]
     return {"config": cfg.name, "device": str(device), "threads": torch.get_num_threads(), "steps": steps,
             "rounds": rounds, "tokens_per_round": tokens, "sentences": len(val), "decode_length": length,
             "arms": rows}
@@ -128,8 +146,10 @@ def format_extensions(result: dict[str, Any]) -> str:
     lines = [f"{result['config']} on {result['device']} ({result['threads']} threads): median of {result['rounds']} "
              f"rounds of {result['steps']} training steps and {result['sentences']} sentences decoded to "
              f"{result['decode_length']} positions",
-             f"{'arm':24s} {'train tok/s':>12s} {'ratio':>6s} {'decode sent/s':>14s} {'ratio':>6s}"]
+             f"{'arm':24s} {'train tok/s':>12s} {'ratio':>6s} {'encode sent/s':>14s} {'ratio':>6s} "
+             f"{'decode sent/s':>14s} {'ratio':>6s}"]
     for name, row in result["arms"].items():
         lines.append(f"{name:24s} {row['train_tokens_per_s']:12.0f} {row['train_ratio']:6.2f} "
+                     f"{row['encode_sentences_per_s']:14.0f} {row['encode_ratio']:6.2f} "
                      f"{row['decode_sentences_per_s']:14.1f} {row['decode_ratio']:6.2f}")
     return "\n".join(lines)

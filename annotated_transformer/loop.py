@@ -142,6 +142,17 @@ class LossMeter:
         self.epoch_tokens, self.window_tokens = int(state["epoch_tokens"]), int(state["window_tokens"])
 
 
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside DDP and/or torch.compile wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):  # torch.compile
+            model = model._orig_mod
+        elif hasattr(model, "module") and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
 def step_norm(group: list[Batch], ws: int) -> float:
     """What this rank divides its summed loss by: global non-padding target tokens / world size (host ints)."""
     if ws == 1:

@@ -26,8 +26,9 @@ whose `probs_for_loss` is set keeps them with their gradient in `.probs` (guided
 
 One extension lives here because it changes the masks the stacks see: `local_window` > 0
 restricts self-attention (encoder, and the decoder's causal self-attention) to +/- that many
-positions (`masks.local_mask`); encoder-decoder attention stays full. The other extensions of
-the Transformer are in `annotated_transformer/extensions/`.
+positions (`masks.local_mask`); encoder-decoder attention stays full. Token merging
+(`extensions/token_merging.py`) hooks into the encoder: `encode_memory` returns the shorter memory
+and the mask the decoder reads it with. The training-loss extensions are in `extensions/`.
 """
 
 from __future__ import annotations
@@ -135,10 +136,11 @@ class MultiHeadedAttention(nn.Module):
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
             if mask.dtype != torch.bool:
                 mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
-        if self.keep_attn or self.impl == "naive" or self.probs_for_loss:
+        for_loss = self.probs_for_loss and self.training
+        if self.keep_attn or self.impl == "naive" or for_loss:
             x, p_attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k)
             self.attn = p_attn.detach() if self.keep_attn else None
-            self.probs = p_attn if self.probs_for_loss else None
+            self.probs = p_attn if for_loss else None
         else:
             p = self.dropout.p if self.training else 0.0
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, h, T, d_k)
@@ -358,7 +360,7 @@ class EncoderDecoder(nn.Module):
         return TokenMerger(src_mask, self.merge_ratio, layers, self.proportional_attention)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        """src (B, S) -> memory (B, S, d)."""
+        """src (B, S) -> memory (B, S, d), every source token kept (`encode_memory` applies token merging)."""
         if self.local_window:
             S = src.size(1)
             band = local_mask(S, S, self.local_window, device=src.device)  # (1, S, S)

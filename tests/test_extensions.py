@@ -196,6 +196,9 @@ def test_the_penalty_trains_the_guided_heads_only_and_is_off_at_weight_0():
     decayed = _loss_and_grads(model, b, objective, 100)  # the weight has fallen to 0
     assert torch.allclose(decayed[0], plain[0], atol=1e-6)  # explicit attention vs the fused kernel: rounding only
     assert build_objective(ObjectiveConfig(guide_weight=0.0), model, PAD) is None
+    model.eval()
+    model(b.src, b.tgt, b.src_mask, b.tgt_mask)
+    assert attn[1].src_attn.probs is None  # evaluation and decoding keep the fused kernel
 
 
 def test_the_penalty_reads_probabilities_before_dropout():

@@ -12,17 +12,11 @@ from torch import Tensor, nn
 
 from ..config import ObjectiveConfig
 from ..data.batch import Batch
+from ..loop import unwrap_model
 from ..loss import SimpleLossCompute
-from ..model import EncoderDecoder, MultiHeadedAttention
+from ..model import MultiHeadedAttention
 from .guided_attention import decayed_weight, guide_weights, guided_attention_penalty
 from .scheduled_sampling import mix_inputs, predictions, replace_probability
-
-
-def bare_model(model: nn.Module) -> EncoderDecoder:
-    """The EncoderDecoder inside a DDP or torch.compile wrapper."""
-    while not isinstance(model, EncoderDecoder):
-        model = getattr(model, "module", None) or model._orig_mod
-    return model
 
 
 class TrainingObjective:
@@ -32,7 +26,7 @@ class TrainingObjective:
         self.cfg, self.pad = cfg, pad
         self.guided: list[MultiHeadedAttention] = []
         if cfg.guide_weight > 0:
-            layers = bare_model(model).decoder.layers
+            layers = unwrap_model(model).decoder.layers
             self.guided = [layers[i].src_attn for i in (cfg.guide_layers or range(len(layers)))]
             for attn in self.guided:
                 attn.probs_for_loss = True  # these layers run the explicit attention in training; the rest stay fused
@@ -47,13 +41,15 @@ class TrainingObjective:
             return batch.tgt
         with torch.no_grad():
             out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d), teacher-forced
-            guess = predictions(bare_model(model).generator.logits(out), c.ss_sample)  # (B, T)
+            guess = predictions(unwrap_model(model).generator.logits(out), c.ss_sample)  # (B, T)
         return mix_inputs(batch.tgt, batch.tgt_y, guess, p, self.pad)
 
     def penalty(self, batch: Batch, step: int) -> Tensor | None:
         """lambda x the guided-attention penalty of the forward pass just run (None when its weight is 0 now)."""
         weight = decayed_weight(step, self.cfg.guide_weight, self.cfg.guide_decay_steps)
-        if not self.guided or weight == 0.0:
+        if weight == 0.0:
+            for attn in self.guided:
+                attn.probs = None  # drop the graph they hold
             return None
         src_len = (batch.src != self.pad).sum(1)  # (B,)
         tgt_len = (batch.tgt != self.pad).sum(1)  # (B,)

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TrainingDiverged
 from ..files import atomic_write, run_dir_error, writing
-from ..loop import Log, weights_finite, world_size
+from ..loop import Log, unwrap_model, weights_finite, world_size
 
 if TYPE_CHECKING:  # run_dir and resume import this module
     from .distributed import DistInfo
@@ -36,17 +36,6 @@ if TYPE_CHECKING:  # run_dir and resume import this module
     from .run_dir import RunDir
 
 CHECKPOINT_FORMAT = "annotated-transformer/1"
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module inside DDP and/or torch.compile wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):  # torch.compile
-            model = model._orig_mod
-        elif hasattr(model, "module") and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:

@@ -15,8 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import CheckpointError
-from ..loop import LossMeter, TrainState, world_size
-from .checkpointing import unwrap_model
+from ..loop import LossMeter, TrainState, unwrap_model, world_size
 from .distributed import host_group
 
 
