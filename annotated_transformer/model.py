@@ -350,14 +350,16 @@ class EncoderDecoder(nn.Module):
         """Merge `ratio` of each sentence's tokens after the self-attention of `layers` (all when empty);
         0 turns merging off. Works on a trained model too (merging at inference only)."""
         self.merge_ratio, self.merge_layers, self.proportional_attention = ratio, set(layers), proportional
-        chosen = self.merge_layers or set(range(len(self.encoder.layers)))
         for i, layer in enumerate(self.encoder.layers):
-            layer.self_attn.keep_keys = bool(ratio) and i in chosen  # the matching reads these layers' keys
+            layer.self_attn.keep_keys = bool(ratio) and i in self._merging_layers()  # matching reads their keys
+
+    def _merging_layers(self) -> set[int]:
+        """The encoder layers that merge: model.merge_layers, or every layer when it is empty."""
+        return self.merge_layers or set(range(len(self.encoder.layers)))
 
     def merger(self, src_mask: Tensor) -> TokenMerger:
         """A fresh merging state for one encoder pass (model.merge_ratio, merge_layers, proportional_attention)."""
-        layers = self.merge_layers or set(range(len(self.encoder.layers)))
-        return TokenMerger(src_mask, self.merge_ratio, layers, self.proportional_attention)
+        return TokenMerger(src_mask, self.merge_ratio, self._merging_layers(), self.proportional_attention)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """src (B, S) -> memory (B, S, d), every source token kept (`encode_memory` applies token merging)."""

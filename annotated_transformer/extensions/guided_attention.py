@@ -16,12 +16,13 @@ from torch import Tensor
 
 def guide_weights(src_len: Tensor, tgt_len: Tensor, S: int, T: int, sigma: float) -> Tensor:
     """(B,) real lengths -> W (B, T, S): 1 - exp(-(s/S_b - t/T_b)^2 / (2 sigma^2)), 0 outside the real lengths."""
-    s = torch.arange(S, device=src_len.device).unsqueeze(0) / src_len.unsqueeze(1).clamp(min=1)  # (B, S)
-    t = torch.arange(T, device=tgt_len.device).unsqueeze(0) / tgt_len.unsqueeze(1).clamp(min=1)  # (B, T)
+    pos_s = torch.arange(S, device=src_len.device).unsqueeze(0)  # (1, S)
+    pos_t = torch.arange(T, device=tgt_len.device).unsqueeze(0)  # (1, T)
+    s = pos_s / src_len.unsqueeze(1).clamp(min=1)  # (B, S)
+    t = pos_t / tgt_len.unsqueeze(1).clamp(min=1)  # (B, T)
     w = 1.0 - torch.exp(-(s.unsqueeze(1) - t.unsqueeze(2)) ** 2 / (2 * sigma ** 2))  # (B, T, S)
-    real_s = torch.arange(S, device=src_len.device).unsqueeze(0) < src_len.unsqueeze(1)  # (B, S)
-    real_t = torch.arange(T, device=tgt_len.device).unsqueeze(0) < tgt_len.unsqueeze(1)  # (B, T)
-    return w * (real_t.unsqueeze(2) & real_s.unsqueeze(1))  # (B, T, S)
+    real = (pos_t < tgt_len.unsqueeze(1)).unsqueeze(2) & (pos_s < src_len.unsqueeze(1)).unsqueeze(1)  # (B, T, S)
+    return w * real
 
 
 def guided_attention_penalty(probs: Tensor, weights: Tensor) -> Tensor:
