@@ -3,7 +3,7 @@
 Training (same model size, same machine, back to back, each side in its own fresh process so
 peak memory is its own):
 
-* reference: the notebook's pipeline. Raw sentence pairs in batches of 32, spaCy tokenisation and
+* notebook: the notebook's pipeline. Raw sentence pairs in batches of 32, spaCy tokenisation and
   padding to 72 inside the DataLoader's collate for every batch, fp32, explicit softmax attention
   (`model.attention=naive`), PyTorch's own nn.Dropout and default Adam implementation, and the loss
   on log-probabilities (log-softmax, then label smoothing).
@@ -151,9 +151,9 @@ def peak_memory_gb(device: torch.device) -> float:
 
 
 def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
-    """Time `warmup + steps` optimizer steps of one side ('reference' or 'fast'); return its figures."""
+    """Time `warmup + steps` optimizer steps of one side ('notebook' or 'fast'); return its figures."""
     from .data import load_translation_data
-    from .data.reference import reference_dataloader
+    from .data.notebook_pipeline import notebook_dataloader
     from .loss import LabelSmoothing, SimpleLossCompute
     from .model import make_model_from_config
     from .optim import build_optimizer, build_scheduler
@@ -164,25 +164,25 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     torch.manual_seed(cfg.train.seed)
     data = load_translation_data(cfg, log=None)
     text = data.text
-    reference = side == "reference"
-    if reference:
+    notebook = side == "notebook"
+    if notebook:
         model_cfg = replace(cfg.model, attention="naive")
         amp_dtype = None
-        loader = reference_dataloader(data.splits["train"].pairs(), text, seed=cfg.train.seed)
+        loader = notebook_dataloader(data.splits["train"].pairs(), text, seed=cfg.train.seed)
     else:
         model_cfg = cfg.model
         amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
         loader = data.train_loader(cfg.train.seed, pin_memory=device.type == "cuda")
     model = make_model_from_config(model_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device)
-    if reference:
+    if notebook:
         notebook_dropout(model)
     criterion = LabelSmoothing(len(text.tgt_vocab), text.pad_id, cfg.train.label_smoothing)
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
-                                fused=False if reference else None)
+                                fused=False if notebook else None)
     scheduler = build_scheduler(optimizer, model_cfg.d_model, cfg.train.lr_factor, cfg.train.warmup)
-    train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not reference) else model
-    # The reference keeps the notebook's order: log-softmax, then the divergence on log-probabilities.
-    loss_compute = SimpleLossCompute(model.generator, criterion, fused=not reference)
+    train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not notebook) else model
+    # The notebook side keeps its order: log-softmax, then the divergence on log-probabilities.
+    loss_compute = SimpleLossCompute(model.generator, criterion, fused=not notebook)
     peak = matmul_peak(device, amp_dtype or torch.float32)  # measured again after the steps: the best counts
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -364,19 +364,19 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
     }
     if train:
         sides = {}
-        for side in ("reference", "fast"):
+        for side in ("notebook", "fast"):
             log(f"training, {side} side: {warmup} warm-up + {steps} timed steps ...")
             sides[side] = measure_in_subprocess(side, cfg, steps, warmup)
             s = sides[side]
             log(f"  {s['tokens_per_s']:9.0f} tokens/s | {s['step_ms']:8.1f} ms/step | "
                 f"{s['tokens_per_step']:6.0f} tokens/step | {s['precision']} | MFU {100 * s['mfu']:.1f}% "
                 f"of {s['peak_flop_per_s'] / 1e9:.0f} GFLOP/s | peak mem {s['peak_mem_gb']:.2f} GB")
-        ref, fast = sides["reference"], sides["fast"]
+        ref, fast = sides["notebook"], sides["fast"]
         result["train"] = {
-            "reference_tokens_per_s": ref["tokens_per_s"], "fast_tokens_per_s": fast["tokens_per_s"],
-            "ratio": fast["tokens_per_s"] / ref["tokens_per_s"], "mfu": fast["mfu"], "reference_mfu": ref["mfu"],
-            "reference_peak_mem_gb": ref["peak_mem_gb"], "fast_peak_mem_gb": fast["peak_mem_gb"],
-            "reference": ref, "fast": fast,
+            "notebook_tokens_per_s": ref["tokens_per_s"], "fast_tokens_per_s": fast["tokens_per_s"],
+            "ratio": fast["tokens_per_s"] / ref["tokens_per_s"], "mfu": fast["mfu"], "notebook_mfu": ref["mfu"],
+            "notebook_peak_mem_gb": ref["peak_mem_gb"], "fast_peak_mem_gb": fast["peak_mem_gb"],
+            "notebook": ref, "fast": fast,
         }
     if decode:
         log(f"decoding test2016 ({'checkpoint ' + checkpoint if checkpoint else 'untrained weights'}) ...")
@@ -408,9 +408,9 @@ def format_summary(result: dict[str, Any]) -> str:
     lines = [f"device: {result['device']} | config {result['config']} | torch {result['torch']}"]
     if "train" in result:
         t = result["train"]
-        lines.append(f"train  reference {t['reference_tokens_per_s']:9.0f} tok/s | fast {t['fast_tokens_per_s']:9.0f} "
+        lines.append(f"train  notebook  {t['notebook_tokens_per_s']:9.0f} tok/s | fast {t['fast_tokens_per_s']:9.0f} "
                      f"tok/s | ratio {t['ratio']:.1f}x | fast MFU {100 * t['mfu']:.1f}% "
-                     f"(reference {100 * t['reference_mfu']:.1f}%)")
+                     f"(notebook {100 * t['notebook_mfu']:.1f}%)")
     if "decode" in result:
         d = result["decode"]
         lines.append(f"decode one-sentence {d['one_sentence_per_s']:8.1f} sent/s | batched greedy "

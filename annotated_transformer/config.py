@@ -1,5 +1,5 @@
 """Typed configuration: the dataclasses of a run with a help text per field, one validate(), and the
-reference docs (`uv run python -m annotated_transformer.config > docs/config.md`).
+documentation (`uv run python -m annotated_transformer.config > docs/config.md`).
 
 A run is described by one `Config` made of five sections (`model`, `data`, `train`, `decode`,
 and `objective` for the extensions of the training loss). Every field carries a one-line help
@@ -60,7 +60,10 @@ class ModelConfig:
     merge_ratio: float = param(0.0, "token merging (ToMe): after the self-attention of each merging encoder layer, "
                                "merge this fraction of each sentence's tokens (at most half) into their most similar "
                                "neighbours (0: off)")
-    merge_layers: list[int] = param([], "token merging: the encoder layers that merge, from 0 (empty: all)")
+    prune_ratio: float = param(0.0, "token pruning: after the self-attention of each merging encoder layer, drop "
+                               "this fraction of each sentence's tokens (at most half), those that receive the least "
+                               "attention (0: off; not with merge_ratio)")
+    merge_layers: list[int] = param([], "token merging or pruning: the encoder layers that merge, from 0 (empty: all)")
     proportional_attention: bool = param(True, "token merging: later attention adds log(size) to a merged token's "
                                          "logits, so it weighs as much as the tokens it replaced")
     layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm's square root")
@@ -81,11 +84,12 @@ class DataConfig:
     lowercase: bool = param(False, "lowercase all text before tokenising")
     min_freq: int = param(2, "word mode: a token needs this many training occurrences to enter the vocabulary")
     spm_vocab_size: int = param(8000, "spm mode: size of the joint SentencePiece vocabulary")
-    max_len: int = param(128, "longest sentence in tokens, <s> and </s> included; longer ones are cut or skipped")
+    max_sentence_len: int = param(128, "longest sentence in tokens, <s> and </s> included; longer ones are cut or "
+                                  "skipped")
     long_policy: str = param("truncate", "what to do with longer sentences: 'truncate' or 'skip'",
                              choices=("truncate", "skip"))
-    batching: str = param("bucket", "'bucket' (length-bucketed, about batch_tokens a batch) or 'reference' "
-                          "(the notebook: 32 sentences padded to 72)", choices=("bucket", "reference"))
+    batching: str = param("bucket", "'bucket' (length-bucketed, about batch_tokens a batch) or 'notebook' "
+                          "(the notebook's: 32 sentences padded to 72)", choices=("bucket", "notebook"))
     batch_tokens: int = param(4096, "bucket mode: about this many padded tokens (source or target) per batch")
     num_workers: int = param(0, "data-loader worker processes (batches are pre-numericalised, so 0 is fine)")
     copy_vocab: int = param(11, "copy task: vocabulary size (token 0 pads, token 1 starts every sequence)")
@@ -146,6 +150,11 @@ class TrainConfig:
         not) is done with this recipe."""
         return bool((self.epochs and epoch >= self.epochs) or (self.max_steps and step >= self.max_steps)
                     or (self.stop_at_target and target_reached))
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        """The optimizer steps a run takes: max_steps, or the epochs' worth if fewer."""
+        by_epochs = self.epochs * -(-batches_per_epoch // self.accum_steps)  # an epoch's last group may be short
+        return min(x for x in (by_epochs, self.max_steps) if x > 0)
 
 
 @dataclass
@@ -241,10 +250,12 @@ class Config:
             raise ConfigError("train.epochs and train.max_steps are both 0: set one of them to train")
         if d.src_lang == d.tgt_lang:
             raise ConfigError(f"data.src_lang and data.tgt_lang are both '{d.src_lang}'; they must differ")
-        if d.max_len < 3:
-            raise ConfigError(f"data.max_len must be at least 3 (<s>, a token, </s>), got {d.max_len}")
-        if d.max_len > m.max_positions:
-            raise ConfigError(f"data.max_len ({d.max_len}) exceeds model.max_positions ({m.max_positions})")
+        if d.max_sentence_len < 3:
+            raise ConfigError(f"data.max_sentence_len must be at least 3 (<s>, a token, </s>), "
+                              f"got {d.max_sentence_len}")
+        if d.max_sentence_len > m.max_positions:
+            raise ConfigError(f"data.max_sentence_len ({d.max_sentence_len}) exceeds model.max_positions "
+                              f"({m.max_positions})")
         if d.dataset == "copy":
             if d.copy_vocab < 3:
                 raise ConfigError(f"data.copy_vocab must be at least 3, got {d.copy_vocab}")
@@ -278,12 +289,15 @@ class Config:
                            "objective.guide_weight": o.guide_weight}.items():
             if value < 0:
                 raise ConfigError(f"{key} must not be negative, got {value}")
-        if not 0.0 <= m.merge_ratio <= 0.5:
-            raise ConfigError(f"model.merge_ratio must be in [0, 0.5] (at most half the tokens merge), got {m.merge_ratio}")
+        for key, ratio in {"model.merge_ratio": m.merge_ratio, "model.prune_ratio": m.prune_ratio}.items():
+            if not 0.0 <= ratio <= 0.5:
+                raise ConfigError(f"{key} must be in [0, 0.5] (at most half the tokens leave), got {ratio}")
+        if m.merge_ratio and m.prune_ratio:
+            raise ConfigError("model.merge_ratio and model.prune_ratio are both on: use one of them")
         if any(not 0 <= i < m.N for i in m.merge_layers):
             raise ConfigError(f"model.merge_layers {m.merge_layers} names a layer outside the encoder's 0..{m.N - 1}")
-        if m.merge_ratio and m.local_window:
-            raise ConfigError("model.merge_ratio and model.local_window are both on: a window over merged tokens "
+        if (m.merge_ratio or m.prune_ratio) and m.local_window:
+            raise ConfigError("model.local_window is on with token merging or pruning: a window over fewer tokens "
                               "has no positions to count; use one of them")
         if o.ss_steps < 1:
             raise ConfigError(f"objective.ss_steps must be at least 1, got {o.ss_steps}")
@@ -334,9 +348,9 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]
     return rows
 
 
-def reference_markdown() -> str:
+def config_markdown() -> str:
     """docs/config.md: every config key with its default and meaning, grouped by section."""
-    lines = ["# Config reference", "",
+    lines = ["# Config keys", "",
              "Every key, its default and what it does; set any of them in a YAML file or as a dotted",
              "override after `--config` (`train.epochs=2`). Generated from `annotated_transformer/config.py`",
              "by `uv run python -m annotated_transformer.config > docs/config.md` (a test keeps it in step).", ""]
@@ -354,4 +368,4 @@ def reference_markdown() -> str:
 
 
 if __name__ == "__main__":  # uv run python -m annotated_transformer.config > docs/config.md
-    print(reference_markdown(), end="")
+    print(config_markdown(), end="")

@@ -92,6 +92,28 @@ def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")  # pragma: no cover - programming error
 
 
+# Names changed on 2026-11-25 (one name, one meaning); older configs, command lines and checkpoints
+# still use the old ones, which are read under the new.
+RENAMED_KEYS = {"data.max_len": "data.max_sentence_len"}
+RENAMED_VALUES = {("data.batching", "reference"): "notebook"}
+
+
+def upgrade_config_dict(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a nested config dict (YAML, a checkpoint's) with renamed keys and values under their new names."""
+    out = {section: dict(keys) if isinstance(keys, dict) else keys for section, keys in data.items()}
+    for old, new in RENAMED_KEYS.items():
+        (section, key), (new_section, new_key) = old.split("."), new.split(".")
+        keys = out.get(section)
+        if isinstance(keys, dict) and key in keys and new_key not in out.get(new_section, {}):
+            out.setdefault(new_section, {})[new_key] = keys.pop(key)
+    for (dotted, old_value), new_value in RENAMED_VALUES.items():
+        section, key = dotted.split(".")
+        keys = out.get(section)
+        if isinstance(keys, dict) and keys.get(key) == old_value:
+            keys[key] = new_value
+    return out
+
+
 def _set_key(obj: Any, parts: list[str], value: Any, full: str, from_cli: bool) -> None:
     cls = type(obj)
     name = parts[0]
@@ -123,7 +145,7 @@ def apply_dict(cfg: Config, data: dict[str, Any], source: str = "config") -> Con
     """Merge a nested dict (from YAML or a checkpoint) into `cfg`, checking keys and types."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (model:, data:, train:, ...)")
-    for key, value in data.items():
+    for key, value in upgrade_config_dict(data).items():
         try:
             _set_key(cfg, [str(key)], value, str(key), from_cli=False)
         except ConfigError as exc:
@@ -143,6 +165,9 @@ def apply_override(cfg: Config, override: str) -> Config:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    key = RENAMED_KEYS.get(key, key)
+    if isinstance(value, str):
+        value = RENAMED_VALUES.get((key, value), value)
     _set_key(cfg, key.split("."), value, key, from_cli=True)
     return cfg
 

@@ -1,4 +1,4 @@
-"""Decoding: batched greedy search with a key/value cache, and the naive reference it must match.
+"""Decoding: batched greedy search with a key/value cache, and the naive decoder it must match.
 
 Every decoder returns a (B, L) tensor of ids that starts with the start symbol. A sentence ends
 at its own end symbol (kept in the output) or at its length limit; positions after its end hold
@@ -73,7 +73,7 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
 def greedy_decode_naive(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,
                         start_symbol: int, end_symbol: int | None = None,
                         pad_symbol: int | None = None) -> Tensor:
-    """The reference: re-run the decoder over the whole prefix at every step (the notebook's way), batched.
+    """The naive decoder: re-run the decoder over the whole prefix at every step (the notebook's way), batched.
 
     Same contract and same output as `greedy_decode`; used to check the cache.
     """

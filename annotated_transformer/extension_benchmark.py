@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ from .decoding import greedy_decode
 from .device import amp_context, resolve_amp_dtype, select_device
 from .errors import ConfigError
 from .extensions.objective import build_objective
-from .loop import train_step
+from .loop import Log, train_step
 from .loss import LabelSmoothing, SimpleLossCompute
 from .masks import padding_mask
 from .model import make_model_from_config
@@ -41,7 +40,18 @@ ARMS: dict[str, tuple[str, ...]] = {
     "local attention w=2": ("model.local_window=2",),
     "token merging r=0.25": ("model.merge_ratio=0.25",),
     "token merging r=0.5": ("model.merge_ratio=0.5",),
+    "token pruning r=0.25": ("model.prune_ratio=0.25",),
 }
+
+
+def select_arms(names: list[str] | None) -> dict[str, tuple[str, ...]]:
+    """--arms: the named ARMS (None: all), always after "plain", which every ratio is measured against."""
+    if not names:
+        return dict(ARMS)
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ConfigError(f"--arms: unknown {unknown}; choose from {list(ARMS)}")
+    return {n: ARMS[n] for n in ["plain", *[n for n in names if n != "plain"]]}
 
 
 class _Arm:
@@ -90,7 +100,7 @@ class _Arm:
 
 
 def measure_extensions(cfg: Config, arms: dict[str, tuple[str, ...]] = ARMS, steps: int = 20, rounds: int = 5,
-                       sentences: int = 256, length: int = 20, log: Callable[[str], None] = print) -> dict[str, Any]:
+                       sentences: int = 256, length: int = 20, log: Log = print) -> dict[str, Any]:
     """Median training tokens/s and decoding sentences/s per arm over `rounds`, and ratios to the first arm."""
     if cfg.data.dataset != "multi30k":
         raise ConfigError(f"--extensions times training on Multi30k; {cfg.name} has data.dataset={cfg.data.dataset}")

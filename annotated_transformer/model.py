@@ -18,16 +18,13 @@ Two deliberate differences from the notebook, both documented where they live:
 Every dropout is `fast_dropout.Dropout`: nn.Dropout with a cheaper random mask on the CPU,
 the same module otherwise (a speed detail, kept in its own module).
 
-Attention runs through `torch.nn.functional.scaled_dot_product_attention`
-(fused kernels) unless the explicit probabilities are wanted: inside
-`model.keep_attention()` every `MultiHeadedAttention` stores them in `.attn`
-(B, h, T, S) for visualisation, computed with the notebook's `attention`; a layer
-whose `probs_for_loss` is set keeps them with their gradient in `.probs` (guided attention).
+Attention (`attention`, `MultiHeadedAttention`) has its own module, `attention.py`, read first;
+both names are importable from here as in the notebook.
 
 One extension lives here because it changes the masks the stacks see: `local_window` > 0
 restricts self-attention (encoder, and the decoder's causal self-attention) to +/- that many
-positions (`masks.local_mask`); encoder-decoder attention stays full. Token merging
-(`extensions/token_merging.py`) hooks into the encoder: `encode_memory` returns the shorter memory
+positions (`masks.local_mask`); encoder-decoder attention stays full. Token merging and
+pruning (`extensions/token_merging.py`) hook into the encoder: `encode_memory` returns the shorter memory
 and the mask the decoder reads it with. The training-loss extensions are in `extensions/`.
 """
 
@@ -42,8 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
+from .attention import MultiHeadedAttention, attention  # noqa: F401 - equation 1 and Section 3.2.2
 from .extensions.token_merging import TokenMerger
+from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
 from .kv_cache import AttentionCache, DecoderCache
 from .masks import local_mask
 from .masks import subsequent_mask  # noqa: F401 - the decoder's mask, public here as in the notebook
@@ -64,88 +62,6 @@ class LayerNorm(nn.LayerNorm):
 
     def __init__(self, features: int, eps: float = 1e-6) -> None:
         super().__init__(features, eps=eps)
-
-
-# --------------------------------------------------------------------------- attention
-
-
-def attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout: nn.Dropout | None = None
-) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V (the paper's equation 1), explicitly.
-
-    query (..., T, d_k), key/value (..., S, d_k), mask broadcastable to (..., T, S): boolean with
-    True = keep, or a float bias added to the scores (token merging's log sizes).
-    Returns the output (..., T, d_k) and the attention probabilities (..., T, S) before dropout
-    (the notebook returned them after; in eval mode, where maps are drawn, the two are equal).
-    """
-    d_k = query.size(-1)
-    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., T, S)
-    if mask is not None and mask.dtype != torch.bool:
-        scores = scores + mask
-    elif mask is not None:
-        # The most negative finite value, not -inf: a row with nothing to attend to stays finite.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    p_attn = scores.softmax(dim=-1)  # (..., T, S)
-    p_used = dropout(p_attn) if dropout is not None else p_attn
-    return p_used @ value, p_attn  # (..., T, d_k), (..., T, S)
-
-
-class MultiHeadedAttention(nn.Module):
-    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
-
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1, impl: str = "sdpa") -> None:
-        super().__init__()
-        assert d_model % h == 0, "d_model must be divisible by h"
-        self.d_k = d_model // h
-        self.h = h
-        self.linears = clones(nn.Linear(d_model, d_model), 4)  # W^Q, W^K, W^V, W^O
-        self.dropout = Dropout(p=dropout)
-        self.impl = impl  # 'sdpa' or 'naive'
-        self.keep_attn = False  # set by EncoderDecoder.keep_attention()
-        self.attn: Tensor | None = None  # (B, h, T, S) when keep_attn
-        self.probs_for_loss = False  # set by a loss on the attention (extensions.guided_attention)
-        self.probs: Tensor | None = None  # (B, h, T, S) with gradient, before dropout, when probs_for_loss
-        self.keep_keys = False  # set on the encoder layers that merge tokens (extensions.token_merging)
-        self.keys: Tensor | None = None  # (B, h, S, d_k) the latest keys, when keep_keys
-
-    def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
-        B = x.size(0)
-        return linear(x).view(B, -1, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
-
-    def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-        cache: AttentionCache | None = None,
-    ) -> Tensor:
-        """query (B, T, d), key/value (B, S, d), mask (B, 1 or T, S) -> (B, T, d)."""
-        B = query.size(0)
-        q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
-        if cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v  # memory projected on the first step
-        else:
-            k = self._heads(key, self.linears[1])  # (B, h, S, d_k)
-            v = self._heads(value, self.linears[2])  # (B, h, S, d_k)
-            if cache is not None:
-                if not cache.static and cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)  # (B, h, t+1, d_k)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
-        if self.keep_keys:
-            self.keys = k
-        if mask is not None:
-            mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
-            if mask.dtype != torch.bool:
-                mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
-        for_loss = self.probs_for_loss and self.training
-        if self.keep_attn or self.impl == "naive" or for_loss:
-            x, p_attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k)
-            self.attn = p_attn.detach() if self.keep_attn else None
-            self.probs = p_attn if for_loss else None
-        else:
-            p = self.dropout.p if self.training else 0.0
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, h, T, d_k)
-        x = x.transpose(1, 2).reshape(B, -1, self.h * self.d_k)  # (B, T, d)
-        return self.linears[3](x)
 
 
 # --------------------------------------------------------------------------- sublayers
@@ -193,10 +109,11 @@ class EncoderLayer(nn.Module):
         self.size = size
 
     def forward(self, x: Tensor, mask: Tensor, merge: TokenMerger | None = None) -> Tensor:
-        """x (B, S, d), mask (B, 1, S) -> (B, S, d); with `merge`, (B, S', d): fewer tokens after the attention."""
+        """x (B, S, d), mask (B, 1, S) -> (B, S, d); with `merge`, (B, S', d): fewer tokens after the attention
+        (merged or pruned)."""
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
         if merge is not None:
-            x = merge(x, self.self_attn.keys)  # (B, S', d)
+            x = merge(x, self.self_attn)  # (B, S', d): reads the attention's keys or probabilities
         return self.sublayer[1](x, self.feed_forward)
 
 
@@ -329,7 +246,8 @@ class EncoderDecoder(nn.Module):
         self.tgt_embed = tgt_embed
         self.generator = generator
         self.local_window = 0  # > 0: self-attention sees only +/- this many positions (model.local_window)
-        self.merge_ratio = 0.0  # > 0: token merging in the encoder (model.merge_ratio, extensions.token_merging)
+        self.merge_ratio = 0.0  # > 0: token merging (or pruning, with .prune) in the encoder (extensions.token_merging)
+        self.prune = False  # True: the least attended tokens leave instead of merging (model.prune_ratio)
         self.merge_layers: set[int] = set()
         self.proportional_attention = True
 
@@ -346,20 +264,25 @@ class EncoderDecoder(nn.Module):
         merger = self.merger(src_mask)
         return self.encoder(self.src_embed(src), src_mask, merger), merger.mask
 
-    def set_token_merging(self, ratio: float, layers: Iterable[int] = (), proportional: bool = True) -> None:
-        """Merge `ratio` of each sentence's tokens after the self-attention of `layers` (all when empty);
-        0 turns merging off. Works on a trained model too (merging at inference only)."""
+    def set_token_merging(self, ratio: float, layers: Iterable[int] = (), proportional: bool = True,
+                          prune: bool = False) -> None:
+        """Merge (or with `prune`, drop) `ratio` of each sentence's tokens after the self-attention of `layers`
+        (all when empty); 0 turns it off. Works on a trained model too (at inference only)."""
         self.merge_ratio, self.merge_layers, self.proportional_attention = ratio, set(layers), proportional
+        self.prune = prune
         for i, layer in enumerate(self.encoder.layers):
-            layer.self_attn.keep_keys = bool(ratio) and i in self._merging_layers()  # matching reads their keys
+            on = bool(ratio) and i in self.merging_layers()
+            layer.self_attn.keep_keys = on and not prune  # matching reads the keys
+            layer.self_attn.keep_probs = on and prune  # pruning reads the attention each token receives
 
-    def _merging_layers(self) -> set[int]:
+    def merging_layers(self) -> set[int]:
         """The encoder layers that merge: model.merge_layers, or every layer when it is empty."""
         return self.merge_layers or set(range(len(self.encoder.layers)))
 
     def merger(self, src_mask: Tensor) -> TokenMerger:
-        """A fresh merging state for one encoder pass (model.merge_ratio, merge_layers, proportional_attention)."""
-        return TokenMerger(src_mask, self.merge_ratio, self._merging_layers(), self.proportional_attention)
+        """A fresh merging state for one encoder pass (model.merge_ratio or prune_ratio, merge_layers,
+        proportional_attention)."""
+        return TokenMerger(src_mask, self.merge_ratio, self.merging_layers(), self.proportional_attention, self.prune)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """src (B, S) -> memory (B, S, d), every source token kept (`encode_memory` applies token merging)."""
@@ -464,5 +387,7 @@ def make_model_from_config(model_cfg, src_vocab: int, tgt_vocab: int) -> Encoder
         attention=model_cfg.attention, max_positions=model_cfg.max_positions,
         layer_norm_eps=model_cfg.layer_norm_eps, N_dec=model_cfg.N_dec or None, local_window=model_cfg.local_window,
     )
-    model.set_token_merging(model_cfg.merge_ratio, model_cfg.merge_layers, model_cfg.proportional_attention)
+    ratio = model_cfg.merge_ratio or model_cfg.prune_ratio  # validate() allows one of the two
+    model.set_token_merging(ratio, model_cfg.merge_layers, model_cfg.proportional_attention,
+                            prune=bool(model_cfg.prune_ratio))
     return model

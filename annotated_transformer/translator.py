@@ -69,6 +69,32 @@ def add_engine_arguments(parser: Any) -> None:
     parser.add_argument("--quantize", default="none", choices=["none", "int8"],
                         help="engine torch on the CPU: PyTorch's dynamic int8 quantisation of the linear layers "
                              "(see README, Deploying a trained model)")
+    parser.add_argument("--merge-ratio", type=float, default=None, metavar="R",
+                        help="engine torch: token merging at inference, merge this fraction of each source sentence's "
+                        "tokens in every merging encoder layer (0-0.5; default: as the checkpoint was trained)")
+    parser.add_argument("--prune-ratio", type=float, default=None, metavar="R",
+                        help="engine torch: token pruning at inference, drop this fraction of each source sentence's "
+                        "tokens, the least attended, in every merging encoder layer (0-0.5)")
+
+
+def set_token_reduction(translator: Any, merge_ratio: float | None, prune_ratio: float | None) -> None:
+    """--merge-ratio / --prune-ratio on a loaded translator (None: as trained), or one ConfigError saying why not."""
+    if merge_ratio is None and prune_ratio is None:
+        return
+    for option, ratio in (("--merge-ratio", merge_ratio), ("--prune-ratio", prune_ratio)):
+        if ratio is not None and not 0.0 <= ratio <= 0.5:
+            raise ConfigError(f"{option} must be in [0, 0.5], got {ratio}")
+    if merge_ratio and prune_ratio:
+        raise ConfigError("--merge-ratio and --prune-ratio: use one of them")
+    model = getattr(translator, "model", None)
+    if not hasattr(model, "set_token_merging"):
+        raise ConfigError("--merge-ratio and --prune-ratio need --engine torch (an exported model has neither)")
+    if model.local_window:
+        raise ConfigError("--merge-ratio/--prune-ratio: this model was trained with model.local_window, which "
+                          "fewer tokens cannot keep")
+    prune = bool(prune_ratio)
+    model.set_token_merging(prune_ratio if prune else (merge_ratio or 0.0), model.merge_layers,
+                            model.proportional_attention, prune=prune)
 
 
 def load_translator(engine: str, checkpoint: str | None, model_dir: str | None, device: str | None = None,
@@ -108,7 +134,7 @@ class TextTranslator:
     config: Config
 
     def source_ids(self, sentence: str) -> tuple[list[int], bool]:
-        """Source ids (<s> ... </s>) and whether the sentence had to be truncated to fit data.max_len."""
+        """Source ids (<s> ... </s>) and whether the sentence had to be truncated to fit data.max_sentence_len."""
         ids = self.text.text_to_ids(sentence, "src")
         truncated = len(self.text.tokenize(sentence, "src")) + 2 > len(ids)
         return ids, truncated

@@ -24,7 +24,7 @@ def int_list(text: str) -> list[int]:
 
 
 def main() -> int:
-    parser = config_parser("Benchmark training and decoding: fast path vs the notebook-style reference.")
+    parser = config_parser("Benchmark training and decoding: fast path vs the notebook's pipeline.")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per side (median reported)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
     parser.add_argument("--checkpoint", default=None, help="trained weights for the decoding figures "
@@ -45,6 +45,8 @@ def main() -> int:
     parser.add_argument("--extensions", action="store_true", help="instead: the cost of each extension switch "
                         "(training tokens/s, decoding sentences/s) against the plain model, interleaved rounds")
     parser.add_argument("--rounds", type=int, default=5, help="--extensions: rounds of --steps steps per arm")
+    parser.add_argument("--arms", default=None, help="--extensions: a comma-separated subset of the arms "
+                        "(e.g. 'token pruning r=0.25'); plain is always measured")
     args = parser.parse_args()
     cfg = load_config(args.config, args.overrides)
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
@@ -77,9 +79,10 @@ def compare_engines_cli(args, cfg, log) -> int:
 
 def extensions_cli(args, cfg, log) -> int:
     """--extensions: the cost table of the extension switches, extensions.json in --out."""
-    from annotated_transformer.extension_benchmark import format_extensions, measure_extensions
+    from annotated_transformer.extension_benchmark import format_extensions, measure_extensions, select_arms
 
-    result = measure_extensions(cfg, steps=args.steps, rounds=args.rounds, sentences=args.sentences or 256, log=log)
+    arms = select_arms(args.arms.split(",") if args.arms else None)
+    result = measure_extensions(cfg, arms, steps=args.steps, rounds=args.rounds, sentences=args.sentences or 256, log=log)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "extensions.json").write_text(json.dumps(result, indent=1) + "\n")

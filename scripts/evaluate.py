@@ -8,9 +8,9 @@ import argparse
 from pathlib import Path
 
 from annotated_transformer.config_loading import check_decode_options
-from annotated_transformer.errors import ConfigError, run_cli
+from annotated_transformer.errors import run_cli
 from annotated_transformer.evaluation import evaluate_translator
-from annotated_transformer.translator import add_engine_arguments, load_translator
+from annotated_transformer.translator import add_engine_arguments, load_translator, set_token_reduction
 
 
 def main() -> int:
@@ -25,31 +25,15 @@ def main() -> int:
     parser.add_argument("--data-root", default=None, help="folder with the Multi30k files (default: as configured)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: the best available)")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N sentences (for quick checks)")
-    parser.add_argument("--merge-ratio", type=float, default=None, metavar="R",
-                        help="token merging at inference: merge this fraction of each source sentence's tokens in "
-                        "every encoder layer (0-0.5; default: as the checkpoint was trained)")
     args = parser.parse_args()
     check_decode_options(args.beam, args.alpha)
     translator = load_translator(args.engine, args.checkpoint, args.model, args.device, args.quantize)
-    if args.merge_ratio is not None:
-        set_merge_ratio(translator, args.merge_ratio)
+    set_token_reduction(translator, args.merge_ratio, args.prune_ratio)
     # An exported folder's hypotheses go inside it (model.<split>.beam<k>.txt), a checkpoint's beside it.
     source = args.checkpoint or str(Path(args.model) / "model.bin")
     evaluate_translator(translator, source, args.split, beam=args.beam, alpha=args.alpha, output=args.output,
                         show=args.show, as_json=args.json, data_root=args.data_root, limit=args.limit)
     return 0
-
-
-def set_merge_ratio(translator, ratio: float) -> None:
-    """--merge-ratio: token merging on the loaded model, or one line saying why not."""
-    if not 0.0 <= ratio <= 0.5:
-        raise ConfigError(f"--merge-ratio must be in [0, 0.5], got {ratio}")
-    model = getattr(translator, "model", None)
-    if not hasattr(model, "set_token_merging"):
-        raise ConfigError("--merge-ratio needs --engine torch (an exported model has no merging)")
-    if model.local_window:
-        raise ConfigError("--merge-ratio: this model was trained with model.local_window, which merging cannot keep")
-    model.set_token_merging(ratio, model.merge_layers, model.proportional_attention)
 
 
 if __name__ == "__main__":

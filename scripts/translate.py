@@ -11,7 +11,7 @@ import sys
 from annotated_transformer.config_loading import check_decode_options
 from annotated_transformer.errors import run_cli
 from annotated_transformer.files import read_lines
-from annotated_transformer.translator import add_engine_arguments, load_translator
+from annotated_transformer.translator import add_engine_arguments, load_translator, set_token_reduction
 
 
 def main() -> int:
@@ -26,9 +26,10 @@ def main() -> int:
     check_decode_options(args.beam, args.alpha)
     lines = read_lines(args.input)
     translator = load_translator(args.engine, args.checkpoint, args.model, args.device, args.quantize)
+    set_token_reduction(translator, args.merge_ratio, args.prune_ratio)
     for number, line in enumerate(lines, 1):
         if line.strip() and translator.source_ids(line)[1]:
-            print(f"warning: line {number} is longer than the model's limit of {translator.text.max_len} "
+            print(f"warning: line {number} is longer than the model's limit of {translator.text.max_sentence_len} "
                   "tokens and was truncated", file=sys.stderr)
     outputs = translator.translate(lines, beam_size=args.beam, alpha=args.alpha, batch_size=args.batch_size)
     sys.stdout.write("".join(o + "\n" for o in outputs))

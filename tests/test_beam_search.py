@@ -1,4 +1,4 @@
-"""Beam search: greedy at beam 1, exact against a plain reference and against exhaustive search, batched.
+"""Beam search: greedy at beam 1, exact against a plain beam search and against exhaustive search, batched.
 
 Scores are recomputed here by teacher-forcing a sequence through the model without the cache,
 so they check the search, not its own bookkeeping.
@@ -65,7 +65,7 @@ def generated(row: list[int]) -> list[int]:
 
 
 @torch.no_grad()
-def reference_beam(model, src_row, mask_row, limit: int, k: int, alpha: float) -> tuple[list[int], float]:
+def plain_beam(model, src_row, mask_row, limit: int, k: int, alpha: float) -> tuple[list[int], float]:
     """The same search written plainly: one sentence, recompute everything, no early stop."""
     memory = model.encode(src_row, mask_row)
     live: list[tuple[float, list[int]]] = [(0.0, [])]
@@ -146,7 +146,7 @@ def test_decode_batch_dispatches():
 
 
 @pytest.mark.parametrize("k,alpha", [(2, 0.6), (4, 0.6), (4, 0.0), (5, 1.0)])
-def test_beam_equals_plain_reference(k, alpha):
+def test_beam_equals_plain_beam_search(k, alpha):
     """The batched, cached, early-stopping search returns what the plain search to the limit returns."""
     for seed in range(2):
         model = random_model(seed)
@@ -155,7 +155,7 @@ def test_beam_equals_plain_reference(k, alpha):
         out = beam_search(model, src, mask, max_len, BOS, EOS, beam_size=k, alpha=alpha, pad_symbol=FILL)
         for i in range(5):
             L = int(lengths[i])
-            hyp, score = reference_beam(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], int(max_len[i]), k, alpha)
+            hyp, score = plain_beam(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], int(max_len[i]), k, alpha)
             got = generated(out[i].tolist())
             assert got == hyp, (seed, i, got, hyp)
             total = log_prob_sums(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], [got])[0]

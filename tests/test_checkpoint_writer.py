@@ -93,7 +93,7 @@ def test_copy_run_keeps_the_last_epochs_and_averages_them(tmp_path):
 
 def test_translation_run_scores_the_better_of_best_and_average_on_val(tiny_config, tmp_path, capsys):
     # Two quick epochs: training on the 735 pairs of at most 9 ids (longer ones skipped); val and test stay whole.
-    cfg = tiny_config(f"train.out_dir={tmp_path}", "train.max_steps=0", "train.epochs=2", "data.max_len=9",
+    cfg = tiny_config(f"train.out_dir={tmp_path}", "train.max_steps=0", "train.epochs=2", "data.max_sentence_len=9",
                       "data.long_policy=skip", "train.keep_last_epochs=2", "train.average_last=2",
                       "train.bleu_every=0", "train.device=cpu", "train.progress=false", "decode.max_len_a=4",
                       "decode.beam_size=2")

@@ -15,6 +15,7 @@ from annotated_transformer import Translator
 from annotated_transformer.decoding import beam_search, greedy_decode, greedy_decode_naive
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.model import make_model_from_config
+from annotated_transformer.translator import set_token_reduction
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = [
@@ -116,8 +117,23 @@ def test_translate_script_reads_a_file_and_beam(tiny_checkpoint, translator, tmp
 
 
 @pytest.mark.slow
+def test_translate_script_prunes_or_merges_tokens_as_the_translator_does(tiny_checkpoint):
+    pruned = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
+    set_token_reduction(pruned, None, 0.4)
+    assert pruned.model.prune and pruned.model.merge_ratio == 0.4
+    stdin = "\n".join(SENTENCES[:4]).encode("utf-8") + b"\n"
+    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--prune-ratio", "0.4",
+                      stdin=stdin)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode("utf-8").splitlines() == pruned.translate(SENTENCES[:4])
+    both = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--merge-ratio", "0.2", "--prune-ratio",
+                      "0.2", stdin=stdin)
+    assert both.returncode == 2 and both.stderr.decode().strip() == "error: --merge-ratio and --prune-ratio: use one of them"
+
+
+@pytest.mark.slow
 def test_translate_script_truncates_a_long_line_with_a_warning(tiny_checkpoint, translator):
-    limit = translator.text.max_len
+    limit = translator.text.max_sentence_len
     long_line = " ".join(["Hund"] * (limit + 20))
     stdin = f"Ein Mann.\n{long_line}\nEine Frau.\n".encode()
     proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)

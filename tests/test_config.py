@@ -114,11 +114,11 @@ def test_cli_errors_are_one_line_and_exit_2(args, message, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_config_reference_doc_is_up_to_date():
-    from annotated_transformer.config import describe, reference_markdown
+def test_config_doc_is_up_to_date():
+    from annotated_transformer.config import config_markdown, describe
 
     doc = (Path(__file__).resolve().parents[1] / "docs/config.md").read_text(encoding="utf-8")
-    assert doc == reference_markdown(), (
+    assert doc == config_markdown(), (
         "docs/config.md is stale: uv run python -m annotated_transformer.config > docs/config.md")
     for key, _, text in describe():
         assert f"| `{key}` |" in doc and text  # every key documented, none without a help text
@@ -130,3 +130,24 @@ def test_every_shipped_config_is_valid(path):
     assert cfg.name == path.stem
     text = path.read_text(encoding="utf-8")
     assert text.lstrip().startswith("#"), "every shipped config opens with a comment saying what it is"
+
+
+def test_an_old_value_name_still_loads_under_its_new_name():
+    from annotated_transformer.config_loading import config_from_dict, config_to_dict, load_config
+
+    cfg = load_config("small.yaml", ["data.batching=reference", "data.max_len=40"])  # the names before 2026-11-25
+    assert cfg.data.batching == "notebook" and cfg.data.max_sentence_len == 40
+    saved = config_to_dict(cfg)
+    saved["data"]["batching"] = "reference"  # as an older checkpoint holds them
+    saved["data"]["max_len"] = saved["data"].pop("max_sentence_len")
+    again = config_from_dict(saved)
+    assert again.data.batching == "notebook" and again.data.max_sentence_len == 40
+    assert saved["data"]["max_len"] == 40  # the checkpoint's dict itself is left as it was
+    from annotated_transformer.harness.run_dir import check_same_settings
+
+    check_same_settings(saved, cfg, Path("runs/old"))  # an older run resumes with today's names
+    with pytest.raises(ConfigError, match=r"its data settings differ \(max_sentence_len\)"):
+        check_same_settings(saved, load_config("small.yaml", ["data.batching=notebook", "data.max_sentence_len=41"]),
+                            Path("runs/old"))
+    with pytest.raises(ConfigError, match="data.batching must be one of 'bucket', 'notebook'"):
+        load_config("small.yaml", ["data.batching=fixed"])

@@ -25,8 +25,8 @@ from annotated_transformer.data import (
     TextPipeline,
     TranslationData,
     load_translation_data,
-    reference_collate,
-    reference_raw_batches,
+    notebook_collate,
+    notebook_raw_batches,
 )
 from annotated_transformer.data.cache import CacheUnreadable, cache_folder, read_cache
 from annotated_transformer.data.tokenizers import word_tokenize
@@ -161,7 +161,7 @@ def test_padding_fraction_under_10_percent(multi30k_data, bucket_4096):
     fraction = 1 - real / positions
     assert fraction < 0.10
     assert multi30k_data.stats["padding_fraction_bucket"] < 0.10  # tiny config: 512-token batches
-    assert multi30k_data.stats["padding_fraction_reference"] > 0.7  # the notebook's fixed 72-token padding
+    assert multi30k_data.stats["padding_fraction_notebook"] > 0.7  # the notebook's fixed 72-token padding
 
 
 def test_batches_carry_masks(bucket_4096):
@@ -246,11 +246,11 @@ def test_eval_batches_cover_each_sentence_once_across_ranks(multi30k_data):
     assert abs(sum(map(len, shards[0])) - sum(map(len, shards[1]))) <= 1
 
 
-# --------------------------------------------------------------------------- reference batching
+# --------------------------------------------------------------------------- the notebook's batching
 
 
-def test_reference_mode_reproduces_the_notebook_batches(multi30k_data):
-    data = with_data(multi30k_data, batching="reference")
+def test_notebook_mode_reproduces_the_notebook_batches(multi30k_data):
+    data = with_data(multi30k_data, batching="notebook")
     loader = data.train_loader(seed=2)
     batches = epoch_batches(loader, 0)
     assert len(batches) == len(loader) == -(-29000 // 32)
@@ -258,9 +258,9 @@ def test_reference_mode_reproduces_the_notebook_batches(multi30k_data):
     assert all(b.src.size(1) == 72 and b.tgt.size(1) == 71 for b in batches)  # tgt + tgt_y: 72 ids
     assert Counter(p for b in batches for p in batch_pairs(b)) == split_pairs(data.splits["train"])
     # The notebook's way: raw pairs in the same order, tokenised with spaCy inside collate.
-    raw = reference_raw_batches(data.splits["train"].pairs(), seed=2, epoch=0)
+    raw = notebook_raw_batches(data.splits["train"].pairs(), seed=2, epoch=0)
     for batch, pairs in zip(batches[:3], raw):
-        again = reference_collate(pairs, data.text)
+        again = notebook_collate(pairs, data.text)
         assert torch.equal(again.src, batch.src) and torch.equal(again.tgt, batch.tgt)
 
 
@@ -269,7 +269,7 @@ def test_reference_mode_reproduces_the_notebook_batches(multi30k_data):
 
 @pytest.mark.parametrize("policy", ["truncate", "skip"])
 def test_long_sentences_are_truncated_or_skipped_and_counted(tiny_config, policy):
-    data = load_translation_data(tiny_config("data.max_len=16", f"data.long_policy={policy}"), log=None)
+    data = load_translation_data(tiny_config("data.max_sentence_len=16", f"data.long_policy={policy}"), log=None)
     assert data.stats["cache_hit"]  # max_len and long_policy do not need a new tokenisation
     train, val = data.splits["train"], data.splits["val"]
     assert len(val) == 1014 and data.stats["truncated"]["val"] > 0  # val/test are never skipped
@@ -291,7 +291,7 @@ def test_long_sentences_are_truncated_or_skipped_and_counted(tiny_config, policy
 def test_cache_key_and_damaged_cache(multi30k_data, tiny_config, tmp_path):
     base = cache_folder(tiny_config().data)
     assert Path(multi30k_data.stats["cache"]) == base
-    for same in ("data.max_len=20", "data.long_policy=skip", "data.batch_tokens=99", "data.batching=reference"):
+    for same in ("data.max_sentence_len=20", "data.long_policy=skip", "data.batch_tokens=99", "data.batching=notebook"):
         assert cache_folder(tiny_config(same).data) == base
     for different in ("data.lowercase=true", "data.min_freq=3", "data.tokenizer=spm", "data.src_lang=en",
                       "data.spm_vocab_size=4000"):

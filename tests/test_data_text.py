@@ -78,10 +78,13 @@ def test_word_encode_decode_round_trip():
 
 
 def test_encode_truncates_keeping_eos():
-    text = word_pipeline(max_len=5)
+    text = word_pipeline(max_sentence_len=5)
     ids = text.text_to_ids("Ein Mann fährt Fahrrad im Park .", "src")
     assert len(ids) == 5 and ids[0] == BOS and ids[-1] == EOS
     assert text.ids_to_text(ids, "src") == "Ein Mann fährt"
+    state = text.state_dict()
+    state["max_len"] = state.pop("max_sentence_len")  # as a pipeline saved before 2026-11-25 holds it
+    assert TextPipeline.from_state_dict(state).max_sentence_len == 5
 
 
 def test_lowercase_mode():
@@ -122,7 +125,7 @@ def spm_pipeline() -> TextPipeline:
     words_en = ["man", "woman", "dog", "cat", "rides", "runs", "jumps", "park", "street", "quickly"]
     de = [f"Ein {words_de[i % 10]} {words_de[(i * 3) % 10]} im {words_de[(i * 7) % 10]}." for i in range(400)]
     en = [f"A {words_en[i % 10]} {words_en[(i * 3) % 10]} in the {words_en[(i * 7) % 10]}." for i in range(400)]
-    return TextPipeline.for_subwords(de, en, src_lang="de", tgt_lang="en", vocab_size=50, max_len=32)
+    return TextPipeline.for_subwords(de, en, src_lang="de", tgt_lang="en", vocab_size=50, max_sentence_len=32)
 
 
 def test_spm_shared_vocab_and_specials(spm_pipeline):

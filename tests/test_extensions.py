@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +27,11 @@ from annotated_transformer.model import attention, make_model
 
 PAD, BOS, EOS, V = 2, 0, 1, 23
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def kept(**tensors) -> SimpleNamespace:
+    """What a merging layer's MultiHeadedAttention keeps for the merger: .keys (merging) or .attn (pruning)."""
+    return SimpleNamespace(**tensors)
 
 
 def tiny(window: int = 0, N: int = 2, seed: int = 0):
@@ -219,7 +225,7 @@ def test_merging_averages_the_most_similar_pair_by_size_and_keeps_padding_out():
     keys = torch.tensor([[[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 0, 0], [1.0, 0, 0]]])
     mask = torch.tensor([[[True] * 4 + [False] * 2]])  # (1, 1, 6): two padding tokens with token 0's key
     merger = TokenMerger(mask, ratio=0.25, layers={0})
-    out = merger(x, keys.unsqueeze(1))  # keys (B, h=1, S, d_k)
+    out = merger(x, kept(keys=keys.unsqueeze(1)))  # keys (B, h=1, S, d_k)
     assert out.shape == (1, 3, 2)  # one merge (0.25 x 4), and the padding left the sequence
     assert out[0].tolist() == [[2.0, 1.0], [5.0, 5.0], [7.0, 1.0]]  # tokens 0 and 1 averaged, the rest as they were
     assert merger.size.tolist() == [[2.0, 1.0, 1.0]]
@@ -235,7 +241,7 @@ def test_merged_sizes_always_sum_to_the_real_length():
     x = torch.randn(4, 9, 8)
     for _ in range(3):  # three merging layers in a row
         n_before = (merger.size > 0).sum(1)
-        x = merger(x, torch.randn(4, 2, x.size(1), 4))
+        x = merger(x, kept(keys=torch.randn(4, 2, x.size(1), 4)))
         assert merger.size.sum(1).tolist() == lengths.float().tolist()
         assert ((merger.size > 0).sum(1) == n_before - torch.minimum(n_before // 2, (0.5 * n_before).floor().long())).all()
     assert x.size(1) == int((merger.size > 0).sum(1).max()) < 9
@@ -289,6 +295,45 @@ def test_merged_groups_cover_every_source_position_once():
     assert model.merge_ratio == 0.0 and not model.encoder.layers[0].self_attn.keep_keys  # left as it was
 
 
+# --------------------------------------------------------------------------- token pruning
+
+
+def test_pruning_drops_the_least_attended_tokens_and_keeps_padding_out():
+    x = torch.arange(12.0).view(1, 6, 2)  # (1, 6, 2)
+    probs = torch.zeros(1, 2, 6, 6)  # (B, h, S, S): what each query gives each key
+    probs[:, :, :, 0] = 0.4
+    probs[:, :, :, 1] = 0.3
+    probs[:, 0, :, 2], probs[:, 1, :, 2] = 0.3, 0.1  # token 2 draws 0.2 on average over the heads
+    probs[:, 0, :, 3], probs[:, 1, :, 3] = 0.0, 0.2  # token 3 draws 0.1: the least
+    probs[:, :, 4:, 3] = 9.0  # queries at the padding positions do not count
+    mask = torch.tensor([[[True] * 4 + [False] * 2]])  # (1, 1, 6)
+    merger = TokenMerger(mask, ratio=0.25, layers={0}, prune=True)
+    out = merger(x, kept(attn=probs))
+    assert out[0].tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]  # token 3 and the padding left, the rest unchanged
+    assert merger.size.tolist() == [[1.0, 1.0, 1.0]]
+    assert merger.slot.tolist() == [[0, 1, 2, -1, -1, -1]]
+    merger = TokenMerger(mask, ratio=0.5, layers={0}, prune=True)
+    assert merger(x, kept(attn=probs))[0].tolist() == [[0.0, 1.0], [2.0, 3.0]]  # then token 2
+
+
+def test_pruning_in_the_model_shortens_the_memory_and_decodes_alike_cached_and_not():
+    model, b = tiny(), padded_batch()
+    model.set_token_merging(0.4, prune=True)
+    assert all(layer.self_attn.keep_probs and not layer.self_attn.keep_keys for layer in model.encoder.layers)
+    memory, mask = model.encode_memory(b.src, b.src_mask)
+    real = b.src_mask[:, 0].sum(1)  # (B,)
+    left = (mask > float("-inf")).sum((1, 2)) if mask.dtype != torch.bool else mask.sum((1, 2))
+    assert (left < real).all() and memory.size(1) < b.src.size(1)
+    cached = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    assert cached.equal(greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
+    beam1 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)
+    assert beam1[:, :cached.size(1)].equal(cached)
+    groups = merged_groups(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5, prune=True)
+    assert all(len(g) == 1 for g in groups) and 0 < len(groups) < 9  # survivors alone, the pruned in no group
+    model.set_token_merging(0.0)
+    assert not any(layer.self_attn.keep_probs for layer in model.encoder.layers)
+
+
 def test_a_model_trains_through_the_merging():
     model, b = tiny().train(), padded_batch()
     model.set_token_merging(0.5)
@@ -329,13 +374,16 @@ def test_the_switches_train_from_the_command_line(tmp_path):
     ("objective.guide_heads=[4]", "objective.guide_heads"),
     ("objective.ss_schedule=cubic", "ss_schedule"),
     ("model.merge_ratio=0.6", "model.merge_ratio"),
+    ("model.prune_ratio=-0.1", "model.prune_ratio"),
     ("model.merge_layers=[2]", "model.merge_layers"),
 ])
 def test_bad_extension_settings_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config("copy.yaml", [override, "model.h=4", "model.N=2"]).validate()
-    with pytest.raises(ConfigError, match="model.merge_ratio and model.local_window are both on"):
-        load_config("copy.yaml", ["model.merge_ratio=0.2", "model.local_window=2"])
+    with pytest.raises(ConfigError, match="model.local_window is on with token merging or pruning"):
+        load_config("copy.yaml", ["model.prune_ratio=0.2", "model.local_window=2"])
+    with pytest.raises(ConfigError, match="model.merge_ratio and model.prune_ratio are both on"):
+        load_config("copy.yaml", ["model.merge_ratio=0.2", "model.prune_ratio=0.2"])
 
 
 # --------------------------------------------------------------------------- the cost benchmark
@@ -353,3 +401,13 @@ def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
     copy_cfg = load_config("copy.yaml")
     with pytest.raises(ConfigError, match="data.dataset=copy"):
         measure_extensions(copy_cfg, arms)
+
+
+def test_the_benchmark_arms_can_be_chosen_and_plain_always_comes_first():
+    from annotated_transformer.extension_benchmark import ARMS, select_arms
+
+    assert select_arms(None) == ARMS
+    assert list(select_arms(["token pruning r=0.25"])) == ["plain", "token pruning r=0.25"]
+    assert select_arms(["token pruning r=0.25"])["token pruning r=0.25"] == ("model.prune_ratio=0.25",)
+    with pytest.raises(ConfigError, match="--arms: unknown \\['pruning'\\]"):
+        select_arms(["pruning"])

@@ -281,7 +281,7 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, 
     """SIGTERM inside epoch 2, then the same command: the weights, the Adam moments, the counters and every
     metrics line equal an uninterrupted run's (dropout on, so the random state is restored too)."""
     common = ["--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
-              "data.max_len=12", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
+              "data.max_sentence_len=12", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
               "train.log_every=1", "train.final_eval=false", "model.dropout=0.1", *QUIET]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     full = subprocess.run([*TRAIN, *common, f"train.out_dir={tmp_path / 'full'}"], capture_output=True, text=True,

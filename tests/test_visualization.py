@@ -283,10 +283,10 @@ def test_save_chart_writes_offline_html_and_png(tmp_path):
     assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (tmp_path / "charts").iterdir()) == ["layer.1.html", "layer.1.png"]  # no temp files
     assert dict(alt.data_transformers.options) == options_before  # the max-rows lift was scoped
-    reference = tmp_path / "reference"
-    reference.write_bytes(b"")
+    plain_file = tmp_path / "plain"
+    plain_file.write_bytes(b"")
     # permissions follow the umask like any other file (mkstemp's would be private 0600)
-    assert stat.S_IMODE(paths[1].stat().st_mode) == stat.S_IMODE(reference.stat().st_mode)
+    assert stat.S_IMODE(paths[1].stat().st_mode) == stat.S_IMODE(plain_file.stat().st_mode)
 
     grid_html = viz.save_chart(viz.mask_chart(4), tmp_path / "mask", formats=("html",))
     assert grid_html == [tmp_path / "mask.html"]

@@ -223,18 +223,42 @@ def test_subword_labels_drop_the_word_marker():
     assert display_token(SPM_SPACE) == SPM_SPACE  # a lone marker stays visible rather than an empty label
 
 
+@pytest.mark.parametrize("prune", [False, True])
+def test_a_merging_model_labels_each_map_with_the_tokens_it_shows(prune):
+    from annotated_transformer.data.text import TextPipeline
+    from annotated_transformer.visualization import sentence_attention
+
+    text = TextPipeline.for_words([s.split() for s in GERMAN], [s.split() for s in ENGLISH], src_lang="de",
+                                  tgt_lang="en", min_freq=1)
+    translator = make_translator(text)
+    translator.model.set_token_merging(0.5, layers=[0], prune=prune)  # after layer 1 of 2: about half the tokens leave
+    sa = sentence_attention(translator, "ein Hund läuft im Park")
+    assert sa.layer_src_tokens[0] == sa.src_tokens  # layer 1 attends before its own merge
+    merged = sa.layer_src_tokens[1]
+    assert merged == sa.memory_tokens and len(merged) < len(sa.src_tokens)
+    assert sa.attention["encoder"][1].shape[-2:] == (len(merged), len(merged))
+    assert sa.attention["src"][0].shape[-1] == len(merged)
+    parts = [p for label in merged for p in label.split("+")]
+    if prune:  # survivors alone, in order; the pruned are gone
+        assert parts == merged and [t for t in sa.src_tokens if t in parts] == parts
+    else:  # every source token is in exactly one label
+        assert sorted(parts) == sorted(sa.src_tokens) and any("+" in label for label in merged)
+    spec = sa.grid(0, "src").to_dict()
+    assert axis_labels(spec["concat"][0]["encoding"]["x"]) == merged
+
+
 def test_word_labels_name_unknown_words_and_follow_truncation():
     from annotated_transformer.data.text import TextPipeline
     from annotated_transformer.visualization import sentence_attention
 
     text = TextPipeline.for_words([s.split() for s in GERMAN], [s.split() for s in ENGLISH], src_lang="de",
-                                  tgt_lang="en", min_freq=1, max_len=6)
+                                  tgt_lang="en", min_freq=1, max_sentence_len=6)
     translator = make_translator(text)
     sa = sentence_attention(translator, "ein Zebra läuft")
     check_alignment(sa)
     assert sa.src_tokens == ["<s>", "ein", "Zebra (unk)", "läuft", "</s>"] and not sa.truncated
     assert sa.translation == text.ids_to_text(sa.tgt_ids, "tgt")
-    # Longer than max_len = 6: cut to <s> + 4 words + </s>, as the model saw it.
+    # Longer than max_sentence_len = 6: cut to <s> + 4 words + </s>, as the model saw it.
     sa = sentence_attention(translator, "ein Hund läuft im Park am Strand")
     check_alignment(sa)
     assert sa.truncated and sa.src_tokens == ["<s>", "ein", "Hund", "läuft", "im", "</s>"]

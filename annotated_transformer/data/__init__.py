@@ -5,7 +5,7 @@ from .copy_task import COPY_PAD, COPY_START, data_gen
 from .loader import TrainLoader
 from .multi30k import MULTI30K_FILES, read_split, resolve_multi30k_dir
 from .translation_data import Split, TranslationData, load_translation_data
-from .reference import reference_collate, reference_dataloader, reference_raw_batches
+from .notebook_pipeline import notebook_collate, notebook_dataloader, notebook_raw_batches
 from .text import TextPipeline
 from .vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
 
@@ -27,8 +27,8 @@ __all__ = [
     "data_gen",
     "load_translation_data",
     "read_split",
-    "reference_collate",
-    "reference_dataloader",
-    "reference_raw_batches",
+    "notebook_collate",
+    "notebook_dataloader",
+    "notebook_raw_batches",
     "resolve_multi30k_dir",
 ]

@@ -5,7 +5,7 @@ Two plans:
     bucket     sort by length (random order among equal lengths), cut greedily so that a batch's
                padded size max(S, T+1) * B stays within `batch_tokens`, shuffle the batches.
                Sentences of one batch have nearly equal lengths, so padding is a few percent.
-    reference  the notebook: a random permutation cut into batches of 32 sentences, each padded
+    notebook   the notebook's: a random permutation cut into batches of 32 sentences, each padded
                to 72 tokens (most positions are padding; kept for benchmarks and comparisons).
 
 A plan is a pure function of (lengths, seed, epoch): every rank computes the same global plan
@@ -23,8 +23,8 @@ import torch
 from .batch import Batch
 from .vocab import PAD
 
-REFERENCE_BATCH_SIZE = 32  # the notebook's batch_size
-REFERENCE_PADDING = 72  # the notebook's max_padding
+NOTEBOOK_BATCH_SIZE = 32  # the notebook's batch_size
+NOTEBOOK_PADDING = 72  # the notebook's max_padding
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
@@ -65,8 +65,8 @@ def bucket_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int
     return batches
 
 
-def reference_batches(n: int, rng: np.random.Generator | None = None,
-                      batch_size: int = REFERENCE_BATCH_SIZE) -> list[np.ndarray]:
+def notebook_batches(n: int, rng: np.random.Generator | None = None,
+                      batch_size: int = NOTEBOOK_BATCH_SIZE) -> list[np.ndarray]:
     """The notebook's plan: a random permutation (or the file order, without `rng`) cut into fixed-size batches."""
     order = rng.permutation(n) if rng is not None else np.arange(n)
     return [order[i:i + batch_size] for i in range(0, n, batch_size)]

@@ -9,7 +9,7 @@
 
 The key is a hash of everything that changes the ids: the data checksums, the tokenisation
 settings, the tokeniser versions and the format version. The ids are stored untruncated:
-data.max_len and data.long_policy are applied when loading (a few milliseconds), so changing
+data.max_sentence_len and data.long_policy are applied when loading (a few milliseconds), so changing
 them does not tokenise everything again. A cache folder is built under a
 temporary name and renamed into place when complete, so a folder with the final name is
 always whole; two processes building at once both produce the same folder and one rename wins.

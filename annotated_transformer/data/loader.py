@@ -19,17 +19,17 @@ from torch.utils.data import Dataset, Sampler
 from ..errors import DataError
 from .batch import Batch
 from .buckets import (
-    REFERENCE_BATCH_SIZE,
-    REFERENCE_PADDING,
+    NOTEBOOK_BATCH_SIZE,
+    NOTEBOOK_PADDING,
     PadCollate,
     bucket_batches,
     epoch_rng,
-    reference_batches,
+    notebook_batches,
     shard,
 )
 from .vocab import PAD
 
-BATCHING_MODES = ("bucket", "reference")
+BATCHING_MODES = ("bucket", "notebook")
 
 
 class PairDataset(Dataset):
@@ -54,7 +54,7 @@ class EpochBatchSampler(Sampler[list[int]]):
 
     def __init__(self, src_lens: np.ndarray, tgt_lens: np.ndarray, *, batching: str = "bucket",
                  batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 batch_size: int = REFERENCE_BATCH_SIZE) -> None:
+                 batch_size: int = NOTEBOOK_BATCH_SIZE) -> None:
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
         if not 0 <= rank < world_size:
@@ -74,8 +74,8 @@ class EpochBatchSampler(Sampler[list[int]]):
     def global_batches(self, epoch: int) -> list[np.ndarray]:
         """Every rank's batches of `epoch`, before sharding."""
         rng = epoch_rng(self.seed, epoch)
-        if self.batching == "reference":
-            return reference_batches(len(self.src_lens), rng, self.batch_size)
+        if self.batching == "notebook":
+            return notebook_batches(len(self.src_lens), rng, self.batch_size)
         return bucket_batches(self.src_lens, self.tgt_lens, self.batch_tokens, rng)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
@@ -91,7 +91,7 @@ class EpochBatchSampler(Sampler[list[int]]):
 
 
 class TrainLoader:
-    """One rank's training batches: length-bucketed (or reference) plan, sharded, resumable.
+    """One rank's training batches: length-bucketed (or the notebook's) plan, sharded, resumable.
 
     Usage per epoch: `set_epoch(e)`, then iterate; `state_dict()` at any point mid-epoch, and
     `load_state_dict(state)` in a new process continues with the next unseen batch.
@@ -104,7 +104,7 @@ class TrainLoader:
             np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src)),
             np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),
             batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size)
-        width = REFERENCE_PADDING if batching == "reference" else None
+        width = NOTEBOOK_PADDING if batching == "notebook" else None
         self.width = width
         # Imported here, not at the top: only training needs torchdata, and `import annotated_transformer`
         # (translating, evaluating, the notebook) should not pay for it.
@@ -158,7 +158,7 @@ class TrainLoader:
 
         Every rank computes the same global plan, so the loss divisor of a DDP step is known on the
         host of every rank without an all-reduce. A target row of n ids (<s> and </s> included,
-        cut to the fixed width in reference mode) gives n - 1 predicted tokens.
+        cut to the fixed width in notebook mode) gives n - 1 predicted tokens.
         """
         lens = self.sampler.tgt_lens if self.width is None else np.minimum(self.sampler.tgt_lens, self.width)
         per_batch = [int(lens[b].sum()) - len(b) for b in self.sampler.global_batches(epoch)]

@@ -43,13 +43,13 @@ def _to_int_list(ids: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-def truncate_ids(ids: IdsT, max_len: int) -> IdsT:
-    """The first max_len - 1 ids and the closing </s> when `ids` (a list or an array) is longer than max_len."""
-    if len(ids) <= max_len:
+def truncate_ids(ids: IdsT, limit: int) -> IdsT:
+    """The first limit - 1 ids and the closing </s> when `ids` (a list or an array) is longer than `limit`."""
+    if len(ids) <= limit:
         return ids
     if isinstance(ids, np.ndarray):
-        return np.append(ids[: max_len - 1], EOS)
-    return [*ids[: max_len - 1], EOS]
+        return np.append(ids[: limit - 1], EOS)
+    return [*ids[: limit - 1], EOS]
 
 
 class TextPipeline:
@@ -58,16 +58,16 @@ class TextPipeline:
     pad_id, bos_id, eos_id, unk_id = PAD, BOS, EOS, UNK
 
     def __init__(self, mode: str, src_lang: str, tgt_lang: str, src_vocab: Vocab, tgt_vocab: Vocab,
-                 lowercase: bool = False, max_len: int = 128, spm_model: bytes | None = None) -> None:
+                 lowercase: bool = False, max_sentence_len: int = 128, spm_model: bytes | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if mode == "spm" and spm_model is None:
             raise ValueError("spm mode needs the serialized SentencePiece model")
-        if max_len < 3:
-            raise ValueError(f"max_len must be at least 3 (<s>, a token, </s>), got {max_len}")
+        if max_sentence_len < 3:
+            raise ValueError(f"max_sentence_len must be at least 3 (<s>, a token, </s>), got {max_sentence_len}")
         self.mode, self.src_lang, self.tgt_lang = mode, src_lang, tgt_lang
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
-        self.lowercase, self.max_len = bool(lowercase), int(max_len)
+        self.lowercase, self.max_sentence_len = bool(lowercase), int(max_sentence_len)
         self.spm_model = bytes(spm_model) if spm_model is not None else None
         self._subword: SubwordModel | None = None  # loaded on first use
 
@@ -75,19 +75,21 @@ class TextPipeline:
 
     @classmethod
     def for_words(cls, src_tokens: Sequence[list[str]], tgt_tokens: Sequence[list[str]], *, src_lang: str,
-                  tgt_lang: str, lowercase: bool = False, max_len: int = 128, min_freq: int = 2) -> TextPipeline:
+                  tgt_lang: str, lowercase: bool = False, max_sentence_len: int = 128,
+                  min_freq: int = 2) -> TextPipeline:
         """Word mode: vocabularies counted from already tokenised training sentences."""
         return cls("word", src_lang, tgt_lang, Vocab.build(src_tokens, min_freq), Vocab.build(tgt_tokens, min_freq),
-                   lowercase=lowercase, max_len=max_len)
+                   lowercase=lowercase, max_sentence_len=max_sentence_len)
 
     @classmethod
     def for_subwords(cls, src_texts: Sequence[str], tgt_texts: Sequence[str], *, src_lang: str, tgt_lang: str,
-                     vocab_size: int, lowercase: bool = False, max_len: int = 128) -> TextPipeline:
+                     vocab_size: int, lowercase: bool = False, max_sentence_len: int = 128) -> TextPipeline:
         """Spm mode: one SentencePiece model trained on the training text of both languages."""
         texts = [t.lower() if lowercase else t for t in (*src_texts, *tgt_texts)]
         model = train_sentencepiece(texts, vocab_size)
         vocab = Vocab(SubwordModel(model).pieces())
-        return cls("spm", src_lang, tgt_lang, vocab, vocab, lowercase=lowercase, max_len=max_len, spm_model=model)
+        return cls("spm", src_lang, tgt_lang, vocab, vocab, lowercase=lowercase, max_sentence_len=max_sentence_len,
+                   spm_model=model)
 
     # ------------------------------------------------------------------ properties
 
@@ -148,11 +150,11 @@ class TextPipeline:
         return [[BOS, *ids, EOS] for ids in self.subword.encode_ids(texts)]
 
     def truncate(self, ids: list[int]) -> list[int]:
-        """Cut ids to max_len, keeping the closing </s>."""
-        return truncate_ids(ids, self.max_len)
+        """Cut ids to max_sentence_len, keeping the closing </s>."""
+        return truncate_ids(ids, self.max_sentence_len)
 
     def text_to_ids(self, text: str, side: str = "src") -> list[int]:
-        """<s> ids </s> of one sentence, truncated to max_len (the final </s> is kept)."""
+        """<s> ids </s> of one sentence, truncated to max_sentence_len (the final </s> is kept)."""
         if self.mode == "word":
             ids = self.numericalize(self.tokenize(text, side), side)
         else:
@@ -187,7 +189,7 @@ class TextPipeline:
     def settings(self) -> dict[str, Any]:
         """The scalar settings (no vocabularies)."""
         return {"format": TEXT_FORMAT, "mode": self.mode, "src_lang": self.src_lang, "tgt_lang": self.tgt_lang,
-                "lowercase": self.lowercase, "max_len": self.max_len}
+                "lowercase": self.lowercase, "max_sentence_len": self.max_sentence_len}
 
     def state_dict(self) -> dict[str, Any]:
         """A checkpoint-safe dict: plain Python values, and the SentencePiece model as a uint8 tensor."""
@@ -205,7 +207,8 @@ class TextPipeline:
         try:
             if d.get("format") != TEXT_FORMAT:
                 raise DataError(f"text pipeline format {d.get('format')!r} is not supported (expected {TEXT_FORMAT})")
-            common = {"lowercase": bool(d["lowercase"]), "max_len": int(d["max_len"])}
+            limit = d["max_sentence_len"] if "max_sentence_len" in d else d["max_len"]  # its name before 2026-11-25
+            common = {"lowercase": bool(d["lowercase"]), "max_sentence_len": int(limit)}
             if d["mode"] == "word":
                 return cls("word", d["src_lang"], d["tgt_lang"], Vocab(d["src_vocab"]), Vocab(d["tgt_vocab"]), **common)
             model = d["spm_model"]
@@ -267,4 +270,4 @@ class TextPipeline:
 
     def __repr__(self) -> str:
         return (f"TextPipeline({self.mode}, {self.src_lang}->{self.tgt_lang}, vocab {len(self.src_vocab)}/"
-                f"{len(self.tgt_vocab)}, lowercase={self.lowercase}, max_len={self.max_len})")
+                f"{len(self.tgt_vocab)}, lowercase={self.lowercase}, max_sentence_len={self.max_sentence_len})")

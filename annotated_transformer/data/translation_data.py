@@ -29,12 +29,12 @@ from ..config import Config, DataConfig
 from ..errors import ConfigError, DataError
 from .batch import Batch
 from .buckets import (
-    REFERENCE_PADDING,
+    NOTEBOOK_PADDING,
     PadCollate,
     bucket_batches,
     epoch_rng,
     padding_fraction,
-    reference_batches,
+    notebook_batches,
 )
 from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
 from .loader import TrainLoader
@@ -43,7 +43,6 @@ from .text import TextPipeline, truncate_ids
 from .tokenizers import word_tokenize_many
 
 SPLITS = tuple(SPLIT_FILES)  # ("train", "val", "test")
-Log = Callable[[str], None] | None
 
 
 @dataclass(eq=False)  # compared by identity: element-wise == on lists of arrays is meaningless
@@ -94,7 +93,7 @@ class TranslationData:
     def eval_batches(self, split: str, rank: int = 0, world_size: int = 1) -> list[Batch]:
         """Deterministic length-bucketed batches of this rank's share of `split` (each sentence on one rank).
 
-        Always bucketed with data.batch_tokens, also under data.batching=reference: evaluation
+        Always bucketed with data.batch_tokens, also under data.batching=notebook: evaluation
         batches change no result, only the speed.
         """
         if split not in self.splits:
@@ -111,28 +110,28 @@ class TranslationData:
 # --------------------------------------------------------------------------- building the cache
 
 
-def apply_long_policy(src: list[np.ndarray], tgt: list[np.ndarray], max_len: int, skip: bool
+def apply_long_policy(src: list[np.ndarray], tgt: list[np.ndarray], max_sentence_len: int, skip: bool
                       ) -> tuple[list[np.ndarray], list[np.ndarray], list[int], int, int]:
-    """(src, tgt, kept line numbers, truncated pairs, skipped pairs) for sentences longer than `max_len` ids.
+    """(src, tgt, kept line numbers, truncated pairs, skipped pairs) for sentences longer than `max_sentence_len` ids.
 
-    Truncation keeps the first max_len - 1 ids and the closing </s> of each long side.
+    Truncation keeps the first max_sentence_len - 1 ids and the closing </s> of each long side.
     """
     out_src, out_tgt, keep = [], [], []
     truncated = skipped = 0
     for i, (s, t) in enumerate(zip(src, tgt)):
-        if len(s) > max_len or len(t) > max_len:
+        if len(s) > max_sentence_len or len(t) > max_sentence_len:
             if skip:
                 skipped += 1
                 continue
             truncated += 1
-            s, t = truncate_ids(s, max_len), truncate_ids(t, max_len)
+            s, t = truncate_ids(s, max_sentence_len), truncate_ids(t, max_sentence_len)
         out_src.append(s)
         out_tgt.append(t)
         keep.append(i)
     return out_src, out_tgt, keep, truncated, skipped
 
 
-def build_cache(d: DataConfig, root: Path, log: Log = None) -> Path:
+def build_cache(d: DataConfig, root: Path, log: Callable[[str], None] | None = None) -> Path:
     """Tokenise and numericalise every split once, build the vocabulary from train, write the cache folder."""
     t0 = time.perf_counter()
     raw = {split: read_split(root, split, d.src_lang, d.tgt_lang) for split in SPLITS}
@@ -143,14 +142,15 @@ def build_cache(d: DataConfig, root: Path, log: Log = None) -> Path:
         train_src = word_tokenize_many(raw["train"][0], d.src_lang, d.lowercase)
         train_tgt = word_tokenize_many(raw["train"][1], d.tgt_lang, d.lowercase)
         text = TextPipeline.for_words(train_src, train_tgt, src_lang=d.src_lang, tgt_lang=d.tgt_lang,
-                                      lowercase=d.lowercase, max_len=d.max_len, min_freq=d.min_freq)
+                                      lowercase=d.lowercase, max_sentence_len=d.max_sentence_len, min_freq=d.min_freq)
         ids["train"] = {"src": [text.numericalize(t, "src") for t in train_src],
                         "tgt": [text.numericalize(t, "tgt") for t in train_tgt]}
     else:
         if log:
             log(f"training a joint SentencePiece model ({d.spm_vocab_size} pieces) on the training split")
         text = TextPipeline.for_subwords(raw["train"][0], raw["train"][1], src_lang=d.src_lang, tgt_lang=d.tgt_lang,
-                                         vocab_size=d.spm_vocab_size, lowercase=d.lowercase, max_len=d.max_len)
+                                         vocab_size=d.spm_vocab_size, lowercase=d.lowercase,
+                                         max_sentence_len=d.max_sentence_len)
         ids["train"] = {"src": text.ids_many(raw["train"][0], "src"), "tgt": text.ids_many(raw["train"][1], "tgt")}
     for split in SPLITS[1:]:
         ids[split] = {"src": text.ids_many(raw[split][0], "src")}
@@ -176,7 +176,7 @@ def build_cache(d: DataConfig, root: Path, log: Log = None) -> Path:
     return folder
 
 
-def _load_cached(d: DataConfig, root: Path, log: Log) -> tuple[TranslationData, bool]:
+def _load_cached(d: DataConfig, root: Path, log: Callable[[str], None] | None) -> tuple[TranslationData, bool]:
     """Read the cache, building it first if needed; returns (data, whether it was built now)."""
     folder = find_cache_folder(d)
     built = False
@@ -196,7 +196,7 @@ def _load_cached(d: DataConfig, root: Path, log: Log) -> tuple[TranslationData, 
             raise DataError(f"the cache just written to {folder} cannot be read back ({exc}); "
                             f"check the disk, or set data.cache_dir to another folder") from None
     text, cached_splits, build_stats = cached
-    text.max_len = d.max_len  # the cache holds untruncated ids; the limit is this run's
+    text.max_sentence_len = d.max_sentence_len  # the cache holds untruncated ids; the limit is this run's
     splits, truncated, skipped = {}, {}, {}
     for name in SPLITS:
         src_text, tgt_text = read_split(root, name, d.src_lang, d.tgt_lang)
@@ -207,36 +207,36 @@ def _load_cached(d: DataConfig, root: Path, log: Log) -> tuple[TranslationData, 
         # Skipping drops training pairs only: val and test keep every sentence (truncated for the
         # teacher-forced loss), so BLEU is always computed on the complete, standard test sets.
         src, tgt, keep, truncated[name], skipped[name] = apply_long_policy(
-            c["src"], c["tgt"], d.max_len, skip=d.long_policy == "skip" and name == "train")
+            c["src"], c["tgt"], d.max_sentence_len, skip=d.long_policy == "skip" and name == "train")
         if len(keep) == len(src_text):
             splits[name] = Split(name, src_text, tgt_text, src, tgt, c.get("refs"))
         else:
             splits[name] = Split(name, [src_text[i] for i in keep], [tgt_text[i] for i in keep], src, tgt)
     if not splits["train"].src:
-        raise DataError(f"data.max_len={d.max_len} with data.long_policy=skip leaves no training pairs; "
-                        f"raise data.max_len or use data.long_policy=truncate")
-    stats = dict(build_stats, truncated=truncated, skipped=skipped, max_len=d.max_len, long_policy=d.long_policy,
-                 cache=str(folder), cache_hit=not built)
+        raise DataError(f"data.max_sentence_len={d.max_sentence_len} with data.long_policy=skip leaves no training "
+                        "pairs; raise data.max_sentence_len or use data.long_policy=truncate")
+    stats = dict(build_stats, truncated=truncated, skipped=skipped, max_sentence_len=d.max_sentence_len,
+                 long_policy=d.long_policy, cache=str(folder), cache_hit=not built)
     return TranslationData(text, splits, stats, d), built
 
 
 def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
-    """Padding and batch counts of the first epoch on train (one rank), for the bucket and the reference plan."""
+    """Padding and batch counts of the first epoch on train (one rank), for the bucket and the notebook's plan."""
     d, train = data.config, data.splits["train"]
     bucket = bucket_batches(train.src_lens, train.tgt_lens, d.batch_tokens, epoch_rng(seed, 0))
-    reference = reference_batches(len(train), epoch_rng(seed, 0))
+    notebook = notebook_batches(len(train), epoch_rng(seed, 0))
     pf_bucket = padding_fraction(bucket, train.src_lens, train.tgt_lens)
-    pf_reference = padding_fraction(reference, train.src_lens, train.tgt_lens, pad_to=REFERENCE_PADDING)
+    pf_notebook = padding_fraction(notebook, train.src_lens, train.tgt_lens, pad_to=NOTEBOOK_PADDING)
     return {
         "batching": d.batching, "batch_tokens": d.batch_tokens,
-        "batches_per_epoch": len(bucket) if d.batching == "bucket" else len(reference),
-        "padding_fraction": pf_bucket if d.batching == "bucket" else pf_reference,
-        "padding_fraction_bucket": pf_bucket, "padding_fraction_reference": pf_reference,
-        "batches_per_epoch_bucket": len(bucket), "batches_per_epoch_reference": len(reference),
+        "batches_per_epoch": len(bucket) if d.batching == "bucket" else len(notebook),
+        "padding_fraction": pf_bucket if d.batching == "bucket" else pf_notebook,
+        "padding_fraction_bucket": pf_bucket, "padding_fraction_notebook": pf_notebook,
+        "batches_per_epoch_bucket": len(bucket), "batches_per_epoch_notebook": len(notebook),
     }
 
 
-def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: Log = print) -> TranslationData:
+def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: Callable[[str], None] | None = print) -> TranslationData:
     """Download/verify Multi30k, tokenise and cache it once, and return it ready for the loaders.
 
     Under an initialised torch.distributed group, rank 0 does the downloading and building while
@@ -289,7 +289,7 @@ def stats_summary(stats: dict[str, Any]) -> str:
     long_ = [f"{n} {split} pairs {what}" for what in ("truncated", "skipped")
              for split, n in s[what].items() if n]
     if long_:
-        parts.append("longer than data.max_len: " + ", ".join(long_))
+        parts.append("longer than data.max_sentence_len: " + ", ".join(long_))
     parts.append(f"{'built' if s['built'] else 'loaded from cache'} in {s['seconds']:.2f} s")
     return " | ".join(parts)
 

@@ -208,6 +208,14 @@ def broadcast_weights(model: nn.Module) -> None:
             dist.broadcast(tensor, src=0)
 
 
+def improves(metric: float | None, best: float | None, best_metric: str) -> bool:
+    """Whether an epoch's `metric` makes a new best.pt: higher BLEU or lower loss (train.best_metric);
+    a missing figure never does, anything beats no best yet."""
+    if metric is None:
+        return False
+    return best is None or (metric > best if best_metric == "bleu" else metric < best)
+
+
 class Checkpointer:
     """A run's checkpoint files: last.pt (resumable), best.pt and epoch_NN.pt (weights), avg.pt.
 
@@ -220,6 +228,16 @@ class Checkpointer:
         self.common = common  # what every file carries: the config and the text pipeline
         self.writer = CheckpointWriter()
         self.saved_step: int | None = None  # the step of the newest last.pt (None: there is none yet)
+
+    def resume(self, last: dict[str, Any], log: Log) -> bool:
+        """Continue from last.pt's payload: the run state restored, later metrics records dropped; True when
+        it stopped inside an epoch."""
+        mid_epoch = self.run_state.load_state_dict(last, self.run.last)
+        step = self.saved_step = self.run_state.train_state.step
+        if self.info.is_main:
+            self.run.truncate_metrics(step)
+        log(f"resumed {self.run.last}: epoch {self.run_state.train_state.epoch}, step {step}")
+        return mid_epoch
 
     def save(self, mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
         """Queue last.pt, and the weights alone to `weights_to`; never from weights that are not finite."""

@@ -36,10 +36,12 @@ class Metrics:
         if self.tensorboard is not None:
             self.tensorboard.add(record)
 
-    def started(self) -> float:
-        """Training starts now: the start-up time (also kept for the first epoch's record)."""
+    def started(self, figures: dict[str, Any]) -> None:
+        """Training starts now: the start record (the run's `figures` and the start-up time, also kept for the
+        first epoch's record)."""
         self.startup_seconds, self.clocks_reported = time.perf_counter() - self.t_start, False
-        return self.startup_seconds
+        if self.is_main:
+            self.record({"kind": "start", **figures, "startup_seconds": self.startup_seconds})
 
     def new_epoch(self) -> None:
         """Forget the previous epoch's GPU samples and peak memory."""

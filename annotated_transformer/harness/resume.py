@@ -57,6 +57,11 @@ class RunState:
     meter: LossMeter
     rank: int = 0
 
+    def cut_short(self, max_steps: int) -> bool:
+        """`max_steps` ended training inside an epoch: that epoch stays unfinished (no epoch file, a mid-epoch
+        last.pt). A budget that lands exactly on an epoch's last batch completes that epoch."""
+        return bool(max_steps) and self.train_state.step >= max_steps and self.loader.taken < len(self.loader)
+
     def state_dict(self, mid_epoch: bool = False) -> dict[str, Any]:
         """The resumable state; under torchrun a collective (every rank's RNG state is gathered)."""
         rngs: list[Any] = [_rng_state()]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..config_loading import config_to_dict, config_yaml
+from ..config_loading import config_to_dict, config_yaml, upgrade_config_dict
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, writing
 from .checkpointing import load_checkpoint
@@ -39,7 +39,7 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
 
     Where the data lives (`data.root`, `data.cache_dir`) and how many workers read it may change.
     """
-    now = config_to_dict(cfg)
+    now, saved = config_to_dict(cfg), upgrade_config_dict(saved)  # older names read as the current ones
     for section in ("model", "data"):
         skip = NOT_SETTINGS.get(section, set())
         old = {k: v for k, v in saved.get(section, {}).items() if k not in skip}
@@ -181,6 +181,11 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         with writing(self.config):
             atomic_write(self.config, lambda f: f.write(config_yaml(cfg).encode("utf-8")))
+
+    def save_text(self, text: Any) -> None:
+        """The run's TextPipeline (vocabularies, SentencePiece model) in vocab/, what translating reads."""
+        with writing(self.vocab):
+            text.save(self.vocab)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one JSON line (with a wall-clock time stamp) to metrics.jsonl."""

@@ -107,7 +107,7 @@ class TranslationTask:
         return self.data.text.pad_id
 
     def train_loader(self, pin_memory: bool = False):
-        """Length-bucketed (or reference) batches, sharded by rank."""
+        """Length-bucketed (or the notebook's) batches, sharded by rank."""
         return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size,
                                       pin_memory=pin_memory)
 

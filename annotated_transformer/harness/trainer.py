@@ -24,12 +24,11 @@ from ..config_loading import config_to_dict
 from ..device import resolve_amp_dtype
 from ..errors import DistributedError, TrainingDiverged, UserError
 from ..extensions.objective import build_objective
-from ..files import writing
 from ..loop import LossMeter, TrainState, evaluate_loss, train_loop
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import make_model_from_config
 from ..optim import build_optimizer, build_scheduler
-from .checkpointing import Checkpointer
+from .checkpointing import Checkpointer, improves
 from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
 from .metrics import Metrics
 from .report import epoch_line, finish, start_line
@@ -50,6 +49,18 @@ def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: 
     if info.distributed:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
     return wrapped
+
+
+def build_training(cfg: Config, task: Any, device: torch.device) -> tuple[nn.Module, SimpleLossCompute, Any,
+                                                                         torch.optim.Optimizer, torch.dtype | None]:
+    """Model, loss, training objective, optimizer and precision from the config (the schedule needs the
+    loader's length, so the Trainer builds it)."""
+    t = cfg.train
+    model = make_model_from_config(cfg.model, task.src_vocab_size, task.tgt_vocab_size).to(device)
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(task.tgt_vocab_size, task.pad, t.label_smoothing))
+    objective = build_objective(cfg.objective, model, task.pad)
+    optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
 
 
 class Trainer:
@@ -74,14 +85,15 @@ class Trainer:
         random.seed(cfg.train.seed)
         self.task = build_task(cfg, info, log=self.log)
         if info.is_main and self.task.text is not None:
-            with writing(self.run.vocab):
-                self.task.text.save(self.run.vocab)
-        self._build_model()
+            self.run.save_text(self.task.text)
+        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype = build_training(
+            cfg, self.task, device)
         if info.rank:  # dropout draws differ between ranks; the weights above were drawn alike on every rank
             torch.manual_seed(cfg.train.seed + info.rank)
         self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
-                                         cfg.train.schedule, self.total_steps(), cfg.train.final_lr_ratio)
+                                         cfg.train.schedule, cfg.train.total_steps(len(self.loader)),
+                                         cfg.train.final_lr_ratio)
         self.val_batches = self.task.val_batches()
         self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank)
@@ -89,36 +101,11 @@ class Trainer:
         text_state = self.task.text.state_dict() if self.task.text is not None else None
         common = {"config": config_to_dict(cfg), "text": text_state}  # what every checkpoint file carries
         self.checkpoints = Checkpointer(self.run, self.run_state, info, common)
-        self.mid_epoch = self._resume(last) if plan == "resume" else False
+        self.mid_epoch = self.checkpoints.resume(last, self.log) if plan == "resume" else False
         self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
         self.stopper = StopSignal()
         self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
         self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
-
-    def _build_model(self) -> None:
-        """Model, loss, optimizer and precision from the config (the schedule needs the loader's length)."""
-        m, t = self.cfg.model, self.cfg.train
-        self.model = make_model_from_config(m, self.task.src_vocab_size, self.task.tgt_vocab_size).to(self.device)
-        criterion = LabelSmoothing(self.task.tgt_vocab_size, self.task.pad, t.label_smoothing)
-        self.loss_compute = SimpleLossCompute(self.model.generator, criterion)
-        self.objective = build_objective(self.cfg.objective, self.model, self.task.pad)
-        self.optimizer = build_optimizer(self.model, betas=tuple(t.adam_betas), eps=t.adam_eps)
-        self.amp_dtype = resolve_amp_dtype(t.precision, self.device)
-
-    def _resume(self, last: dict[str, Any]) -> bool:
-        """Load last.pt into the run state; True when it stopped inside an epoch."""
-        mid_epoch = self.run_state.load_state_dict(last, self.run.last)
-        self.checkpoints.saved_step = self.train_state.step
-        if self.info.is_main:
-            self.run.truncate_metrics(self.train_state.step)
-        self.log(f"resumed {self.run.last}: epoch {self.train_state.epoch}, step {self.train_state.step}")
-        return mid_epoch
-
-    def total_steps(self) -> int:
-        """The optimizer steps this run will take: train.max_steps, or train.epochs' worth if fewer."""
-        t = self.cfg.train
-        by_epochs = t.epochs * -(-len(self.loader) // t.accum_steps)  # the last group of an epoch may be short
-        return min(x for x in (by_epochs, t.max_steps) if x > 0)
 
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
@@ -130,12 +117,9 @@ class Trainer:
         m = self.model
         self.log(start_line(self))
         self.stopper.install()
-        startup = self.metrics.started()
-        if self.info.is_main:
-            self.metrics.record({"kind": "start", "step": self.train_state.step, "params": m.num_parameters(),
-                                 "device": str(self.device), "world_size": self.info.world_size,
-                                 "threads": torch.get_num_threads(), "precision": str(self.amp_dtype or "fp32"),
-                                 "startup_seconds": startup})
+        self.metrics.started({"step": self.train_state.step, "params": m.num_parameters(), "device": str(self.device),
+                              "world_size": self.info.world_size, "threads": torch.get_num_threads(),
+                              "precision": str(self.amp_dtype or "fp32")})
         try:
             while not self.done():
                 epoch, t_epoch = self.train_state.epoch, time.perf_counter()
@@ -207,7 +191,7 @@ class Trainer:
     def evaluate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
         """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record with its clocks."""
         t, s, t_eval = self.cfg.train, self.train_state, time.perf_counter()
-        if not self.cut_short():
+        if not self.run_state.cut_short(t.max_steps):
             s.epoch = epoch + 1
         val_loss = evaluate_loss(self.val_batches, self.model, self.loss_compute, device=self.device,
                                  amp_dtype=self.amp_dtype)
@@ -223,25 +207,15 @@ class Trainer:
             record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
         return {**record, **self.metrics.epoch_figures()}
 
-    def cut_short(self) -> bool:
-        """max_steps ended training inside an epoch: that epoch stays unfinished (no epoch file, mid-epoch last.pt).
-
-        A budget that lands exactly on an epoch's last batch completes that epoch.
-        """
-        t = self.cfg.train
-        return (bool(t.max_steps) and self.train_state.step >= t.max_steps
-                and self.loader.taken < len(self.loader))
-
     def save(self, record: dict[str, Any], t_epoch: float) -> None:
         """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""
         t, s, epoch = self.cfg.train, self.train_state, record["epoch"]
         t_save = time.perf_counter()
         metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
-        improved = metric is not None and (s.best_metric is None or (
-            metric > s.best_metric if t.best_metric == "bleu" else metric < s.best_metric))
+        improved = improves(metric, s.best_metric, t.best_metric)
         if improved:
             s.best_metric, s.best_epoch = float(metric), epoch
-        cut_short = self.cut_short()
+        cut_short = self.run_state.cut_short(t.max_steps)
         targets = ([self.run.best] if improved else []) + ([] if cut_short else [self.run.epoch(epoch)])
         s.wall_seconds += t_save - t_epoch  # before the checkpoint, so last.pt holds it
         record["wall_seconds"] = s.wall_seconds

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
+from ..extensions.token_merging import merged_groups
 from ..model import EncoderDecoder, MultiHeadedAttention, subsequent_mask
 from ..translator import Translator, translate_ids
 from .heatmap import CELL_PX, heatmap
@@ -240,6 +241,8 @@ class SentenceAttention:
     tgt_tokens: list[str]
     attention: dict[str, list[Tensor]] = field(repr=False)
     truncated: bool = False
+    layer_src_tokens: list[list[str]] | None = None  # token merging/pruning: each encoder layer's source labels
+    memory_tokens: list[str] | None = None  # ... and the memory's, which encoder-decoder attention reads
 
     @property
     def n_layers(self) -> int:
@@ -253,8 +256,32 @@ class SentenceAttention:
         columns: heads per grid row; by default as many as fit in about GRID_ROW_PX pixels.
         """
         columns = columns or grid_columns(self, kind)
-        return attention_maps_grid(self.attention, layer, kind, self.src_tokens, self.tgt_tokens,
+        src_tokens = self.src_tokens
+        if kind == "encoder" and self.layer_src_tokens is not None:
+            src_tokens = self.layer_src_tokens[layer_index(layer, self.n_layers)]
+        elif kind == "src" and self.memory_tokens is not None:
+            src_tokens = self.memory_tokens
+        return attention_maps_grid(self.attention, layer, kind, src_tokens, self.tgt_tokens,
                                    heads=heads, columns=columns)
+
+
+def merged_source_tokens(model: EncoderDecoder, src_ids: list[int],
+                         tokens: list[str]) -> tuple[list[list[str]], list[str]] | tuple[None, None]:
+    """With token merging or pruning on: the source labels each encoder layer's maps show (a merged token's
+    parts joined by '+', pruned tokens gone) and the memory's; (None, None) when the model keeps every token."""
+    if not model.merge_ratio:
+        return None, None
+    merging = sorted(model.merging_layers())
+
+    def after(layers: list[int]) -> list[str]:
+        if not layers:
+            return list(tokens)
+        groups = merged_groups(model, src_ids, model.merge_ratio, tuple(layers), prune=model.prune)
+        return ["+".join(tokens[p] for p in group) for group in groups]
+
+    # Layer i's attention runs before its own merge: it sees the tokens left by the merging layers below it.
+    per_layer = [after([m for m in merging if m < i]) for i in range(len(model.encoder.layers))]
+    return per_layer, after(merging)
 
 
 def _source_labels(translator: Translator, sentence: str, ids: list[int]) -> list[str]:
@@ -262,7 +289,7 @@ def _source_labels(translator: Translator, sentence: str, ids: list[int]) -> lis
     text = translator.text
     labels = text.vocab("src").lookup_tokens(ids)
     if text.mode == "word":
-        # ids = <s>, one id per word (cut to max_len with </s> kept), </s>: word k sits at position k + 1.
+        # ids = <s>, one id per word (cut to max_sentence_len with </s> kept), </s>: word k sits at position k + 1.
         words = text.tokenize(sentence, "src")
         for pos, word in enumerate(words[: len(ids) - 2], start=1):
             if ids[pos] == text.unk_id:
@@ -286,9 +313,11 @@ def sentence_attention(translator: Translator, sentence: str, beam_size: int = 1
     # output holds an id that decode_tokens would drop.
     tgt_tokens = ["<s>", *(display_token(t) for t in text.vocab("tgt").lookup_tokens(out_ids))]
     attention = collect_attention(translator.model, torch.tensor(src_ids), None, torch.tensor(tgt_ids))
+    src_tokens = _source_labels(translator, sentence, src_ids)
+    layer_src_tokens, memory_tokens = merged_source_tokens(translator.model, src_ids, src_tokens)
     return SentenceAttention(sentence=sentence, translation=text.ids_to_text(out_ids, "tgt"), src_ids=src_ids,
-                             tgt_ids=tgt_ids, src_tokens=_source_labels(translator, sentence, src_ids),
-                             tgt_tokens=tgt_tokens, attention=attention, truncated=truncated)
+                             tgt_ids=tgt_ids, src_tokens=src_tokens, tgt_tokens=tgt_tokens, attention=attention,
+                             truncated=truncated, layer_src_tokens=layer_src_tokens, memory_tokens=memory_tokens)
 
 
 def attention_charts(sa: SentenceAttention, layers: Sequence[int]) -> list[tuple[str, str, alt.TopLevelMixin]]:

@@ -1,0 +1,105 @@
+"""Attention (Section 3.2): the scaled dot product of equation 1 and multi-head attention.
+
+Shapes: B batch, T queries, S keys, d = d_model, h heads, d_k = d / h. Masks are boolean with
+True = "may attend" (or a float bias added to the scores, for token merging's log sizes).
+
+`MultiHeadedAttention` runs through `torch.nn.functional.scaled_dot_product_attention` (fused
+kernels) unless the explicit probabilities are wanted: inside `EncoderDecoder.keep_attention()`
+it stores them in `.attn` (B, h, T, S) for visualisation, computed with the notebook's
+`attention`; with `probs_for_loss` set it keeps them with their gradient in `.probs` (guided
+attention, training only); the encoder layers that merge or prune tokens keep their keys or their
+probabilities for the matching (`extensions/token_merging.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
+from .kv_cache import AttentionCache
+
+
+def attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None, dropout: nn.Dropout | None = None
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V (the paper's equation 1), explicitly.
+
+    query (..., T, d_k), key/value (..., S, d_k), mask broadcastable to (..., T, S): boolean with
+    True = keep, or a float bias added to the scores (token merging's log sizes).
+    Returns the output (..., T, d_k) and the attention probabilities (..., T, S) before dropout
+    (the notebook returned them after; in eval mode, where maps are drawn, the two are equal).
+    """
+    d_k = query.size(-1)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., T, S)
+    if mask is not None and mask.dtype != torch.bool:
+        scores = scores + mask
+    elif mask is not None:
+        # The most negative finite value, not -inf: a row with nothing to attend to stays finite.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    p_attn = scores.softmax(dim=-1)  # (..., T, S)
+    p_used = dropout(p_attn) if dropout is not None else p_attn
+    return p_used @ value, p_attn  # (..., T, d_k), (..., T, S)
+
+
+class MultiHeadedAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
+
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1, impl: str = "sdpa") -> None:
+        super().__init__()
+        assert d_model % h == 0, "d_model must be divisible by h"
+        self.d_k = d_model // h
+        self.h = h
+        linear = nn.Linear(d_model, d_model)
+        self.linears = nn.ModuleList(copy.deepcopy(linear) for _ in range(4))  # W^Q, W^K, W^V, W^O (clones)
+        self.dropout = Dropout(p=dropout)
+        self.impl = impl  # 'sdpa' or 'naive'
+        self.keep_attn = False  # set by EncoderDecoder.keep_attention()
+        self.attn: Tensor | None = None  # (B, h, T, S) when keep_attn
+        self.probs_for_loss = False  # set by a loss on the attention (extensions.guided_attention)
+        self.probs: Tensor | None = None  # (B, h, T, S) with gradient, before dropout, when probs_for_loss
+        self.keep_keys = False  # set on the encoder layers that merge tokens (extensions.token_merging)
+        self.keys: Tensor | None = None  # (B, h, S, d_k) the latest keys, when keep_keys
+        self.keep_probs = False  # set on the encoder layers that prune tokens: they read `.attn`
+
+    def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
+        B = x.size(0)
+        return linear(x).view(B, -1, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+
+    def forward(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
+        cache: AttentionCache | None = None,
+    ) -> Tensor:
+        """query (B, T, d), key/value (B, S, d), mask (B, 1 or T, S) -> (B, T, d)."""
+        B = query.size(0)
+        q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
+        if cache is not None and cache.static and cache.k is not None:
+            k, v = cache.k, cache.v  # memory projected on the first step
+        else:
+            k = self._heads(key, self.linears[1])  # (B, h, S, d_k)
+            v = self._heads(value, self.linears[2])  # (B, h, S, d_k)
+            if cache is not None:
+                if not cache.static and cache.k is not None:
+                    k = torch.cat([cache.k, k], dim=2)  # (B, h, t+1, d_k)
+                    v = torch.cat([cache.v, v], dim=2)
+                cache.k, cache.v = k, v
+        if self.keep_keys:
+            self.keys = k
+        if mask is not None:
+            mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
+            if mask.dtype != torch.bool:
+                mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
+        for_loss = self.probs_for_loss and self.training
+        if self.keep_attn or self.keep_probs or self.impl == "naive" or for_loss:
+            x, p_attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k)
+            self.attn = p_attn.detach() if self.keep_attn or self.keep_probs else None
+            self.probs = p_attn if for_loss else None
+        else:
+            p = self.dropout.p if self.training else 0.0
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, h, T, d_k)
+        x = x.transpose(1, 2).reshape(B, -1, self.h * self.d_k)  # (B, T, d)
+        return self.linears[3](x)
