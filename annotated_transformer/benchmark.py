@@ -30,8 +30,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import multiprocessing as mp
-import platform
 import statistics
 import sys
 import time
@@ -42,90 +40,20 @@ from typing import Any
 import torch
 
 from .config import Config
+from .hardware import (
+    batch_lengths,
+    datasheet_peak,
+    device_name,
+    in_fresh_process,
+    matmul_peak,
+    process_peak_memory_gb,
+    train_step_flops,
+)
 from .config_loading import config_from_dict, config_to_dict
 from .device import native_bf16, select_device, synchronize
 from .errors import ConfigError
 from .loop import Log
 from .masks import padding_mask
-
-
-# --------------------------------------------------------------------------- hardware
-
-
-def device_name(device: torch.device) -> str:
-    """A human-readable name of the machine the benchmark ran on."""
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    model = platform.processor() or "CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {torch.get_num_threads()} threads"
-
-
-def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 20) -> float:
-    """The best FLOP/s of `repeats` timed n x n x n matmuls (after two untimed ones): the measured peak.
-
-    The best, not the median: a peak taken at a slow moment (another process on a 2-core CPU)
-    once made the step look faster than the hardware, an MFU of 117%.
-    """
-    n = n or (8192 if device.type == "cuda" else 2048)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    best = math.inf
-    for i in range(repeats + 2):
-        synchronize(device)
-        t0 = time.perf_counter()
-        a @ b
-        synchronize(device)
-        if i >= 2:  # the first calls pay for kernel selection and page faults
-            best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
-
-
-# Dense bf16 tensor-core peaks from NVIDIA's datasheets (FLOP/s), shown beside the measured peak.
-DATASHEET_BF16 = {"H100 80GB HBM3": 989.4e12, "H100 SXM": 989.4e12, "H100 PCIe": 756.5e12, "H100 NVL": 835.5e12,
-                  "H200": 989.4e12, "A100": 312e12}
-
-
-def datasheet_peak(device: torch.device) -> float | None:
-    """The datasheet's dense bf16 peak of this GPU, when it is one we know (None elsewhere)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in DATASHEET_BF16.items() if key in name), None)
-
-
-# --------------------------------------------------------------------------- FLOPs
-
-
-def train_step_flops(d_model: int, d_ff: int, N: int, tgt_vocab: int,
-                     src_lens: list[int], tgt_lens: list[int], N_dec: int | None = None) -> float:
-    """Matmul FLOPs of one training step on these sentences: 3x the forward pass (backward = 2x).
-
-    Per sentence with S source and T target positions (no padding), per layer: encoder self-attention
-    4 S d^2 projections + 2 S^2 d scores and mixing, feed-forward 2 S d d_ff; decoder self-attention
-    4 T d^2 + 2 T^2 d, source attention 2 T d^2 + 2 S d^2 + 2 T S d, feed-forward 2 T d d_ff; then the
-    generator T d V. Each multiply-add counts 2. The decoder has `N_dec` layers (default N).
-    """
-    d = d_model
-    total = 0
-    for S, T in zip(src_lens, tgt_lens):
-        enc = 4 * S * d * d + 2 * S * S * d + 2 * S * d * d_ff
-        dec = 4 * T * d * d + 2 * T * T * d + 2 * T * d * d + 2 * S * d * d + 2 * T * S * d + 2 * T * d * d_ff
-        total += N * enc + (N_dec or N) * dec + T * d * tgt_vocab
-    return 3 * 2 * float(total)
-
-
-def batch_lengths(batch: Any, pad: int) -> tuple[list[int], list[int]]:
-    """Real source lengths and decoder-input lengths of a Batch."""
-    src = (batch.src != pad).sum(-1).tolist()
-    tgt = (batch.tgt_y != pad).sum(-1).tolist()
-    return src, tgt
 
 
 # --------------------------------------------------------------------------- training, one side
@@ -140,29 +68,13 @@ def notebook_dropout(model: torch.nn.Module) -> None:
             m.__class__ = torch.nn.Dropout
 
 
-def peak_memory_gb(device: torch.device) -> float:
-    """Peak memory of this process: CUDA allocator peak on a GPU, else the resident-set high-water mark."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    import resource
-
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return kib * (1 if sys.platform != "darwin" else 1 / 1024) / 2**20
-
-
-def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
-    """Time `warmup + steps` optimizer steps of one side ('notebook' or 'fast'); return its figures."""
-    from .data import load_translation_data
+def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> dict[str, Any]:
+    """One side's model, loader, loss, optimizer and precision: the notebook's ('notebook') or ours ('fast')."""
     from .data.notebook_pipeline import notebook_dataloader
     from .loss import LabelSmoothing, SimpleLossCompute
     from .model import make_model_from_config
     from .optim import build_optimizer, build_scheduler
-    from .loop import run_epoch
 
-    cfg = config_from_dict(cfg_dict)
-    device = select_device(cfg.train.device)
-    torch.manual_seed(cfg.train.seed)
-    data = load_translation_data(cfg, log=None)
     text = data.text
     notebook = side == "notebook"
     if notebook:
@@ -183,6 +95,22 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not notebook) else model
     # The notebook side keeps its order: log-softmax, then the divergence on log-probabilities.
     loss_compute = SimpleLossCompute(model.generator, criterion, fused=not notebook)
+    return dict(model_cfg=model_cfg, amp_dtype=amp_dtype, loader=loader, model=model, train_model=train_model,
+                loss_compute=loss_compute, optimizer=optimizer, scheduler=scheduler)
+
+
+def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
+    """Time `warmup + steps` optimizer steps of one side ('notebook' or 'fast'); return its figures."""
+    from .data import load_translation_data
+    from .loop import run_epoch
+
+    cfg = config_from_dict(cfg_dict)
+    device = select_device(cfg.train.device)
+    torch.manual_seed(cfg.train.seed)
+    data = load_translation_data(cfg, log=None)
+    text = data.text
+    p = _training_side(side, cfg, data, device)
+    model_cfg, amp_dtype, loader, model = p["model_cfg"], p["amp_dtype"], p["loader"], p["model"]
     peak = matmul_peak(device, amp_dtype or torch.float32)  # measured again after the steps: the best counts
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -197,8 +125,8 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         except StopIteration:  # a short epoch: start the next one
             it = iter(loader)
             batch = next(it)
-        loss, _ = run_epoch([batch], train_model, loss_compute, optimizer, scheduler, device=device,
-                            amp_dtype=amp_dtype, log=None)  # ends with a host sync (the loss)
+        loss, _ = run_epoch([batch], p["train_model"], p["loss_compute"], p["optimizer"], p["scheduler"],
+                            device=device, amp_dtype=amp_dtype, log=None)  # ends with a host sync (the loss)
         synchronize(device)
         dt = time.perf_counter() - t0
         if i < warmup:
@@ -217,30 +145,9 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         "flop_per_s": statistics.median(flops_rates), "peak_flop_per_s": peak,
         "mfu": statistics.median(flops_rates) / peak, "precision": "bf16" if amp_dtype else "fp32",
         "datasheet_peak_flop_per_s": datasheet_peak(device) if amp_dtype else None,
-        "attention": model_cfg.attention, "peak_mem_gb": peak_memory_gb(device),
+        "attention": model_cfg.attention, "peak_mem_gb": process_peak_memory_gb(device),
         "loss_finite": all(math.isfinite(x) for x in losses), "steps": steps, "warmup": warmup,
     }
-
-
-def _put_result(queue: Any, fn: Any, *args: Any) -> None:
-    try:
-        queue.put(fn(*args))
-    except BaseException as exc:  # report, never hang the parent
-        queue.put({"error": f"{type(exc).__name__}: {exc}"})
-
-
-def in_fresh_process(what: str, fn: Any, *args: Any) -> dict[str, Any]:
-    """`fn(*args)` (a module-level function returning a dict) in a fresh spawned process, so peak memory
-    is its own; a failure there is one RuntimeError naming `what`."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_put_result, args=(queue, fn, *args))
-    proc.start()
-    result = queue.get()
-    proc.join()
-    if "error" in result:
-        raise RuntimeError(f"{what} failed: {result['error']}")
-    return result
 
 
 def measure_in_subprocess(side: str, cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
@@ -259,7 +166,6 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     `one_sentence_limit` of them, evenly spread, because it is slow.
     """
     from .data import load_translation_data
-    from .decoding import greedy_decode_naive, strip_special
     from .model import make_model_from_config
     from .translator import Translator, decode_amp_dtype, translate_ids
 
@@ -278,37 +184,13 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     common = dict(pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=device, max_len_a=dcfg.max_len_a,
                   batch_size=dcfg.batch_size, amp_dtype=amp_dtype)
 
-    def timed(fn):
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        return out, time.perf_counter() - t0
-
     translate_ids(model, sources[:8], **common)  # warm-up (kernel selection, allocator)
-    greedy, t_greedy = timed(lambda: translate_ids(model, sources, **common))
-    _, t_beam = timed(lambda: translate_ids(model, sources, beam_size=beam, alpha=dcfg.alpha, **common))
-
-    # The notebook's decoder: explicit attention, fp32, one sentence, the whole prefix every step.
-    ref_model = make_model_from_config(replace(model_cfg, attention="naive"), len(text.src_vocab),
-                                       len(text.tgt_vocab)).to(device).eval()
-    ref_model.load_state_dict(model.state_dict())
+    greedy, t_greedy = _timed(device, lambda: translate_ids(model, sources, **common))
+    _, t_beam = _timed(device, lambda: translate_ids(model, sources, beam_size=beam, alpha=dcfg.alpha, **common))
     stride = max(1, len(sources) // max(one_sentence_limit, 1))
     subset = list(range(0, len(sources), stride))[:one_sentence_limit]
-    cap = model.max_positions
-
-    def one_by_one() -> list[list[int]]:
-        outs = []
-        with torch.no_grad():
-            for i in subset:
-                src = torch.tensor([sources[i]], device=device)
-                max_len = min(len(sources[i]) + dcfg.max_len_a, cap)
-                out = greedy_decode_naive(ref_model, src, padding_mask(src, text.pad_id), max_len,
-                                          text.bos_id, text.eos_id, text.pad_id)
-                outs.append(strip_special(out[0].tolist(), text.bos_id, text.eos_id, text.pad_id))
-        return outs
-
-    single, t_single = timed(one_by_one)
+    single, t_single = _timed(device, lambda: _one_by_one(model, model_cfg, text, [sources[i] for i in subset],
+                                                          dcfg.max_len_a, device))
     agree = sum(single[j] == greedy[i] for j, i in enumerate(subset)) / len(subset)
     return {
         "sentences": len(sources), "one_sentence_sentences": len(subset),
@@ -319,6 +201,36 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
         "precision": "bf16" if amp_dtype else "fp32", "trained": bool(checkpoint),
         "mean_output_tokens": sum(map(len, greedy)) / len(greedy),
     }
+
+
+def _timed(device: torch.device, fn: Any) -> tuple[Any, float]:
+    """fn() and its seconds, the device synchronised on both sides."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, time.perf_counter() - t0
+
+
+@torch.no_grad()
+def _one_by_one(model: Any, model_cfg: Any, text: Any, sources: list[list[int]], max_len_a: int,
+                device: torch.device) -> list[list[int]]:
+    """The notebook's decoder on `model`'s weights: explicit attention, fp32, one sentence at a time, the whole
+    prefix every step."""
+    from .decoding import greedy_decode_naive, strip_special
+    from .model import make_model_from_config
+
+    ref_model = make_model_from_config(replace(model_cfg, attention="naive"), len(text.src_vocab),
+                                       len(text.tgt_vocab)).to(device).eval()
+    ref_model.load_state_dict(model.state_dict())
+    outs = []
+    for ids in sources:
+        src = torch.tensor([ids], device=device)
+        max_len = min(len(ids) + max_len_a, model.max_positions)
+        out = greedy_decode_naive(ref_model, src, padding_mask(src, text.pad_id), max_len,
+                                  text.bos_id, text.eos_id, text.pad_id)
+        outs.append(strip_special(out[0].tolist(), text.bos_id, text.eos_id, text.pad_id))
+    return outs
 
 
 def _test_sources(cfg: Config, tr: Any) -> list[str]:

@@ -203,6 +203,14 @@ class Config:
 
     def validate(self) -> Config:
         """Check rules that involve several fields; raise ConfigError on the first broken one."""
+        self._validate_ranges()
+        self._validate_training()
+        self._validate_data()
+        self._validate_extensions()
+        return self
+
+    def _validate_ranges(self) -> None:
+        """Each number in its range, and d_model divisible by h."""
         m, d, t, dec = self.model, self.data, self.train, self.decode
         positive = {
             "model.N": m.N, "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.h": m.h,
@@ -235,19 +243,35 @@ class Config:
             raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {t.adam_betas}")
         if not 0.0 <= t.final_lr_ratio <= 1.0:
             raise ConfigError(f"train.final_lr_ratio must be in [0, 1], got {t.final_lr_ratio}")
-        if t.stop_at_target and not t.target_bleu:
-            raise ConfigError("train.stop_at_target=true needs train.target_bleu (the validation BLEU to stop at)")
         if m.N_dec < 0:
             raise ConfigError(f"model.N_dec must be 0 (the same as model.N) or positive, got {m.N_dec}")
         if t.target_bleu < 0:
             raise ConfigError(f"train.target_bleu must not be negative, got {t.target_bleu}")
+        if t.lr_factor <= 0:
+            raise ConfigError(f"train.lr_factor must be positive, got {t.lr_factor}")
+
+    def _validate_training(self) -> None:
+        """The training section's rules, and what they need from the data."""
+        d, t = self.data, self.train
+        if t.stop_at_target and not t.target_bleu:
+            raise ConfigError("train.stop_at_target=true needs train.target_bleu (the validation BLEU to stop at)")
         if t.target_bleu and (d.dataset != "multi30k" or t.bleu_every == 0):
             raise ConfigError("train.target_bleu needs validation BLEU: translation data (data.dataset=multi30k) "
                               "and train.bleu_every of 1 or more")
-        if t.lr_factor <= 0:
-            raise ConfigError(f"train.lr_factor must be positive, got {t.lr_factor}")
         if t.epochs == 0 and t.max_steps == 0:
             raise ConfigError("train.epochs and train.max_steps are both 0: set one of them to train")
+        if d.dataset == "multi30k" and t.best_metric == "bleu" and t.bleu_every == 0:
+            raise ConfigError("train.best_metric=bleu needs validation BLEU, but train.bleu_every is 0; "
+                              "set train.bleu_every to 1 or more, or train.best_metric=loss")
+        if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
+            raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
+                              f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
+        if t.resume is True and t.overwrite:
+            raise ConfigError("train.resume and train.overwrite are both true; pick one")
+
+    def _validate_data(self) -> None:
+        """The data section's rules, and what the model needs from it."""
+        m, d, t = self.model, self.data, self.train
         if d.src_lang == d.tgt_lang:
             raise ConfigError(f"data.src_lang and data.tgt_lang are both '{d.src_lang}'; they must differ")
         if d.max_sentence_len < 3:
@@ -263,20 +287,10 @@ class Config:
                 raise ConfigError(f"data.copy_seq_len must be at least 2, got {d.copy_seq_len}")
             if t.best_metric == "bleu":
                 raise ConfigError("train.best_metric 'bleu' needs translation data; use 'loss' for the copy task")
-        if d.dataset == "multi30k" and t.best_metric == "bleu" and t.bleu_every == 0:
-            raise ConfigError("train.best_metric=bleu needs validation BLEU, but train.bleu_every is 0; "
-                              "set train.bleu_every to 1 or more, or train.best_metric=loss")
         if m.tie_embeddings and d.dataset == "multi30k" and d.tokenizer != "spm":
             raise ConfigError(
                 "model.tie_embeddings needs one vocabulary shared by source and target: set data.tokenizer=spm"
             )
-        if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
-            raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
-                              f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
-        self._validate_extensions()
-        if t.resume is True and t.overwrite:
-            raise ConfigError("train.resume and train.overwrite are both true; pick one")
-        return self
 
     def _validate_extensions(self) -> None:
         """The rules of the extensions: model.local_window, model.merge_*, the objective section."""

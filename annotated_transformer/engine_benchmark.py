@@ -47,7 +47,7 @@ def _load(engine: str, checkpoint: str, folders: dict[str, str], threads: int) -
 def measure_engine(engine: str, checkpoint: str, folders: dict[str, str], sources: list[str], threads: int,
                    beam: int, latency_sentences: int) -> dict[str, Any]:
     """One engine's figures on `sources` (see the module docstring); its greedy outputs included."""
-    from .benchmark import peak_memory_gb
+    from .hardware import process_peak_memory_gb
 
     tr = _load(engine, checkpoint, folders, threads)
     tr.translate(sources[:16])  # warm-up: kernel choice, allocator, the engine's first-call costs
@@ -65,13 +65,13 @@ def measure_engine(engine: str, checkpoint: str, folders: dict[str, str], source
         latencies.append(time.perf_counter() - t0)
     return {"engine": engine, "threads": threads, "greedy_per_s": len(sources) / t_greedy,
             f"beam{beam}_per_s": len(sources) / t_beam, "latency_ms": 1000 * statistics.median(latencies),
-            "peak_mem_gb": peak_memory_gb(torch.device("cpu")), "greedy": greedy}
+            "peak_mem_gb": process_peak_memory_gb(torch.device("cpu")), "greedy": greedy}
 
 
 def compare_engines(checkpoint: str, engines: tuple[str, ...] = ENGINES, beam: int = 5, latency_sentences: int = 100,
                     limit: int | None = None, data_root: str | None = None, log: Any = print) -> dict[str, Any]:
     """Export the checkpoint twice (float32, int8), measure every engine on test2016; rows with ratios to torch-fp32."""
-    from .benchmark import in_fresh_process
+    from .hardware import in_fresh_process
     from .ct2_export import export_ctranslate2
     from .device import native_bf16
     from .evaluation import score_translations

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from annotated_transformer.benchmark import train_step_flops
+from annotated_transformer.hardware import train_step_flops
 from annotated_transformer.model import make_model, subsequent_mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def test_benchmark_bad_input_is_one_clear_line(args, needle):
 
 
 def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
-    from annotated_transformer import benchmark
+    from annotated_transformer import hardware
 
     durations = iter([9.0, 9.0] + [1.0, 0.25, 2.0] + [1.0] * 17)  # two untimed, then 20 timed
     clock = {"t": 0.0, "start": True}
@@ -98,6 +98,6 @@ def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
         clock["start"] = not clock["start"]
         return clock["t"]
 
-    monkeypatch.setattr(benchmark.time, "perf_counter", fake_clock)
-    peak = benchmark.matmul_peak(torch.device("cpu"), torch.float32, n=8, repeats=20)
+    monkeypatch.setattr(hardware.time, "perf_counter", fake_clock)
+    peak = hardware.matmul_peak(torch.device("cpu"), torch.float32, n=8, repeats=20)
     assert peak == pytest.approx(2 * 8**3 / 0.25)  # the fastest run, not the median (1.0) nor the first ones

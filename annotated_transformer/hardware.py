@@ -1,0 +1,127 @@
+"""What the benchmarks measure against: the machine's matmul peak, the FLOPs of a training step, peak
+memory, and a fresh process to measure in.
+
+MFU (model FLOPs utilisation) = `train_step_flops` of the real sentence lengths per second, divided by
+`matmul_peak` measured in the same run and precision.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .device import synchronize
+
+
+def device_name(device: torch.device) -> str:
+    """A human-readable name of the machine the benchmark ran on."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    model = platform.processor() or "CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {torch.get_num_threads()} threads"
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 20) -> float:
+    """The best FLOP/s of `repeats` timed n x n x n matmuls (after two untimed ones): the measured peak.
+
+    The best, not the median: a peak taken at a slow moment (another process on a 2-core CPU)
+    once made the step look faster than the hardware, an MFU of 117%.
+    """
+    n = n or (8192 if device.type == "cuda" else 2048)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = math.inf
+    for i in range(repeats + 2):
+        synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        synchronize(device)
+        if i >= 2:  # the first calls pay for kernel selection and page faults
+            best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets (FLOP/s), shown beside the measured peak.
+DATASHEET_BF16 = {"H100 80GB HBM3": 989.4e12, "H100 SXM": 989.4e12, "H100 PCIe": 756.5e12, "H100 NVL": 835.5e12,
+                  "H200": 989.4e12, "A100": 312e12}
+
+
+def datasheet_peak(device: torch.device) -> float | None:
+    """The datasheet's dense bf16 peak of this GPU, when it is one we know (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in DATASHEET_BF16.items() if key in name), None)
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def train_step_flops(d_model: int, d_ff: int, N: int, tgt_vocab: int,
+                     src_lens: list[int], tgt_lens: list[int], N_dec: int | None = None) -> float:
+    """Matmul FLOPs of one training step on these sentences: 3x the forward pass (backward = 2x).
+
+    Per sentence with S source and T target positions (no padding), per layer: encoder self-attention
+    4 S d^2 projections + 2 S^2 d scores and mixing, feed-forward 2 S d d_ff; decoder self-attention
+    4 T d^2 + 2 T^2 d, source attention 2 T d^2 + 2 S d^2 + 2 T S d, feed-forward 2 T d d_ff; then the
+    generator T d V. Each multiply-add counts 2. The decoder has `N_dec` layers (default N).
+    """
+    d = d_model
+    total = 0
+    for S, T in zip(src_lens, tgt_lens):
+        enc = 4 * S * d * d + 2 * S * S * d + 2 * S * d * d_ff
+        dec = 4 * T * d * d + 2 * T * T * d + 2 * T * d * d + 2 * S * d * d + 2 * T * S * d + 2 * T * d * d_ff
+        total += N * enc + (N_dec or N) * dec + T * d * tgt_vocab
+    return 3 * 2 * float(total)
+
+
+def batch_lengths(batch: Any, pad: int) -> tuple[list[int], list[int]]:
+    """Real source lengths and decoder-input lengths of a Batch."""
+    src = (batch.src != pad).sum(-1).tolist()
+    tgt = (batch.tgt_y != pad).sum(-1).tolist()
+    return src, tgt
+
+
+def process_peak_memory_gb(device: torch.device) -> float:
+    """Peak memory of this process: CUDA allocator peak on a GPU, else the resident-set high-water mark."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    return kib * (1 if sys.platform != "darwin" else 1 / 1024) / 2**20
+
+
+def _put_result(queue: Any, fn: Any, *args: Any) -> None:
+    try:
+        queue.put(fn(*args))
+    except BaseException as exc:  # report, never hang the parent
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def in_fresh_process(what: str, fn: Any, *args: Any) -> dict[str, Any]:
+    """`fn(*args)` (a module-level function returning a dict) in a fresh spawned process, so peak memory
+    is its own; a failure there is one RuntimeError naming `what`."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_put_result, args=(queue, fn, *args))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    if "error" in result:
+        raise RuntimeError(f"{what} failed: {result['error']}")
+    return result
