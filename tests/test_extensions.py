@@ -334,9 +334,10 @@ def test_pruning_in_the_model_shortens_the_memory_and_decodes_alike_cached_and_n
     assert not any(layer.self_attn.keep_probs for layer in model.encoder.layers)
 
 
-def test_a_model_trains_through_the_merging():
+@pytest.mark.parametrize("prune", [False, True])
+def test_a_model_trains_through_the_merging(prune):
     model, b = tiny().train(), padded_batch()
-    model.set_token_merging(0.5)
+    model.set_token_merging(0.5, prune=prune)
     loss = _loss_and_grads(model, b, None, 0)
     assert loss[0].isfinite() and model.src_embed[0].lut.weight.grad.abs().sum() > 0
 
@@ -393,7 +394,8 @@ def test_bad_extension_settings_are_one_line_errors(override, message):
 def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
     from annotated_transformer.extension_benchmark import measure_extensions
 
-    arms = {"plain": (), "window 1": ("model.local_window=1",), "guided": ("objective.guide_weight=1.0",)}
+    arms = {"plain": (), "window 1": ("model.local_window=1",), "guided": ("objective.guide_weight=1.0",),
+            "pruning": ("model.prune_ratio=0.25",)}
     result = measure_extensions(tiny_config(), arms, steps=1, rounds=1, sentences=4, length=5, log=lambda _: None)
     assert list(result["arms"]) == list(arms) and result["arms"]["plain"]["train_ratio"] == 1.0
     assert all(r["train_tokens_per_s"] > 0 and r["decode_sentences_per_s"] > 0 for r in result["arms"].values())

@@ -219,47 +219,13 @@ class TextPipeline:
             raise DataError(f"the saved text pipeline is incomplete or damaged ({type(exc).__name__}: {exc})") from None
 
     def save(self, run_dir: str | Path) -> None:
-        """Write human-readable files into `run_dir`: vocab.src.json + vocab.tgt.json (word) or
-        spm.model + spm.vocab (spm), then text_pipeline.json (written last: its presence means complete)."""
-        folder = Path(run_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        settings = self.settings()
-        if self.mode == "word":
-            for side in SIDES:
-                name = f"vocab.{side}.json"
-                # indent=0: one token per line, readable and diffable
-                _atomic_write_bytes(folder / name, json.dumps(self.vocab(side).to_dict(), ensure_ascii=False,
-                                                              indent=0).encode("utf-8"))
-                settings[f"{side}_vocab_file"] = name
-        else:
-            _atomic_write_bytes(folder / "spm.model", self.spm_model)
-            _atomic_write_bytes(folder / "spm.vocab", ("\n".join(self.src_vocab.itos) + "\n").encode("utf-8"))
-            settings["spm_model_file"] = "spm.model"
-        settings["vocab_sizes"] = {"src": len(self.src_vocab), "tgt": len(self.tgt_vocab)}
-        _atomic_write_bytes(folder / SETTINGS_FILE, (json.dumps(settings, indent=2) + "\n").encode("utf-8"))
+        """Write human-readable files into `run_dir` (`write_text_files`)."""
+        write_text_files(self, Path(run_dir))
 
     @classmethod
     def load(cls, run_dir: str | Path) -> TextPipeline:
         """Read what `save` wrote; a missing or damaged file is one clear DataError."""
-        folder = Path(run_dir)
-        path = folder / SETTINGS_FILE
-        try:
-            settings = json.loads(path.read_text(encoding="utf-8"))
-            state = dict(settings)
-            if settings["mode"] == "word":
-                for side in SIDES:
-                    vocab_path = folder / settings[f"{side}_vocab_file"]
-                    state[f"{side}_vocab"] = json.loads(vocab_path.read_text(encoding="utf-8"))["itos"]
-                state["spm_model"] = None
-            else:
-                state["spm_model"] = (folder / settings["spm_model_file"]).read_bytes()
-        except FileNotFoundError as exc:
-            raise DataError(f"text pipeline file {exc.filename} is missing; point at a folder written by "
-                            f"TextPipeline.save (a run's vocab/ folder)") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"text pipeline in {folder} is damaged ({type(exc).__name__}: {exc}); "
-                            f"prepare the data again or use another run's vocab/ folder") from None
-        return cls.from_state_dict(state)
+        return cls.from_state_dict(read_text_files(Path(run_dir)))
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, TextPipeline) and self.settings() == other.settings()
@@ -271,3 +237,45 @@ class TextPipeline:
     def __repr__(self) -> str:
         return (f"TextPipeline({self.mode}, {self.src_lang}->{self.tgt_lang}, vocab {len(self.src_vocab)}/"
                 f"{len(self.tgt_vocab)}, lowercase={self.lowercase}, max_sentence_len={self.max_sentence_len})")
+
+
+def write_text_files(text: TextPipeline, folder: Path) -> None:
+    """vocab.src.json + vocab.tgt.json (word) or spm.model + spm.vocab (spm), then text_pipeline.json
+    (written last: its presence means complete)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = text.settings()
+    if text.mode == "word":
+        for side in SIDES:
+            name = f"vocab.{side}.json"
+            # indent=0: one token per line, readable and diffable
+            _atomic_write_bytes(folder / name, json.dumps(text.vocab(side).to_dict(), ensure_ascii=False,
+                                                          indent=0).encode("utf-8"))
+            settings[f"{side}_vocab_file"] = name
+    else:
+        _atomic_write_bytes(folder / "spm.model", text.spm_model)
+        _atomic_write_bytes(folder / "spm.vocab", ("\n".join(text.src_vocab.itos) + "\n").encode("utf-8"))
+        settings["spm_model_file"] = "spm.model"
+    settings["vocab_sizes"] = {"src": len(text.src_vocab), "tgt": len(text.tgt_vocab)}
+    _atomic_write_bytes(folder / SETTINGS_FILE, (json.dumps(settings, indent=2) + "\n").encode("utf-8"))
+
+
+def read_text_files(folder: Path) -> dict[str, Any]:
+    """What `write_text_files` wrote, as a `TextPipeline.state_dict`; a missing or damaged file is a DataError."""
+    path = folder / SETTINGS_FILE
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+        state = dict(settings)
+        if settings["mode"] == "word":
+            for side in SIDES:
+                vocab_path = folder / settings[f"{side}_vocab_file"]
+                state[f"{side}_vocab"] = json.loads(vocab_path.read_text(encoding="utf-8"))["itos"]
+            state["spm_model"] = None
+        else:
+            state["spm_model"] = (folder / settings["spm_model_file"]).read_bytes()
+    except FileNotFoundError as exc:
+        raise DataError(f"text pipeline file {exc.filename} is missing; point at a folder written by "
+                        f"TextPipeline.save (a run's vocab/ folder)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataError(f"text pipeline in {folder} is damaged ({type(exc).__name__}: {exc}); "
+                        f"prepare the data again or use another run's vocab/ folder") from None
+    return state
