@@ -98,19 +98,28 @@ RENAMED_KEYS = {"data.max_len": "data.max_sentence_len"}
 RENAMED_VALUES = {("data.batching", "reference"): "notebook"}
 
 
+def renamed(key: str, value: Any) -> tuple[str, Any]:
+    """A dotted key and its value under today's names."""
+    key = RENAMED_KEYS.get(key, key)
+    if isinstance(value, str):
+        value = RENAMED_VALUES.get((key, value), value)
+    return key, value
+
+
 def upgrade_config_dict(data: dict[str, Any]) -> dict[str, Any]:
     """A copy of a nested config dict (YAML, a checkpoint's) with renamed keys and values under their new names."""
-    out = {section: dict(keys) if isinstance(keys, dict) else keys for section, keys in data.items()}
-    for old, new in RENAMED_KEYS.items():
-        (section, key), (new_section, new_key) = old.split("."), new.split(".")
-        keys = out.get(section)
-        if isinstance(keys, dict) and key in keys and new_key not in out.get(new_section, {}):
-            out.setdefault(new_section, {})[new_key] = keys.pop(key)
-    for (dotted, old_value), new_value in RENAMED_VALUES.items():
-        section, key = dotted.split(".")
-        keys = out.get(section)
-        if isinstance(keys, dict) and keys.get(key) == old_value:
-            keys[key] = new_value
+    out: dict[str, Any] = {}
+    for section, keys in data.items():
+        if not isinstance(keys, dict):
+            out[section] = keys  # not a section: apply_dict says what is wrong with it
+            continue
+        for key, value in keys.items():
+            new_key, value = renamed(f"{section}.{key}", value)
+            new_section, _, name = new_key.partition(".")
+            if name in out.get(new_section, {}) or (new_key != f"{section}.{key}" and name in keys):
+                raise ConfigError(f"{section}.{key} and {new_key} are one setting (its old and new name); "
+                                  f"keep {new_key}")
+            out.setdefault(new_section, {})[name] = value
     return out
 
 
@@ -145,7 +154,11 @@ def apply_dict(cfg: Config, data: dict[str, Any], source: str = "config") -> Con
     """Merge a nested dict (from YAML or a checkpoint) into `cfg`, checking keys and types."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections (model:, data:, train:, ...)")
-    for key, value in upgrade_config_dict(data).items():
+    try:
+        data = upgrade_config_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    for key, value in data.items():
         try:
             _set_key(cfg, [str(key)], value, str(key), from_cli=False)
         except ConfigError as exc:
@@ -165,9 +178,7 @@ def apply_override(cfg: Config, override: str) -> Config:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    key = RENAMED_KEYS.get(key, key)
-    if isinstance(value, str):
-        value = RENAMED_VALUES.get((key, value), value)
+    key, value = renamed(key, value)
     _set_key(cfg, key.split("."), value, key, from_cli=True)
     return cfg
 

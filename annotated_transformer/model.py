@@ -270,8 +270,9 @@ class EncoderDecoder(nn.Module):
         (all when empty); 0 turns it off. Works on a trained model too (at inference only)."""
         self.merge_ratio, self.merge_layers, self.proportional_attention = ratio, set(layers), proportional
         self.prune = prune
+        chosen = self.merging_layers()
         for i, layer in enumerate(self.encoder.layers):
-            on = bool(ratio) and i in self.merging_layers()
+            on = bool(ratio) and i in chosen
             layer.self_attn.keep_keys = on and not prune  # matching reads the keys
             layer.self_attn.keep_probs = on and prune  # pruning reads the attention each token receives
 

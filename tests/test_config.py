@@ -151,3 +151,6 @@ def test_an_old_value_name_still_loads_under_its_new_name():
                             Path("runs/old"))
     with pytest.raises(ConfigError, match="data.batching must be one of 'bucket', 'notebook'"):
         load_config("small.yaml", ["data.batching=fixed"])
+    both = {"data": {"max_len": 40, "max_sentence_len": 41}}
+    with pytest.raises(ConfigError, match="saved config: data.max_len and data.max_sentence_len are one setting"):
+        config_from_dict(both)

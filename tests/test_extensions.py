@@ -20,7 +20,7 @@ from annotated_transformer.errors import ConfigError
 from annotated_transformer.extensions.guided_attention import guide_weights, guided_attention_penalty
 from annotated_transformer.extensions.objective import TrainingObjective, build_objective
 from annotated_transformer.extensions.scheduled_sampling import mix_inputs, replace_probability
-from annotated_transformer.extensions.token_merging import TokenMerger, merged_groups
+from annotated_transformer.extensions.token_merging import TokenMerger, merged_groups, merged_groups_by_layer
 from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 from annotated_transformer.masks import local_mask
 from annotated_transformer.model import attention, make_model
@@ -292,6 +292,8 @@ def test_merged_groups_cover_every_source_position_once():
     model = tiny()
     groups = merged_groups(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5)
     assert sorted(p for g in groups for p in g) == list(range(9)) and len(groups) < 9
+    by_layer = merged_groups_by_layer(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5)
+    assert len(by_layer) == 2 and by_layer[-1] == groups and len(by_layer[0]) > len(groups)  # fewer after each layer
     assert model.merge_ratio == 0.0 and not model.encoder.layers[0].self_attn.keep_keys  # left as it was
 
 

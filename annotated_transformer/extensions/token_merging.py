@@ -43,9 +43,16 @@ class TokenMerger:
         real = self.size > 0
         # (B, S) each source token's position now; -1: padding, or pruned
         self.slot = torch.where(real, torch.arange(S, device=real.device), -1)
+        self.history: list[Tensor] = []  # the slots after each merging layer, in order (merged_groups_by_layer)
 
     def __call__(self, x: Tensor, attn: MultiHeadedAttention) -> Tensor:
         """x (B, S, d) after a layer's self-attention `attn` (its keys or probabilities kept) -> (B, S', d)."""
+        x = self._reduce(x, attn)
+        self.history.append(self.slot)
+        return x
+
+    def _reduce(self, x: Tensor, attn: MultiHeadedAttention) -> Tensor:
+        """Merge or prune one layer's tokens."""
         if x.size(1) < 2:
             return x
         if self.prune:
@@ -87,10 +94,8 @@ class TokenMerger:
         real = self.size > 0  # (B, S)
         received = (probs.float().mean(1) * real.unsqueeze(2)).sum(1)  # (B, S) over heads and real queries
         received = received.masked_fill(~real, float("inf"))  # padding leaves anyway; never counted
-        n = real.sum(1)  # (B,)
-        r = torch.minimum((self.ratio * n).floor().long(), n // 2)  # (B,) tokens dropped per sentence
         rank = received.argsort(-1).argsort(-1)  # (B, S) 0 = the least attended
-        return (rank < r.unsqueeze(1)) & real
+        return (rank < self._per_sentence().unsqueeze(1)) & real
 
     def match(self, keys: Tensor) -> tuple[Tensor, Tensor]:
         """Bipartite soft matching: (B, Na) bool 'this A token merges' and (B, Na) its partner in B."""
@@ -100,10 +105,13 @@ class TokenMerger:
         sim = sim.masked_fill(self.size[:, 0::2].unsqueeze(2) == 0, float("-inf"))
         sim = sim.masked_fill(self.size[:, 1::2].unsqueeze(1) == 0, float("-inf"))
         best, partner = sim.max(-1)  # (B, Na)
-        n = (self.size > 0).sum(1)  # (B,) tokens now
-        r = torch.minimum((self.ratio * n).floor().long(), n // 2)  # (B,) merges per sentence
         rank = best.argsort(-1, descending=True).argsort(-1)  # (B, Na) 0 = the most similar pair
-        return (rank < r.unsqueeze(1)) & (best > float("-inf")), partner
+        return (rank < self._per_sentence().unsqueeze(1)) & (best > float("-inf")), partner
+
+    def _per_sentence(self) -> Tensor:
+        """(B,) tokens each sentence gives up in this layer: `ratio` of its real tokens now, at most half."""
+        n = (self.size > 0).sum(1)  # (B,)
+        return torch.minimum((self.ratio * n).floor().long(), n // 2)
 
     @staticmethod
     def _inverse(order: Tensor, S: int) -> Tensor:
@@ -118,12 +126,18 @@ class TokenMerger:
         return (self.size > 0).unsqueeze(1)  # (B, 1, S') bool
 
 
-@torch.no_grad()
 def merged_groups(model, src_ids: list[int], ratio: float, layers: tuple[int, ...] = (),
                   prune: bool = False) -> list[list[int]]:
     """Which source positions end up as one token when `model` (an EncoderDecoder) merges `ratio` of them
     in `layers` (all when empty): one list of positions per surviving token, in order. With `prune`,
     the tokens dropped are in no list. The model's own merging setting is left as it was."""
+    return merged_groups_by_layer(model, src_ids, ratio, layers, prune)[-1]
+
+
+@torch.no_grad()
+def merged_groups_by_layer(model, src_ids: list[int], ratio: float, layers: tuple[int, ...] = (),
+                           prune: bool = False) -> list[list[list[int]]]:
+    """`merged_groups` after each merging layer in turn (one encoder pass), the first merging layer first."""
     saved = (model.merge_ratio, model.merge_layers, model.proportional_attention, model.prune)
     model.set_token_merging(ratio, layers, model.proportional_attention, prune)
     try:
@@ -132,8 +146,13 @@ def merged_groups(model, src_ids: list[int], ratio: float, layers: tuple[int, ..
         model.encoder(model.src_embed(src), merger.mask, merger)
     finally:
         model.set_token_merging(*saved)
+    return [_groups(slot[0].tolist()) for slot in merger.history]
+
+
+def _groups(slots: list[int]) -> list[list[int]]:
+    """Source positions grouped by the token they are now part of, in order (-1, pruned or padding: none)."""
     groups: dict[int, list[int]] = {}
-    for position, slot in enumerate(merger.slot[0].tolist()):
+    for position, slot in enumerate(slots):
         if slot >= 0:
             groups.setdefault(slot, []).append(position)
     return [groups[slot] for slot in sorted(groups)]

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
-from ..extensions.token_merging import merged_groups
+from ..extensions.token_merging import merged_groups_by_layer
 from ..model import EncoderDecoder, MultiHeadedAttention, subsequent_mask
 from ..translator import Translator, translate_ids
 from .heatmap import CELL_PX, heatmap
@@ -272,16 +272,11 @@ def merged_source_tokens(model: EncoderDecoder, src_ids: list[int],
     if not model.merge_ratio:
         return None, None
     merging = sorted(model.merging_layers())
-
-    def after(layers: list[int]) -> list[str]:
-        if not layers:
-            return list(tokens)
-        groups = merged_groups(model, src_ids, model.merge_ratio, tuple(layers), prune=model.prune)
-        return ["+".join(tokens[p] for p in group) for group in groups]
-
+    by_layer = merged_groups_by_layer(model, src_ids, model.merge_ratio, tuple(merging), prune=model.prune)
+    labels = [list(tokens)] + [["+".join(tokens[p] for p in group) for group in groups] for groups in by_layer]
     # Layer i's attention runs before its own merge: it sees the tokens left by the merging layers below it.
-    per_layer = [after([m for m in merging if m < i]) for i in range(len(model.encoder.layers))]
-    return per_layer, after(merging)
+    per_layer = [labels[sum(m < i for m in merging)] for i in range(len(model.encoder.layers))]
+    return per_layer, labels[-1]
 
 
 def _source_labels(translator: Translator, sentence: str, ids: list[int]) -> list[str]:
