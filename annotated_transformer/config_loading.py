@@ -22,6 +22,8 @@ from .errors import ConfigError
 # The shipped configs live in `configs/` at the top of a checkout; the wheel carries the same files
 # as package data in `annotated_transformer/configs/` (setup.py maps the one onto the other).
 CHECKOUT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# The shipped configs from the quickest to the largest: the order --help and the README list them in.
+CONFIG_LADDER = ("copy", "tiny", "cpu_15min", "cpu_45min", "base", "base_spm")
 
 
 def shipped_config_dir() -> Path | None:
@@ -195,9 +197,26 @@ def resolve_config_path(name: str) -> Path:
             for cand in (folder / name, folder / f"{name}.yaml"):
                 if cand.is_file():
                     return cand
-    available = sorted(p.stem for p in shipped.glob("*.yaml")) if shipped else []
-    hint = f"; available in configs/: {', '.join(available)}" if available else ""
-    raise ConfigError(f"config file '{name}' not found{hint}")
+    listed = "; ".join(f"{n} ({what})" for n, what in shipped_configs().items())
+    hint = f"; the shipped configs: {listed}" if listed else ""
+    raise ConfigError(f"config file '{name}' not found{hint}; or give a path to a YAML file")
+
+
+def config_summary(path: Path) -> str:
+    """A config's purpose: the first comment line of its file (every shipped config starts with one)."""
+    try:
+        first = path.read_text(encoding="utf-8").splitlines()[0]
+    except (OSError, UnicodeDecodeError, IndexError):
+        return ""
+    return first.lstrip("#").strip() if first.startswith("#") else ""
+
+
+def shipped_configs() -> dict[str, str]:
+    """Every config that comes with the code, by bare name, with its one-line purpose, smallest first."""
+    folder = shipped_config_dir()
+    paths = sorted(folder.glob("*.yaml"), key=lambda p: (CONFIG_LADDER.index(p.stem) if p.stem in CONFIG_LADDER
+                                                         else len(CONFIG_LADDER), p.stem)) if folder else []
+    return {p.stem: config_summary(p) for p in paths}
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -248,14 +267,21 @@ def config_yaml(cfg: Config) -> str:
 # --------------------------------------------------------------------------- the scripts' shared arguments
 
 
-def config_parser(description: str) -> argparse.ArgumentParser:
+def config_help() -> str:
+    """--config's help: a bare name or a path, and every shipped config with its purpose."""
+    listed = "".join(f"\n  {name:<10} {what}" for name, what in shipped_configs().items())
+    return f"a config by bare name (from ./configs/, then the shipped ones) or a path to a YAML file:{listed}"
+
+
+def config_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
     """A parser with `--config NAME_OR_PATH` and trailing `section.key=value` overrides."""
     parser = argparse.ArgumentParser(
-        description=description,
-        epilog="Overrides look like train.epochs=2 model.d_model=256 (see README for every key).",
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"--config NAME: {config_help()}\n\nOverrides look like train.epochs=2 model.d_model=256; every "
+               "key is in docs/config.md.",
     )
     parser.add_argument("--config", required=True, metavar="NAME",
-                        help="a config in configs/ by bare name (copy, tiny, small, base) or a path to a YAML file")
+                        help="a shipped config by bare name (listed below) or a path to a YAML file")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="dotted config overrides")
     return parser
 

@@ -144,7 +144,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     from .files import give_default_permissions
 
     if quantization not in QUANTIZATIONS:
-        raise ExportError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+        raise ExportError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     out = Path(out_dir)
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; choose another --out or pass --force to replace it")

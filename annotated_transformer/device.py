@@ -20,7 +20,7 @@ from .errors import ConfigError
 # The oldest driver branch that runs any build of a CUDA major version (CUDA's minor version
 # compatibility: every 12.x build runs on a 525 driver, every 13.x build on a 580 driver).
 MIN_DRIVER = {11: 450, 12: 525, 13: 580}
-GPU_SETUP = 'the README\'s "GPU set-up" section'
+GPU_SETUP = 'docs/gpu.md'
 
 _warned = False  # the NVML check runs once per process
 

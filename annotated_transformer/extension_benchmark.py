@@ -32,7 +32,7 @@ from .masks import padding_mask
 from .model import make_model_from_config
 from .optim import build_optimizer, build_scheduler
 
-# The settings measured in the README's extension table, each against "plain".
+# The settings measured in docs/extensions.md's table, each against "plain".
 ARMS: dict[str, tuple[str, ...]] = {
     "plain": (),
     "scheduled sampling": ("objective.ss_rate=0.3", "objective.ss_schedule=constant"),

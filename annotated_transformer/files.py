@@ -79,18 +79,29 @@ _HINTS = {
 }
 
 
+# A full disk or quota: the run's files so far are intact (atomic writes), so freeing space and rerunning continues.
+_FULL = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some quota"}
+
+
 @contextmanager
-def writing(path: str | Path, what: str = "write") -> Iterator[None]:
+def writing(path: str | Path, what: str = "write", run: str | Path | None = None) -> Iterator[None]:
     """Turn an OSError raised inside the block into one RunDirError line: the path, the cause, a fix."""
     try:
         yield
     except OSError as exc:
-        raise run_dir_error(exc, path, what) from None
+        raise run_dir_error(exc, path, what, run) from None
 
 
-def run_dir_error(exc: OSError, path: str | Path, what: str = "write") -> RunDirError:
-    """The one-line RunDirError for an OSError met while writing `path`."""
+def run_dir_error(exc: OSError, path: str | Path, what: str = "write", run: str | Path | None = None) -> RunDirError:
+    """The one-line RunDirError for an OSError met while writing `path` (a file of the training run in `run`)."""
     where = exc.filename or path
+    if str(where).endswith(".tmp"):  # atomic_write's temporary file: name the file the user knows
+        where = path
+    if run is not None and exc.errno in _FULL:
+        last = Path(run) / "last.pt"
+        again = f"resume from {last}, which is intact" if last.is_file() else "start the run again"
+        return RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {_FULL[exc.errno]} on the disk holding "
+                           f"{run}, then run the same command again to {again}")
     hint = _HINTS.get(exc.errno or 0, "check the path or choose another train.out_dir")
     return RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {hint}")
 

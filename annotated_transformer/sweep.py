@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +127,7 @@ def is_finished(run: Run) -> bool:
 class Launcher:
     """Starts training processes for runs, at most `parallel` at once, the CPU threads split between them."""
 
-    train_script: Path
+    train_command: tuple[str, ...]  # how to start one training, e.g. (python, "-m", "annotated_transformer", "train")
     config: str
     extra: tuple[str, ...] = ()  # overrides applied to every run, before the setting's own
     parallel: int = 1
@@ -137,7 +136,7 @@ class Launcher:
 
     def command(self, run: Run) -> list[str]:
         """The training command of one run (its seed and run directory last, so they win)."""
-        return [sys.executable, str(self.train_script), "--config", self.config, *self.extra, *run.overrides,
+        return [*self.train_command, "--config", self.config, *self.extra, *run.overrides,
                 f"train.seed={run.seed}", f"train.out_dir={run.path}", "train.resume=auto", "train.progress=false",
                 "train.score_test=false"]
 
@@ -243,13 +242,13 @@ def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str
     return max(targets)
 
 
-def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: Path, train_script: Path,
+def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: Path, train_command: tuple[str, ...],
           extra: tuple[str, ...] = (), parallel: int = 1, score_tests: bool = False,
           data_root: str | None = None, log=print) -> int:
     """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
     target = check_settings(config, extra, settings)
     runs = plan_runs(settings, seeds, out)
-    launcher = Launcher(train_script, config, extra, parallel, log)
+    launcher = Launcher(train_command, config, extra, parallel, log)
 
     def report() -> None:  # this sweep's runs first, then any others already in the folder (earlier grids)
         planned = {r.path for r in runs}

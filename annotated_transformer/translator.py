@@ -22,6 +22,7 @@ from .data.buckets import pad_rows
 from .device import amp_context, configure_backends, native_bf16, select_device
 from .errors import CheckpointError, ConfigError
 from .harness.checkpointing import load_checkpoint
+from .harness.run_dir import RunDir, read_metrics
 from .masks import padding_mask
 from .model import EncoderDecoder, make_model_from_config
 
@@ -60,23 +61,6 @@ def decode_amp_dtype(device: torch.device) -> torch.dtype | None:
     return torch.bfloat16 if device.type == "cuda" and native_bf16(device) else None
 
 
-def add_engine_arguments(parser: Any) -> None:
-    """The options translate.py and evaluate.py share: which engine, on which weights."""
-    parser.add_argument("--checkpoint", default=None, help="a .pt file written by training or averaging")
-    parser.add_argument("--engine", default="torch", choices=["torch", "ctranslate2"],
-                        help="torch (our decoder, on --checkpoint) or ctranslate2 (on --model, from scripts/export.py)")
-    parser.add_argument("--model", default=None, help="with --engine ctranslate2: the exported model folder")
-    parser.add_argument("--quantize", default="none", choices=["none", "int8"],
-                        help="engine torch on the CPU: PyTorch's dynamic int8 quantisation of the linear layers "
-                             "(see README, Deploying a trained model)")
-    parser.add_argument("--merge-ratio", type=float, default=None, metavar="R",
-                        help="engine torch: token merging at inference, merge this fraction of each source sentence's "
-                        "tokens in every merging encoder layer (0-0.5; default: as the checkpoint was trained)")
-    parser.add_argument("--prune-ratio", type=float, default=None, metavar="R",
-                        help="engine torch: token pruning at inference, drop this fraction of each source sentence's "
-                        "tokens, the least attended, in every merging encoder layer (0-0.5)")
-
-
 def set_token_reduction(translator: Any, merge_ratio: float | None, prune_ratio: float | None) -> None:
     """--merge-ratio / --prune-ratio on a loaded translator (None: as trained), or one ConfigError saying why not."""
     if merge_ratio is None and prune_ratio is None:
@@ -97,30 +81,69 @@ def set_token_reduction(translator: Any, merge_ratio: float | None, prune_ratio:
                             model.proportional_attention, prune=prune)
 
 
-def load_translator(engine: str, checkpoint: str | None, model_dir: str | None, device: str | None = None,
+def chosen_weights(run: RunDir) -> Path:
+    """The checkpoint a run directory stands for: the one its final scores used (best.pt or avg.pt), else
+    best.pt, else last.pt (a run stopped before its end)."""
+    if run.metrics.is_file():
+        finals = [r for r in read_metrics(run.metrics) if r.get("kind") == "final" and r.get("checkpoint_file")]
+        if finals and (run.path / finals[-1]["checkpoint_file"]).is_file():
+            return run.path / finals[-1]["checkpoint_file"]
+    for path in (run.best, run.last):
+        if path.is_file():
+            return path
+    raise CheckpointError(f"{run.path} holds no checkpoint yet (no best.pt or last.pt): train it first, or pass "
+                          "a .pt file")
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[str, Path]:
+    """What a --checkpoint names: ('ctranslate2', folder) for a folder written by the export command, else
+    ('torch', file) for a .pt file or a run directory (`chosen_weights`)."""
+    given = Path(path).expanduser()
+    if given.is_dir():
+        if (given / "model.bin").exists():
+            return "ctranslate2", given
+        run = RunDir(given)
+        if run.metrics.is_file() or run.best.is_file() or run.last.is_file():
+            return "torch", chosen_weights(run)
+        raise CheckpointError(f"{given} is neither a run directory (best.pt, last.pt) nor a model folder written "
+                              "by the export command (model.bin); pass one of those or a .pt file")
+    if given.name == "model.bin" and given.is_file():
+        return "ctranslate2", given.parent
+    return "torch", given  # a missing file is load_checkpoint's one line
+
+
+def torch_checkpoint(given: str | Path, command: str) -> Path:
+    """The .pt file a --checkpoint names, for a command that needs the PyTorch model itself."""
+    engine, path = resolve_checkpoint(given)
+    if engine != "torch":
+        raise ConfigError(f"{given} is an exported model folder; {command} needs the run directory or .pt file "
+                          "it was exported from")
+    return path
+
+
+def load_translator(checkpoint: str | Path, engine: str | None = None, device: str | None = None,
                     quantize: str = "none"):
-    """The translator a script asked for: `Translator` on a checkpoint (engine 'torch', optionally int8) or
-    `CT2Translator` on an exported folder (engine 'ctranslate2'); a wrong combination is one ConfigError."""
+    """The translator a --checkpoint names: `Translator` (optionally int8) on a .pt file or run directory, or
+    `CT2Translator` on an exported folder; `engine`, when given, must agree. A wrong combination is one line."""
     if quantize not in ("none", "int8"):
         raise ConfigError(f"--quantize must be none or int8, got {quantize!r}")
-    if engine == "ctranslate2":
-        if checkpoint or not model_dir:
-            raise ConfigError("--engine ctranslate2 reads a folder written by scripts/export.py: pass it as "
-                              "--model DIR (not --checkpoint)")
+    found, path = resolve_checkpoint(checkpoint)
+    if engine is not None and not Path(checkpoint).expanduser().exists():
+        found = engine  # nothing there to contradict it: the engine's loader names what is missing
+    if engine is not None and engine != found:
+        what = "an exported model folder" if found == "ctranslate2" else "a PyTorch checkpoint"
+        raise ConfigError(f"--engine {engine}, but {checkpoint} is {what}; drop --engine (it follows from "
+                          "--checkpoint)" + (" or export it first with the export command" if found == "torch" else ""))
+    if found == "ctranslate2":
         if quantize != "none":
-            raise ConfigError("--quantize is for --engine torch; an exported model is quantised by "
-                              "scripts/export.py --quantization int8")
+            raise ConfigError("--quantize int8 is for PyTorch checkpoints; an exported model is quantised when "
+                              "exported (export --quantize int8)")
         if device not in (None, "cpu", "cuda"):
             raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu or cuda")
         from .ct2_translator import CT2Translator
 
-        return CT2Translator.from_dir(model_dir, device=device or "cpu")
-    if engine != "torch":
-        raise ConfigError(f"--engine must be torch or ctranslate2, got {engine!r}")
-    if model_dir or not checkpoint:
-        raise ConfigError("--engine torch reads a checkpoint: pass a .pt file as --checkpoint "
-                          "(--model is for --engine ctranslate2)")
-    translator = Translator.from_checkpoint(checkpoint, device=device)
+        return CT2Translator.from_dir(path, device=device or "cpu")
+    translator = Translator.from_checkpoint(path, device=device)
     return translator.quantize_int8() if quantize == "int8" else translator
 
 
@@ -164,6 +187,7 @@ class Translator(TextTranslator):
         self.model = model.eval()
         self.text = text
         self.config = config
+        self.checkpoint: Path | None = None  # the file it was loaded from, if any
         self.to(device)
 
     @classmethod
@@ -187,7 +211,9 @@ class Translator(TextTranslator):
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0]
             raise CheckpointError(f"{path}: the weights do not fit the saved config ({first[:160]})") from None
-        return cls(model, text, cfg, dev)  # __init__ moves it to dev
+        translator = cls(model, text, cfg, dev)  # __init__ moves it to dev
+        translator.checkpoint = Path(path)
+        return translator
 
     def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
         """Our batched greedy or beam search on source ids; output ids without <s> and </s>."""
@@ -200,7 +226,7 @@ class Translator(TextTranslator):
         """PyTorch's dynamic int8 quantisation of every nn.Linear (int8 weights, activations quantised per call).
 
         CPU only. Its speed and BLEU against fp32 are measured by scripts/benchmark.py --engines
-        (README, Deploying a trained model). PyTorch has announced the deprecation of its quantised
+        (docs/deployment.md). PyTorch has announced the deprecation of its quantised
         tensor types, so this may go with a future PyTorch.
         """
         import warnings

@@ -145,7 +145,7 @@ def test_translate_script_truncates_a_long_line_with_a_warning(tiny_checkpoint, 
 
 
 @pytest.mark.parametrize("args, stdin, needle", [
-    ([], "Ein Mann.\n".encode("latin-1") + b"Stra\xdfe\n", "not valid UTF-8 (line 2"),
+    ([], "Straße\n".encode("latin-1") + b"Ein Mann.\n", "not valid UTF-8 (line 1"),
     (["--beam", "0"], b"Ein Mann.\n", "--beam must be at least 1"),
     (["--input", "/nonexistent/de.txt"], b"", "cannot read /nonexistent/de.txt"),
 ])

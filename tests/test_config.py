@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.config import Config, all_keys, describe
-from annotated_transformer.config_loading import config_from_dict, config_to_dict, config_yaml, load_config
+from annotated_transformer.config_loading import (
+    config_from_dict,
+    config_summary,
+    config_to_dict,
+    config_yaml,
+    load_config,
+    shipped_configs,
+)
 from annotated_transformer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,8 +68,13 @@ def test_validate_checks_cross_field_rules():
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
-    with pytest.raises(ConfigError, match="config file 'nope' not found; available in configs/: .*copy"):
+    with pytest.raises(ConfigError) as err:
         load_config("nope")
+    message = str(err.value)  # one line naming every shipped config with its purpose
+    assert message.startswith("config file 'nope' not found; the shipped configs: copy (The paper's copy task")
+    assert "\n" not in message
+    for name, purpose in shipped_configs().items():
+        assert f"{name} ({purpose})" in message
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  N: 2\n   d_model: [\n")
     with pytest.raises(ConfigError, match=r"bad.yaml line \d+ column \d+: invalid YAML"):
@@ -128,14 +140,27 @@ def test_config_doc_is_up_to_date():
 def test_every_shipped_config_is_valid(path):
     cfg = load_config(path.stem)
     assert cfg.name == path.stem
-    text = path.read_text(encoding="utf-8")
-    assert text.lstrip().startswith("#"), "every shipped config opens with a comment saying what it is"
+    purpose = config_summary(path)
+    assert 20 <= len(purpose) <= 110, "every shipped config opens with a one-line comment saying what it is for"
+    assert shipped_configs()[path.stem] == purpose
+
+
+def test_config_help_lists_every_shipped_config_smallest_first():
+    from annotated_transformer.config_loading import CONFIG_LADDER, config_parser
+
+    text = config_parser("x").format_help()
+    shipped = shipped_configs()
+    assert set(shipped) == {p.stem for p in (ROOT / "configs").glob("*.yaml")}
+    assert list(shipped)[: len(CONFIG_LADDER)] == [n for n in CONFIG_LADDER if n in shipped]
+    for name, purpose in shipped.items():
+        assert f"  {name:<10} {purpose}" in text
+    assert "docs/config.md" in text
 
 
 def test_an_old_value_name_still_loads_under_its_new_name():
     from annotated_transformer.config_loading import config_from_dict, config_to_dict, load_config
 
-    cfg = load_config("small.yaml", ["data.batching=reference", "data.max_len=40"])  # the names before 2026-11-25
+    cfg = load_config("base.yaml", ["data.batching=reference", "data.max_len=40"])  # the names before 2026-11-25
     assert cfg.data.batching == "notebook" and cfg.data.max_sentence_len == 40
     saved = config_to_dict(cfg)
     saved["data"]["batching"] = "reference"  # as an older checkpoint holds them
@@ -147,10 +172,10 @@ def test_an_old_value_name_still_loads_under_its_new_name():
 
     check_same_settings(saved, cfg, Path("runs/old"))  # an older run resumes with today's names
     with pytest.raises(ConfigError, match=r"its data settings differ \(max_sentence_len\)"):
-        check_same_settings(saved, load_config("small.yaml", ["data.batching=notebook", "data.max_sentence_len=41"]),
+        check_same_settings(saved, load_config("base.yaml", ["data.batching=notebook", "data.max_sentence_len=41"]),
                             Path("runs/old"))
     with pytest.raises(ConfigError, match="data.batching must be one of 'bucket', 'notebook'"):
-        load_config("small.yaml", ["data.batching=fixed"])
+        load_config("base.yaml", ["data.batching=fixed"])
     both = {"data": {"max_len": 40, "max_sentence_len": 41}}
     with pytest.raises(ConfigError, match="saved config: data.max_len and data.max_sentence_len are one setting"):
         config_from_dict(both)

@@ -6,7 +6,6 @@ import functools
 import gzip
 import http.server
 import re
-import runpy
 import shutil
 import socket
 import threading
@@ -16,10 +15,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from annotated_transformer.cli import run
 from annotated_transformer.data.multi30k import MULTI30K_FILES, read_split, resolve_multi30k_dir, sha256_file
 from annotated_transformer.errors import DataError
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
@@ -181,9 +179,8 @@ def test_prepare_data_cli_bad_file_is_one_line_and_exit_2(multi30k_dir, tmp_path
     local = copy_dataset(multi30k_dir, tmp_path / "local")
     corrupt(local / "train.de.gz", "truncate")
     monkeypatch.setenv("MULTI30K_DIR", str(local))
-    monkeypatch.setattr("sys.argv", ["prepare_data.py", "--config", "tiny", f"data.cache_dir={tmp_path / 'cache'}"])
-    with pytest.raises(SystemExit) as exit_info:
-        runpy.run_path(str(ROOT / "scripts/prepare_data.py"), run_name="__main__")
+    with pytest.raises(SystemExit) as exit_info:  # the command scripts/prepare_data.py runs, in this process
+        run("prepare-data", ["--config", "tiny", f"data.cache_dir={tmp_path / 'cache'}"], "prepare_data.py")
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("error: ")

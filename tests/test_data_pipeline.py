@@ -311,12 +311,11 @@ def test_cache_key_and_damaged_cache(multi30k_data, tiny_config, tmp_path):
 
 @pytest.mark.slow
 def test_warm_load_is_fast_and_needs_no_spacy(tiny_config, multi30k_data, data_cache_dir, multi30k_dir):
-    """prepare_data.py --json on the warm cache, in a fresh interpreter."""
+    """prepare-data --json on the warm cache, in a fresh interpreter."""
     code = (
-        "import runpy, sys\n"
-        f"sys.argv = ['prepare_data.py', '--config', 'tiny', 'data.root={multi30k_dir}', "
-        f"'data.cache_dir={data_cache_dir}', '--json']\n"
-        "try:\n    runpy.run_path('scripts/prepare_data.py', run_name='__main__')\n"
+        "import sys\nfrom annotated_transformer.cli import run\n"
+        f"args = ['--config', 'tiny', 'data.root={multi30k_dir}', 'data.cache_dir={data_cache_dir}', '--json']\n"
+        "try:\n    run('prepare-data', args, 'prepare_data.py')\n"
         "except SystemExit as e:\n    code = e.code\n"
         "print('MODULES', 'spacy' in sys.modules, 'sentencepiece' in sys.modules, code, file=sys.stderr)\n"
     )

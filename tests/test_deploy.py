@@ -1,4 +1,4 @@
-"""Deploying a trained model (README, "Deploying a trained model"). Export to CTranslate2: the engine
+"""Deploying a trained model (docs/deployment.md). Export to CTranslate2: the engine
 computes what our model computes (pre- and post-norm, tied and separate embeddings, a decoder shallower
 than the encoder), the scripts work on a trained checkpoint, every mistake is one line with nothing on
 disk lost. Our own decoder with dynamic int8 linear layers (--quantize int8)."""
@@ -122,7 +122,7 @@ def exported(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def test_translate_script_gives_our_outputs(tiny_checkpoint, exported):
     stdin = "\n".join(SENTENCES).encode()
     ours = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
-    theirs = run_script("translate.py", "--engine", "ctranslate2", "--model", str(exported), stdin=stdin)
+    theirs = run_script("translate.py", "--checkpoint", str(exported), stdin=stdin)  # the engine follows the folder
     assert ours.returncode == 0 and theirs.returncode == 0, theirs.stderr.decode()
     lines = theirs.stdout.decode().split("\n")[:-1]
     assert len(lines) == len(SENTENCES) and lines[1] == ""  # one line per input, the empty one kept empty
@@ -135,7 +135,7 @@ def test_evaluate_script_scores_the_exported_model(tiny_checkpoint, exported, mu
 
     args = ("--split", "val", "--limit", "40", "--json", "--data-root", str(multi30k_dir))
     ours = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", *args)
-    theirs = run_script("evaluate.py", "--engine", "ctranslate2", "--model", str(exported), *args)
+    theirs = run_script("evaluate.py", "--engine", "ctranslate2", "--model", str(exported), *args)  # old spelling
     assert theirs.returncode == 0, theirs.stderr.decode()
     a, b = json.loads(ours.stdout), json.loads(theirs.stdout)
     assert b["signature"] == a["signature"] and b["bleu"] == pytest.approx(a["bleu"])
@@ -147,7 +147,7 @@ def test_int8_export_is_smaller_and_close(tiny_checkpoint, exported, tmp_path):
     from annotated_transformer.ct2_translator import CT2Translator
 
     out = tmp_path / "int8"
-    r = run_script("export.py", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--quantization", "int8")
+    r = run_script("export.py", "--checkpoint", str(tiny_checkpoint), "--out", str(out), "--quantize", "int8")
     assert r.returncode == 0, r.stderr.decode()
     assert (out / "model.bin").stat().st_size < 0.6 * (exported / "model.bin").stat().st_size
     full, small = CT2Translator.from_dir(exported, threads=1), CT2Translator.from_dir(out, threads=1)
@@ -175,13 +175,14 @@ def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_pat
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--engine", "ctranslate2", "--checkpoint", "x.pt"), "pass it as --model DIR"),
-    (("--engine", "torch", "--model", "somewhere"), "pass a .pt file as --checkpoint"),
-    (("--engine", "ctranslate2", "--model", "{missing}"), "model.bin is missing"),
+    (("--engine", "ctranslate2", "--checkpoint", "{checkpoint}"), "is a PyTorch checkpoint; drop --engine"),
+    (("--engine", "torch", "--checkpoint", "{exported}"), "is an exported model folder; drop --engine"),
+    (("--engine", "ctranslate2", "--checkpoint", "{missing}"), "model.bin is missing"),
+    (("--checkpoint", "{exported}", "--quantize", "int8"), "quantised when exported (export --quantize int8)"),
 ])
 @pytest.mark.slow
-def test_wrong_engine_arguments_are_one_line(tmp_path, args, message):
-    args = tuple(a.format(missing=tmp_path / "nothing") for a in args)
+def test_wrong_engine_arguments_are_one_line(tmp_path, tiny_checkpoint, exported, args, message):
+    args = tuple(a.format(missing=tmp_path / "nothing", checkpoint=tiny_checkpoint, exported=exported) for a in args)
     r = run_script("translate.py", *args, stdin=b"Ein Mann.\n")
     err = r.stderr.decode().strip()
     assert r.returncode == 2 and len(err.splitlines()) == 1 and message in err, err
@@ -246,6 +247,3 @@ def test_translate_script_quantize_int8(tiny_checkpoint):
     assert r.returncode == 0, r.stderr.decode()
     lines = r.stdout.decode().split("\n")[:-1]
     assert len(lines) == len(SENTENCES) and lines[1] == "" and all(lines[i] for i in (0, 2, 3))
-    r = run_script("translate.py", "--engine", "ctranslate2", "--model", "x", "--quantize", "int8", stdin=stdin)
-    err = r.stderr.decode().strip()
-    assert r.returncode == 2 and len(err.splitlines()) == 1 and "--quantization int8" in err, err

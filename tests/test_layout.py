@@ -1,4 +1,5 @@
-"""The README's Layout section lists every module, script and config of the tree, and nothing else."""
+"""docs/layout.md's Layout section lists every module, script and config of the tree, and nothing else; the
+modules import only lower layers; the README's reading order names core files with their line counts."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def layout_paths() -> set[str]:
-    """Paths named in the README's Layout code block, rebuilt from the indentation (two spaces a level)."""
-    text = ROOT.joinpath("README.md").read_text(encoding="utf-8")
+    """Paths named in docs/layout.md's Layout code block, rebuilt from the indentation (two spaces a level)."""
+    text = ROOT.joinpath("docs", "layout.md").read_text(encoding="utf-8")
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
     stack: list[str] = []
     paths = set()
@@ -27,13 +28,13 @@ def layout_paths() -> set[str]:
     return paths
 
 
-def test_readme_layout_matches_the_tree():
+def test_layout_doc_matches_the_tree():
     tree = {str(p.relative_to(ROOT)) for p in (ROOT / "annotated_transformer").rglob("*.py")}
     tree |= {str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.py")}
     tree |= {str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("*.yaml")}
     listed = {p for p in layout_paths() if p.endswith((".py", ".yaml"))}
-    assert tree - listed == set(), "in the tree but not in the README's Layout"
-    assert listed - tree == set(), "in the README's Layout but not in the tree"
+    assert tree - listed == set(), "in the tree but not in docs/layout.md's Layout"
+    assert listed - tree == set(), "in docs/layout.md's Layout but not in the tree"
 
 
 # Lower layers never import higher ones; data and model, on one layer, never import each other.
@@ -52,6 +53,7 @@ LAYERS = {
     "harness.report": 7, "benchmark": 7, "engine_benchmark": 7, "extension_benchmark": 7, "shape_benchmark": 7,
     "sweep_report": 7,
     "harness.trainer": 8, "sweep": 8,
+    "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }
 CORE = {name for name, layer in LAYERS.items() if layer <= 3}
 APART = {"data", "model"}
@@ -72,6 +74,9 @@ def relative_imports(path: Path, package: Path):
         if isinstance(node, ast.ImportFrom) and node.level and id(node) not in typing_only:
             target = parts[: len(parts) - node.level] + (node.module.split(".") if node.module else [])
             names = [target + [a.name] for a in node.names] if len(target) < 2 else [target]
+            # `from .. import __version__`: a name of the package's own __init__, not a module.
+            names = [["__init__"] if len(n) == 1 and not (package / n[0]).is_dir()
+                     and not (package / f"{n[0]}.py").is_file() else n for n in names]
             for name in names:
                 yield module_key(parts), module_key(name)
 

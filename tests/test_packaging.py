@@ -1,7 +1,8 @@
 """Installed use and light imports.
 
 The wheel carries every module and the shipped configs; installed outside the checkout it finds
-`--config copy.yaml` from any folder and trains. The package imports, and trains tiny.yaml from a
+`python -m annotated_transformer train --config copy.yaml` from any folder and trains; it declares the
+`annotated-transformer` console command. The package imports, and trains tiny.yaml from a
 prepared data cache, on a machine without spaCy, altair and vl-convert.
 """
 
@@ -45,7 +46,7 @@ def _build_wheel(tmp: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / PACKAGE, src / PACKAGE, ignore=ignore)
     shutil.copytree(ROOT / "configs", src / "configs")
-    for name in ("pyproject.toml", "setup.py", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     out = tmp / "dist"
     build = [*_uv(), "build", "--wheel", "--out-dir", out, "--python", sys.executable, "--no-progress", src]
@@ -93,17 +94,20 @@ def test_wheel_ships_every_module_and_config_and_trains_copy_outside_the_checkou
             error = str(exc)
         print(json.dumps({"package": annotated_transformer.__file__, "base": str(resolve_config_path("base")),
                           "error": error}))
-        sys.argv = sys.argv[1:]  # [scripts/train.py, --config, copy.yaml, ...]
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    """, ROOT / "scripts" / "train.py", "--config", "copy.yaml", "train.epochs=1", "data.copy_batches=2",
+        sys.argv = ["annotated_transformer", *sys.argv[1:]]  # python -m annotated_transformer train --config ...
+        runpy.run_module("annotated_transformer", run_name="__main__", alter_sys=True)
+    """, "train", "--config", "copy.yaml", "train.epochs=1", "data.copy_batches=2",
                  f"train.out_dir={run_dir}", "train.device=cpu", "train.progress=false"],
                 cwd=elsewhere, env=dict(os.environ, PYTHONPATH=str(site)))
     assert done.returncode == 0, done.stdout + done.stderr
     found = json.loads(done.stdout.splitlines()[0])
     assert Path(found["package"]).is_relative_to(site)
     assert Path(found["base"]) == site / PACKAGE / "configs" / "base.yaml"
-    available = ", ".join(Path(n).stem for n in SHIPPED)
-    assert found["error"] == f"config file 'nope' not found; available in configs/: {available}"
+    assert found["error"].startswith("config file 'nope' not found; the shipped configs: copy (")
+    assert all(f" {Path(n).stem} (" in found["error"] for n in SHIPPED)
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    commands = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "annotated-transformer = annotated_transformer.cli:console_main" in commands  # pip install . adds it
     assert (run_dir / "last.pt").is_file() and (run_dir / "config.yaml").is_file()
     assert "exact copies:" in done.stdout
 
@@ -167,12 +171,12 @@ def test_tiny_trains_from_a_prepared_cache_without_spacy_altair_vl_convert(multi
     run_dir = tmp_path / "run"
     done = _run([sys.executable, "-c", BLOCK_PRELUDE + """
     import runpy
-    sys.argv = sys.argv[1:]  # [scripts/train.py, --config, ...]
+    sys.argv = ["annotated_transformer", *sys.argv[1:]]  # python -m annotated_transformer train --config ...
     try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        runpy.run_module("annotated_transformer", run_name="__main__", alter_sys=True)
     finally:
         print("imported:", sorted(m for m in BLOCKED if m in sys.modules))
-    """, ROOT / "scripts" / "train.py", "--config", "tiny.yaml", f"data.root={multi30k_dir}",
+    """, "train", "--config", "tiny.yaml", f"data.root={multi30k_dir}",
                  f"data.cache_dir={data_cache_dir}", f"train.out_dir={run_dir}", "train.max_steps=20",
                  "train.log_every=10", "train.final_eval=false", "train.progress=false", "train.device=cpu",
                  "train.bleu_every=1", "decode.max_len_a=5"], cwd=tmp_path)

@@ -64,7 +64,7 @@ def test_runs_are_planned_setting_by_setting_with_their_own_folders(tmp_path):
 
 def test_the_seed_and_run_folder_come_last_so_they_win(tmp_path):
     run = Run("s", ("train.seed=9", "train.out_dir=elsewhere"), 3, tmp_path / "s" / "seed3")
-    cmd = Launcher(Path("train.py"), "tiny", ("train.epochs=1",)).command(run)
+    cmd = Launcher(("python", "train.py"), "tiny", ("train.epochs=1",)).command(run)
     seeds = [a for a in cmd if a.startswith("train.seed=")]
     dirs = [a for a in cmd if a.startswith("train.out_dir=")]
     assert seeds[-1] == "train.seed=3" and dirs[-1] == f"train.out_dir={run.path}"
@@ -227,7 +227,7 @@ def test_a_run_still_trained_by_an_earlier_sweep_is_not_started_twice(tmp_path):
         run.pid_file.write_text(str(orphan.pid))
         _wait_for(lambda: run.running_elsewhere() == orphan.pid, seconds=10)  # its command line appears after exec
         with pytest.raises(RunDirError, match=f"still being trained by process {orphan.pid}"):
-            Launcher(Path("train.py"), "tiny").start(run)
+            Launcher(("python", "train.py"), "tiny").start(run)
     finally:
         orphan.kill()
         orphan.wait()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import subprocess
 import sys
 from collections import defaultdict
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from annotated_transformer.cli import run
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,11 +111,10 @@ def test_attention_charts_hold_the_translation_tokens_in_order_and_rows_sum_to_o
 
 
 def test_only_the_chosen_layers_and_formats(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    # In-process (runpy): the same entry point without paying for another interpreter start.
-    monkeypatch.setattr(sys, "argv", ["visualize.py", "--checkpoint", str(tiny_checkpoint), "--sentence",
-                                      SENTENCE, "--out", str(tmp_path), "--layers", "1", "--formats", "html"])
+    # In-process: the command scripts/visualize.py runs, without paying for another interpreter start.
     with pytest.raises(SystemExit) as exc:
-        runpy.run_path(str(SCRIPT), run_name="__main__")
+        run("visualize", ["--checkpoint", str(tiny_checkpoint), "--sentence", SENTENCE, "--out", str(tmp_path),
+                          "--layers", "1", "--formats", "html"], "visualize.py")
     assert exc.value.code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [f"{s}.html" for s in ATTENTION + TEACHING] + ["index.html"])
@@ -124,9 +123,8 @@ def test_only_the_chosen_layers_and_formats(tiny_checkpoint, tmp_path, monkeypat
 
 def run_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """Run the script's entry point with `args`; return (exit code, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["visualize.py", *args])
     with pytest.raises(SystemExit) as exc:
-        runpy.run_path(str(SCRIPT), run_name="__main__")
+        run("visualize", args, "visualize.py")
     return exc.value.code, capsys.readouterr().err
 
 

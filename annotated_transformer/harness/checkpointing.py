@@ -14,6 +14,8 @@ refused. Keys:
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 import shutil
 import threading
@@ -39,9 +41,43 @@ CHECKPOINT_FORMAT = "annotated-transformer/1"
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
-    """Write a checkpoint dict atomically (temporary file, fsync, rename)."""
+    """Write a checkpoint dict atomically (temporary file, fsync, rename); a failed write is an OSError."""
     payload = {"format": CHECKPOINT_FORMAT, **payload}
-    atomic_write(path, lambda f: torch.save(payload, f))
+    try:
+        atomic_write(path, lambda f: torch.save(payload, f))
+    except RuntimeError as exc:
+        failure = write_failure(exc, path)
+        if failure is None:
+            raise
+        raise failure from exc
+
+
+# What torch's zip writer says when the bytes did not reach the file: its own check of the file position
+# ("unexpected pos", seen with a Python file on a full disk), or its stream's failure (with a path).
+_WRITE_FAILED = ("unexpected pos", "file write failed", "failed writing file", "iostream error")
+
+
+def write_failure(exc: RuntimeError, path: str | Path) -> OSError | None:
+    """The OSError behind torch.save's RuntimeError when writing the file failed; None for other errors.
+
+    torch reports a failed write as a RuntimeError without errno: the OSError that Python's file raised
+    is found in its context when there is one, else a full disk is told by the free space left.
+    """
+    if not any(marker in str(exc) for marker in _WRITE_FAILED):
+        return None
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    try:
+        full = shutil.disk_usage(Path(path).parent).free < (1 << 20)
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return OSError(errno.EIO, f"the write failed ({first[:160]})", str(path))
 
 
 def _cpu_copy(obj: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
@@ -75,7 +111,8 @@ class CheckpointWriter:
     error of one that failed (an OSError as a one-line RunDirError naming the file).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, run: str | Path | None = None) -> None:
+        self.run = run  # the run directory, named (with the way to go on) when its disk is full
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -108,7 +145,7 @@ class CheckpointWriter:
                     with open(first, "rb") as src:
                         atomic_write(target, lambda f: shutil.copyfileobj(src, f, 16 << 20))
         except OSError as exc:
-            self._error = run_dir_error(exc, target)
+            self._error = run_dir_error(exc, target, run=self.run)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
             self._error = exc
 
@@ -186,7 +223,9 @@ def average_checkpoints_into(paths: Sequence[str], output: str) -> int:
     out = Path(output)
     if out.suffix != ".pt":
         raise ConfigError(f"--output should be a .pt file, got {output}")
-    save_checkpoint(average_checkpoints(paths), out)
+    averaged = average_checkpoints(paths)
+    with writing(out):
+        save_checkpoint(averaged, out)
     print(f"averaged {len(paths)} checkpoints into {out}")
     return 0
 
@@ -226,7 +265,7 @@ class Checkpointer:
     def __init__(self, run: RunDir, run_state: RunState, info: DistInfo, common: dict[str, Any]) -> None:
         self.run, self.run_state, self.info = run, run_state, info
         self.common = common  # what every file carries: the config and the text pipeline
-        self.writer = CheckpointWriter()
+        self.writer = CheckpointWriter(run.path)
         self.saved_step: int | None = None  # the step of the newest last.pt (None: there is none yet)
 
     def resume(self, last: dict[str, Any], log: Log) -> bool:
@@ -288,7 +327,7 @@ class Checkpointer:
             log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
             return None
         if self.info.is_main:
-            with writing(self.run.avg):
+            with writing(self.run.avg, run=self.run.path):
                 save_checkpoint(average_checkpoints(paths), self.run.avg)
             log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
         return self.run.avg

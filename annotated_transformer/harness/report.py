@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import math
+import os
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import TrainConfig
+import torch
+
+from ..config import Config, TrainConfig
+from ..hardware import device_name
 from ..loop import Log, TrainState
 from .run_dir import RunDir
 
 if TYPE_CHECKING:  # the trainer calls these
     from .trainer import Trainer
+
+SLOW_RUN_SECONDS = 3600.0  # a run whose training will take longer than this says so early (speed_warning)
+SPEED_AFTER_STEPS = 20  # the early estimate waits for this many timed optimizer steps at a log line ...
+SPEED_AFTER_SECONDS = 60.0  # ... or for this many seconds of them (then it looks once a minute between log lines)
+SPEED_MIN_STEPS = 3  # and never estimates from fewer steps before an epoch's end
 
 
 def start_line(tr: Trainer) -> str:
@@ -22,14 +33,113 @@ def start_line(tr: Trainer) -> str:
             f"accumulating {tr.cfg.train.accum_steps} | run dir {tr.run.path}")
 
 
-def epoch_line(record: dict[str, Any], s: TrainState, t: TrainConfig) -> str:
-    """An epoch's log line: losses, val BLEU, the epoch's seconds, both clocks, and the target when reached."""
+def epoch_line(record: dict[str, Any], s: TrainState, t: TrainConfig, total_steps: int) -> str:
+    """An epoch's log line: losses, val BLEU, the epoch's seconds, both clocks, the target when reached, and the
+    time the rest of the run will take (`time_left`)."""
     bleu = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
     reached = (f" | target {t.target_bleu:g} reached at epoch {s.target_epoch} ({s.target_seconds / 60:.1f} min)"
                if s.target_epoch is not None else "")
     return (f"epoch {record['epoch']}/{t.epochs} | step {s.step} | train loss {record['train_loss']:.4f} | "
             f"val loss {record['val_loss']:.4f}{bleu} | {record['seconds']:.1f} s | clocks: training "
-            f"{s.train_seconds / 60:.1f} min, epochs {s.wall_seconds / 60:.1f} min{reached}")
+            f"{s.train_seconds / 60:.1f} min, epochs {s.wall_seconds / 60:.1f} min{reached} | "
+            f"{time_left(s, t, total_steps)}")
+
+
+# --------------------------------------------------------------------------- how long a run will take
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people read it: '45 s', '7.5 min', '25 min', '2.4 h'."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = max(seconds, 0.0)
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    if seconds < 597:  # 9.95 min: one decimal below ten minutes
+        return f"{seconds / 60:.1f} min"
+    if seconds < 3570:  # 59.5 min
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def seconds_left(steps_done: int, total_steps: int, seconds: float, steps_timed: int | None = None) -> float | None:
+    """How long the rest of a run takes: its `total_steps - steps_done` optimizer steps at the speed measured so
+    far, `seconds` for `steps_timed` steps (default: for all `steps_done`). None while no step is timed.
+
+    With `seconds` the wall time of whole epochs, validation and BLEU are spread over the steps, as they
+    come between them. E.g. 100 steps in 50 s of 1,000: 900 steps at 0.5 s, 450 s left.
+    """
+    timed = steps_done if steps_timed is None else steps_timed
+    if timed <= 0 or seconds <= 0:
+        return None
+    return max(total_steps - steps_done, 0) * seconds / timed
+
+
+def time_left(s: TrainState, t: TrainConfig, total_steps: int) -> str:
+    """The end of an epoch line: 'about 12 min left' at the wall time per step of the epochs so far (training,
+    validation, BLEU), 'at most ...' when the run may stop at train.target_bleu, or 'training done'."""
+    if t.finished(s.epoch, s.step, s.target_epoch is not None):
+        return "training done"
+    left = seconds_left(s.step, total_steps, s.wall_seconds)
+    if left is None:
+        return "time left unknown"
+    return f"{'at most' if t.stop_at_target else 'about'} {format_duration(left)} left"
+
+
+def run_length(t: TrainConfig, total_steps: int) -> str:
+    """What a run trains for, as its config says it: '20 epochs', or '5,000 steps' when train.max_steps ends it."""
+    if t.max_steps and total_steps == t.max_steps:
+        return f"{total_steps:,} steps (train.max_steps)"
+    return f"{t.epochs} epochs ({total_steps:,} steps)"
+
+
+def device_label(device: torch.device, world_size: int = 1) -> str:
+    """The device as the warning names it: 'cpu (AMD EPYC, 2 threads)', 'cuda:0 (NVIDIA H100 80GB HBM3) x 8 ranks'."""
+    if device.type == "cuda":
+        name = f" ({torch.cuda.get_device_name(device)})"
+    elif device.type == "cpu":
+        name = f" ({device_name(device)})"
+    else:
+        name = ""
+    return f"{device}{name}" + (f" x {world_size} ranks" if world_size > 1 else "")
+
+
+def quicker_config(cfg: Config, device: torch.device) -> str:
+    """The warning's advice: on a CPU, the shipped config that trains a translator there in minutes ('' when
+    none is quicker than this run: on a GPU, for the copy task, or for cpu_15min itself)."""
+    if device.type == "cpu" and cfg.data.dataset == "multi30k" and cfg.name != "cpu_15min":
+        return "for a translator on a CPU in about 15 minutes use --config cpu_15min.yaml"
+    return ""
+
+
+def slow_run_warning(left: float | None, *, device: str, length: str, tokens_per_s: float, advice: str = "",
+                     threshold: float | None = None) -> str | None:
+    """The one-line warning of a long run when `left` (seconds of training still to come) exceeds `threshold`
+    (default SLOW_RUN_SECONDS); None otherwise."""
+    limit = SLOW_RUN_SECONDS if threshold is None else threshold
+    if left is None or left <= limit:
+        return None
+    return (f"warning: this run will take about {format_duration(left)} on {device}: {length} at "
+            f"{tokens_per_s:,.0f} tokens/s" + (f"; {advice}" if advice else ""))
+
+
+def speed_warning(tr: Trainer, at_epoch_end: bool) -> str | None:
+    """The early warning from the optimizer steps this process has timed since `fit` began (start-up and the
+    compile step left out): during the first epoch once SPEED_AFTER_STEPS steps or SPEED_AFTER_SECONDS seconds are
+    timed (training alone), at its end with its validation. None: quick enough, or not timed enough yet."""
+    s, t = tr.train_state, tr.cfg.train
+    step0, train0, wall0, tokens0 = tr.speed_mark
+    train = s.train_seconds - train0 + (0.0 if at_epoch_end else time.perf_counter() - tr.step_clock)
+    steps = s.step - step0 - (1 if t.compile else 0)  # a compiled model's first step compiles, untimed
+    early = not at_epoch_end and steps < SPEED_AFTER_STEPS and train < SPEED_AFTER_SECONDS
+    if early or steps < (1 if at_epoch_end else SPEED_MIN_STEPS):
+        return None
+    seconds = s.wall_seconds - wall0 - (tr.metrics.compile_seconds or 0.0) if at_epoch_end else train
+    return slow_run_warning(seconds_left(s.step, tr.total_steps, seconds, steps),
+                            device=device_label(tr.device, tr.info.world_size),
+                            length=run_length(t, tr.total_steps),
+                            tokens_per_s=(s.tokens - tokens0) * tr.info.world_size / max(train, 1e-9),
+                            advice=quicker_config(tr.cfg, tr.device))
 
 
 def finish(tr: Trainer) -> dict[str, Any]:
@@ -44,12 +154,13 @@ def finish(tr: Trainer) -> dict[str, Any]:
     if t.target_bleu:
         results.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
     chosen = f"best.pt (epoch {s.best_epoch})" if found_best else "the final weights"
+    chosen_file = tr.run.best if found_best else tr.run.last
     if tr.task.name == "copy":
         k = tr.task.score(tr.model, tr.device)["exact_copies"]
         tr.log(f"exact copies: {k}/100")
         results["exact_copies"] = k
     elif t.final_eval:
-        final_scores(tr, results, chosen, tr.run.best if found_best else tr.run.last, averaged)
+        chosen_file = final_scores(tr, results, chosen, chosen_file, averaged)
     results["seconds"] = time.perf_counter() - tr.t_start
     target = ""
     if t.target_bleu:
@@ -58,12 +169,37 @@ def finish(tr: Trainer) -> dict[str, Any]:
                   f"; val BLEU {t.target_bleu:g} not reached")
     tr.log(f"done in {results['seconds']:.1f} s ({s.train_seconds / 60:.1f} min of training steps){target}; "
            f"run directory {tr.run.path}")
+    if tr.task.name != "copy":  # the last line: how to use the model the run chose
+        tr.log(f"translate with it: {translate_command(chosen_file)}")
     return results
 
 
-def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file: Path, averaged: Path | None) -> None:
+def translate_command(checkpoint: Path) -> str:
+    """The command that translates with `checkpoint`, spelt the way this training was started (a checkout's
+    scripts/ under uv or not, `python -m annotated_transformer`, or the console command)."""
+    launched = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if launched.name == "train.py" and launched.with_name("translate.py").is_file():
+        program = f"python {relative(launched.with_name('translate.py'))}"
+    elif launched.name == "annotated-transformer":
+        program = "annotated-transformer translate"
+    else:
+        program = "python -m annotated_transformer translate"
+    uv = "uv run " if os.environ.get("UV") and program.startswith("python") else ""  # started by `uv run`
+    return f"{uv}{program} --checkpoint {relative(checkpoint)}"
+
+
+def relative(path: Path) -> str:
+    """`path` as typed from the current folder: relative inside it, absolute elsewhere."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file: Path, averaged: Path | None) -> Path:
     """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then greedy and beam
-    BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone)."""
+    BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone).
+    Returns the file of the chosen weights."""
     score, t, beam_size = tr.task.score, tr.cfg.train, tr.cfg.decode.beam_size
     val = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
     if averaged is not None:
@@ -101,6 +237,7 @@ def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file:
         split = tr.task.data.splits["test" if t.score_test else "val"]
         tr.log(check_outputs(split.src_text, split.tgt_text, shown["hypotheses"], n=3))
         tr.metrics.record(record)
+    return chosen_file
 
 
 def write_charts(run: RunDir, log: Log) -> None:

@@ -8,6 +8,7 @@ distributed.py, tasks.py (Multi30k or the copy task), metrics.py (records, Tenso
 
 from __future__ import annotations
 
+import math
 import random
 import signal
 import time
@@ -28,10 +29,11 @@ from ..loop import LossMeter, TrainState, evaluate_loss, train_loop
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import make_model_from_config
 from ..optim import build_optimizer, build_scheduler
+from . import report
 from .checkpointing import Checkpointer, improves
 from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
 from .metrics import Metrics
-from .report import epoch_line, finish, start_line
+from .report import epoch_line, finish, speed_warning, start_line
 from .resume import RunState, StopSignal
 from .run_dir import RunDir
 from .tasks import build_task
@@ -91,9 +93,9 @@ class Trainer:
         if info.rank:  # dropout draws differ between ranks; the weights above were drawn alike on every rank
             torch.manual_seed(cfg.train.seed + info.rank)
         self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
+        self.total_steps = cfg.train.total_steps(len(self.loader))  # the run's optimizer steps, all epochs
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
-                                         cfg.train.schedule, cfg.train.total_steps(len(self.loader)),
-                                         cfg.train.final_lr_ratio)
+                                         cfg.train.schedule, self.total_steps, cfg.train.final_lr_ratio)
         self.val_batches = self.task.val_batches()
         self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank)
@@ -106,6 +108,11 @@ class Trainer:
         self.stopper = StopSignal()
         self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
         self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
+        self.write = self.log  # rank 0's log lines during an epoch (through the progress bar when it shows)
+        # (step, train_seconds, wall_seconds, tokens) when fit began, and whether the early warning is settled
+        self.speed_mark: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
+        self.speed_checked = not info.is_main
+        self.speed_due = math.inf  # when to look between log lines (perf_counter), in a slow first epoch
 
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
@@ -116,6 +123,8 @@ class Trainer:
         """Train epoch by epoch until done; a signal saves last.pt and stops; then finish."""
         m = self.model
         self.log(start_line(self))
+        s = self.train_state
+        self.speed_mark = (s.step, s.train_seconds, s.wall_seconds, s.tokens)
         self.stopper.install()
         self.metrics.started({"step": self.train_state.step, "params": m.num_parameters(), "device": str(self.device),
                               "world_size": self.info.world_size, "threads": torch.get_num_threads(),
@@ -152,13 +161,15 @@ class Trainer:
         bar = tqdm(total=steps, desc=f"epoch {self.train_state.epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
         self.metrics.new_epoch()
+        self.write = self.log if bar.disable else bar.write
         self.step_clock = time.perf_counter()
+        self._look_again(after=self.step_clock)
         with bar:
             loss = train_loop(
                 self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler, self.train_state,
                 accum_iter=t.accum_steps, device=self.device, amp_dtype=self.amp_dtype,
                 clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
-                log=(self.log if bar.disable else bar.write) if self.info.is_main else None, on_log=self._on_log,
+                log=self.write if self.info.is_main else None, on_log=self._on_log,
                 should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.run_state.meter,
                 objective=self.objective)
         self.train_state.train_seconds += time.perf_counter() - self.step_clock
@@ -169,14 +180,34 @@ class Trainer:
         if self.metrics.compile_seconds is None:  # the first step of a compiled model: compile, not training
             self.metrics.compile_seconds = time.perf_counter() - self.step_clock
             self.step_clock = time.perf_counter()
+            self._look_again(after=self.step_clock)
+        if time.perf_counter() >= self.speed_due:  # slow steps: a minute passed without a log line
+            self._warn_if_slow(at_epoch_end=False)
         self.stopping = self.stopper.stop_now(self.info.distributed, self.info.rank)
         return self.stopping
 
     def _on_log(self, figures: dict[str, float]) -> None:
-        """A log line's figures (with the objective's, when one is on) go to the metrics."""
+        """A log line's figures (with the objective's, when one is on) go to the metrics; a long run says so."""
         if self.objective is not None:
             figures = {**figures, **self.objective.figures()}
         self.metrics.on_log(figures, self.train_state.epoch + 1)
+        self._warn_if_slow(at_epoch_end=False)
+
+    def _warn_if_slow(self, at_epoch_end: bool) -> None:
+        """Rank 0, early in a run (at the log lines of its first epoch and once a minute between them, then at
+        that epoch's end): one warning line when training will take longer than report.SLOW_RUN_SECONDS, naming a
+        quicker config where there is one."""
+        if self.speed_checked:
+            return
+        line = speed_warning(self, at_epoch_end)
+        if line is not None:
+            (self.log if at_epoch_end else self.write)(line)
+        self.speed_checked = line is not None or at_epoch_end
+        self._look_again(after=time.perf_counter())
+
+    def _look_again(self, after: float) -> None:
+        """The next look between log lines: report.SPEED_AFTER_SECONDS after `after`, or never once settled."""
+        self.speed_due = math.inf if self.speed_checked else after + report.SPEED_AFTER_SECONDS
 
     def stop(self, epoch: int) -> dict[str, Any]:
         """A signal stopped training inside `epoch`: save last.pt with the data position, report, return."""
@@ -224,7 +255,8 @@ class Trainer:
             self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
         if self.info.is_main and t.keep_last_epochs and not cut_short:
             self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
-        self.log(epoch_line(record, s, t) + self.metrics.gpu_line())
+        self._warn_if_slow(at_epoch_end=True)
+        self.log(epoch_line(record, s, t, self.total_steps) + self.metrics.gpu_line())
 
     def finish(self) -> dict[str, Any]:
         """Charts, final scores and example translations (report.finish)."""
@@ -240,8 +272,8 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     few translations (or, for the copy task, counts exact copies).
     """
     info, device = init_distributed(cfg.train.device)
+    run = RunDir(cfg.run_dir())
     try:
-        run = RunDir(cfg.run_dir())
         plan, last = agree_on_plan(run, cfg, info)  # every rank decides (or fails) alike before rank 0 writes
         if plan == "finished":
             s = last["train_state"]
@@ -258,16 +290,21 @@ def train_worker(cfg: Config) -> dict[str, Any]:
                 "the job restarts and continues from last.pt, otherwise rerun the same command to continue") from None
         raise
     finally:
+        run.unlock()  # after fit's last checkpoint is on disk (fit waits for the writer)
         cleanup()
 
 
 def agree_on_plan(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[str, Any] | None]:
     """The run directory's plan (start, resume or finished), the same on every rank or an error on every rank.
 
-    Each rank reads the folder itself; under torchrun the ranks compare what they saw, so a node
-    that sees no last.pt (a folder that is not shared) never starts from step 0 while another resumes.
+    Rank 0 first locks the folder (`RunDir.lock`), so a second training on a live run's folder is
+    refused on every rank. Each rank reads the folder itself; under torchrun the ranks compare what they
+    saw, so a node that sees no last.pt (a folder that is not shared) never starts from step 0 while
+    another resumes.
     """
     try:
+        if info.is_main:
+            run.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
         plan, last = run.plan(cfg)
         mine: tuple[Any, ...] = (plan, (last or {}).get("train_state", {}).get("step", 0), "")
     except UserError as exc:

@@ -1,0 +1,64 @@
+"""The command line: `python -m annotated_transformer COMMAND ...`, `annotated-transformer COMMAND ...`, and the
+thin scripts/ of a checkout all run the same `main(argv, prog)` of one module here per command.
+
+Nothing is imported until a command runs, so `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from ..errors import run_cli
+
+# command -> (module in this package, what it does)
+COMMANDS = {
+    "train": ("train", "train a Transformer from a config (the copy task or Multi30k de->en)"),
+    "translate": ("translate", "translate sentences: typed at a prompt, given as arguments, a file or a pipe"),
+    "evaluate": ("evaluate", "score a trained model on a Multi30k split with sacreBLEU and chrF"),
+    "export": ("export", "export a trained model to CTranslate2 (float32 or int8)"),
+    "visualize": ("visualize", "chart what a trained model attends to on one sentence"),
+    "average": ("average", "average the weights of several checkpoints of one run"),
+    "sweep": ("sweep", "train a grid of settings x seeds and report mean +/- sd"),
+    "benchmark": ("benchmark", "measure training and decoding speed against baselines"),
+    "prepare-data": ("prepare_data", "download, verify, tokenise and cache Multi30k; print statistics"),
+}
+PROG = "python -m annotated_transformer"
+
+
+def usage(prog: str = PROG) -> str:
+    """The list of commands, as --help prints it."""
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: {prog} COMMAND [options]   ({prog} COMMAND --help for its options)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def run(command: str, argv: list[str], prog: str) -> None:
+    """Run one command with its arguments: its one-line errors and exit code as every script has them."""
+    module = importlib.import_module(f".{COMMANDS[command][0]}", __name__)
+    run_cli(lambda: module.main(argv, prog=prog))
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> None:
+    """Dispatch `COMMAND [options]` to its module; an unknown command is one line listing the commands."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage(prog))
+        raise SystemExit(0 if argv else 2)
+    if argv[0] in ("-V", "--version"):
+        from .. import __version__
+
+        print(f"annotated-transformer {__version__}")
+        raise SystemExit(0)
+    command = argv[0].replace("_", "-")
+    if command not in COMMANDS:
+        print(f"error: unknown command '{argv[0]}'; the commands are: {', '.join(COMMANDS)} "
+              f"({prog} --help says what each does)", file=sys.stderr)
+        raise SystemExit(2)
+    run(command, argv[1:], f"{prog} {command}")
+
+
+def console_main() -> None:
+    """The `annotated-transformer` console command."""
+    main(prog="annotated-transformer")

@@ -1,0 +1,112 @@
+"""`benchmark --config NAME`: our fast path against the notebook-style pipeline, in one run on one machine.
+
+    benchmark --config base.yaml --steps 10
+    benchmark --config cpu_15min.yaml --checkpoint runs/cpu_15min --json
+    benchmark --config base.yaml --skip-decode --shape-sweep --out runs/benchmark
+    benchmark --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min
+    benchmark --config cpu_15min.yaml --extensions --rounds 5
+
+What each side does is described in annotated_transformer/benchmark.py. With --json, stdout is one
+JSON object and progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..config_loading import config_parser, load_config
+from ..errors import ConfigError
+from .options import add_checkpoint, add_device, add_limit, add_out
+
+
+def int_list(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3]."""
+    return [int(x) for x in text.split(",") if x]
+
+
+def build_parser(prog: str | None) -> argparse.ArgumentParser:
+    """The benchmark's options: what to time, on which weights, and the tables instead of the default one."""
+    parser = config_parser("Benchmark training and decoding: fast path vs the notebook's pipeline.", prog)
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per side (median reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
+    add_checkpoint(parser, required=False, help="trained weights for the decoding figures: a run directory or a .pt "
+                   "file (without it decoding runs on untrained weights of the config's model)")
+    parser.add_argument("--one-sentence", type=int, default=100, metavar="N",
+                        help="test sentences (evenly spread) given to the slow one-sentence decoder")
+    add_limit(parser, "decode only the first N test sentences (default: all 1,000)")
+    add_device(parser, "the same as train.device=NAME (default: the config's)")
+    parser.add_argument("--skip-train", action="store_true", help="decoding only")
+    parser.add_argument("--skip-decode", action="store_true", help="training only")
+    parser.add_argument("--shape-sweep", action="store_true", help="also time the fast path over batch sizes and "
+                        "lengths (not scripts/sweep.py, which trains)")
+    parser.add_argument("--sweep", action="store_true", dest="shape_sweep", help=argparse.SUPPRESS)  # old spelling
+    parser.add_argument("--sweep-tokens", type=int_list, default=[1024, 4096, 16384], metavar="A,B,...")
+    parser.add_argument("--sweep-lengths", type=int_list, default=[8, 16, 32, 64, 128], metavar="A,B,...")
+    add_out(parser, "folder for benchmark.json (and the shape-sweep chart)", old=())
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--engines", action="store_true", help="instead: our decoder against CTranslate2 (float32, "
+                        "int8) on --checkpoint's weights, each engine in its own process (needs ctranslate2)")
+    parser.add_argument("--extensions", action="store_true", help="instead: the cost of each extension switch "
+                        "(training tokens/s, decoding sentences/s) against the plain model, interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="--extensions: rounds of --steps steps per arm")
+    parser.add_argument("--arms", default=None, help="--extensions: a comma-separated subset of the arms "
+                        "(e.g. 'token pruning r=0.25'); plain is always measured")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Print the benchmark's table (or JSON) for a config."""
+    args = build_parser(prog).parse_args(argv)
+    cfg = load_config(args.config, [*([f"train.device={args.device}"] if args.device else []), *args.overrides])
+    if args.checkpoint:
+        from ..translator import torch_checkpoint
+
+        args.checkpoint = str(torch_checkpoint(args.checkpoint, "benchmark (--engines exports it itself)"))
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    if args.engines:
+        return compare_engines(args, cfg, log)
+    if args.extensions:
+        return compare_extensions(args, cfg, log)
+    from ..benchmark import format_summary, run_benchmark
+
+    result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
+                           one_sentence_limit=args.one_sentence, decode_limit=args.limit, train=not args.skip_train,
+                           decode=not args.skip_decode, sweep_tokens=args.sweep_tokens if args.shape_sweep else None,
+                           sweep_lengths=args.sweep_lengths if args.shape_sweep else None, out_dir=args.out, log=log)
+    print(json.dumps(result) if args.json else format_summary(result))
+    return 0
+
+
+def write_json(out: str | None, name: str, result: dict[str, Any]) -> None:
+    """`result` as <out>/<name> when --out is given."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
+    """--engines: the engine table on test2016, engines.json in --out."""
+    from ..engine_benchmark import compare_engines as measure, format_engines
+
+    if not args.checkpoint:
+        raise ConfigError("--engines compares decoders on trained weights: pass --checkpoint runs/NAME")
+    log(f"engines on test2016, checkpoint {args.checkpoint} ...")
+    result = measure(args.checkpoint, limit=args.limit, data_root=cfg.data.root or None, log=log)
+    write_json(args.out, "engines.json", result)
+    print(json.dumps(result) if args.json else format_engines(result))
+    return 0
+
+
+def compare_extensions(args: argparse.Namespace, cfg: Any, log: Any) -> int:
+    """--extensions: the cost table of the extension switches, extensions.json in --out."""
+    from ..extension_benchmark import format_extensions, measure_extensions, select_arms
+
+    arms = select_arms(args.arms.split(",") if args.arms else None)
+    result = measure_extensions(cfg, arms, steps=args.steps, rounds=args.rounds, sentences=args.limit or 256, log=log)
+    write_json(args.out, "extensions.json", result)
+    print(json.dumps(result) if args.json else format_extensions(result))
+    return 0

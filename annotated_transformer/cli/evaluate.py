@@ -1,0 +1,45 @@
+"""`evaluate --checkpoint PATH --split test [--beam 5]`: translate a Multi30k split and score it with sacreBLEU."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .options import add_checkpoint, add_decoding, add_device, add_limit, add_out, add_quantize, check_required
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command's options."""
+    parser = argparse.ArgumentParser(prog=prog, description="Translate a Multi30k split and score it with sacreBLEU "
+                                     "and chrF.")
+    add_checkpoint(parser)
+    parser.add_argument("--split", default="test", choices=["val", "test"], help="which split (test = test2016 flickr)")
+    add_decoding(parser)
+    add_out(parser, "where to write the hypotheses (default: beside the checkpoint)")
+    add_limit(parser, "score only the first N sentences (for quick checks)")
+    add_device(parser)
+    add_quantize(parser, ("none", "int8"), "none", "int8: PyTorch's dynamic int8 quantisation of the linear layers "
+                 "(CPU; see docs/deployment.md)")
+    parser.add_argument("--show", type=int, default=0, metavar="N", help="print N example translations")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--data-root", default=None, help="folder with the Multi30k files (default: as configured)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Score a model (a run, a .pt file or an exported folder) on val or test; BLEU with its signature."""
+    parser = build_parser(prog)
+    args = check_required(parser, parser.parse_args(argv))
+    from ..config_loading import check_decode_options
+    from ..evaluation import evaluate_translator
+    from ..translator import load_translator, set_token_reduction
+
+    check_decode_options(args.beam, args.alpha)
+    translator = load_translator(args.checkpoint, args.engine, args.device, args.quantize)
+    set_token_reduction(translator, args.merge_ratio, args.prune_ratio)
+    # An exported folder's hypotheses go inside it (model.<split>.beam<k>.txt), a checkpoint's beside it.
+    folder = getattr(translator, "folder", None)
+    source = str(Path(folder) / "model.bin") if folder is not None else str(translator.checkpoint)
+    evaluate_translator(translator, source, args.split, beam=args.beam, alpha=args.alpha, output=args.out,
+                        show=args.show, as_json=args.json, data_root=args.data_root, limit=args.limit)
+    return 0

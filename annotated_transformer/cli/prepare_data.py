@@ -1,0 +1,34 @@
+"""`prepare-data --config NAME [--json]`: download (or find), verify, tokenise and cache Multi30k once.
+
+Run it before a multi-GPU job so that no rank spends its start-up tokenising. With --json, stdout is
+one JSON object and the progress lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..config_loading import config_parser, load_config
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command's options."""
+    parser = config_parser("Download, verify, tokenise and cache Multi30k; print statistics.", prog)
+    parser.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Prepare the data a config names and print its statistics."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    from ..data import load_translation_data
+
+    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
+    data = load_translation_data(cfg, log=log)
+    if args.json:
+        print(json.dumps(data.stats, sort_keys=True))
+    return 0

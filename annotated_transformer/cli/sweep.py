@@ -1,0 +1,59 @@
+"""`sweep --config NAME --grid grid.yaml --seeds 3 --out DIR`: every setting x seed trained, mean +/- sd reported."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import ConfigError
+from .options import add_out
+
+# How a sweep starts each training: this package's own train command, in the same Python.
+TRAIN_COMMAND = (sys.executable, "-m", "annotated_transformer", "train")
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command's options."""
+    parser = argparse.ArgumentParser(prog=prog, description="Sweep a grid of dotted overrides x seeds; write sweep.md/"
+                                     ".csv and a chart of val BLEU against training minutes.")
+    parser.add_argument("--config", metavar="NAME", help="the config every run starts from")
+    parser.add_argument("--compare", nargs="+", metavar="SWEEP_DIR", default=None,
+                        help="train nothing: one report (into --out) of the runs already in these sweep folders")
+    parser.add_argument("--target-bleu", type=float, default=None, help="with --compare: the target line to draw")
+    parser.add_argument("--grid", default=None, help="YAML: dotted keys to lists of values (default: the config alone)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per setting: 1..N (default 3)")
+    parser.add_argument("--seed-list", default=None, help="explicit seeds, comma-separated (instead of --seeds)")
+    add_out(parser, "sweep folder (default: runs/sweep_<config>)", old=())
+    parser.add_argument("--parallel", type=int, default=1, help="runs at once; the CPU threads are split (default 1)")
+    parser.add_argument("--score-test", action="store_true",
+                        help="score test for every finished run (do it once, for the settings chosen on val)")
+    parser.add_argument("--data-root", default=None, help="folder with the Multi30k files (default: as configured)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides for every run")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Train a grid (or only report on finished sweeps with --compare)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    from ..sweep import read_grid, sweep
+    from ..sweep_report import compare_sweeps
+
+    if args.compare:
+        for path in compare_sweeps([Path(f) for f in args.compare], Path(args.out or "runs/sweep_compare"),
+                                   args.target_bleu):
+            print(path)
+        return 0
+    if not args.config:
+        raise ConfigError("give --config NAME (the config to sweep), or --compare SWEEP_DIR ... to report only")
+    if args.seeds < 1 or args.parallel < 1:
+        raise ConfigError("--seeds and --parallel must be at least 1")
+    try:
+        seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(1, args.seeds + 1))
+    except ValueError:
+        raise ConfigError(f"--seed-list must be integers separated by commas, got {args.seed_list!r}") from None
+    settings = read_grid(args.grid) if args.grid else [()]
+    out = Path(args.out or f"runs/sweep_{Path(args.config).stem}")
+    return sweep(args.config, settings, seeds, out, TRAIN_COMMAND, tuple(args.overrides), args.parallel,
+                 args.score_test, args.data_root)

@@ -1,0 +1,231 @@
+"""`translate --checkpoint PATH [TEXT]`: source-language text in, target-language text out, as people use a translator.
+
+    translate --checkpoint runs/cpu_15min                              # a terminal: a prompt, an answer per line
+    translate --checkpoint runs/cpu_15min "Ein Mann fährt Fahrrad."     # or --sentence "...": translate, exit
+    translate --checkpoint runs/cpu_15min --input de.txt --out en.txt --beam 5
+    cat de.txt | translate --checkpoint exported/cpu_45min > en.txt    # a pipe streams: a line out per line in
+
+The model loads first, then the input is read: a prompt answers each line as it is typed, and a pipe
+gets each answer as soon as its line has arrived (lines that arrive together are decoded together).
+Output keeps the input's order and its empty lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any, BinaryIO
+
+from ..errors import DataError, UserError
+from .options import add_checkpoint, add_decoding, add_device, add_out, add_quantize, check_required
+
+LANGUAGES = {"de": "German", "en": "English"}
+_END = object()  # the reader thread's last item
+
+
+def build_parser(prog: str | None) -> argparse.ArgumentParser:
+    """translate's options: the shared ones, the text to translate, and how to decode it."""
+    parser = argparse.ArgumentParser(prog=prog, description="Translate sentences with a trained model: typed at a "
+                                     "prompt, given on the command line, or one per line from a file or a pipe.")
+    add_checkpoint(parser)
+    parser.add_argument("text", nargs="*", help="a sentence to translate (the words are joined with spaces)")
+    parser.add_argument("--sentence", action="append", metavar="TEXT", help="a sentence to translate (repeatable)")
+    parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line ('-' for "
+                        "standard input; a pipe is read without it)")
+    add_out(parser, "write the translations to this file (default: standard output)", old=())
+    add_decoding(parser)
+    parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: the "
+                        "checkpoint's decode.batch_size)")
+    add_device(parser)
+    add_quantize(parser, ("none", "int8"), "none", "int8: PyTorch's dynamic int8 quantisation of the linear layers "
+                 "(CPU; see docs/deployment.md)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Load the model, then translate what was given, typed or piped."""
+    parser = build_parser(prog)
+    args = check_required(parser, parser.parse_args(argv))
+    given = [*(args.sentence or []), *([" ".join(args.text)] if args.text else [])]
+    if given and args.input is not None:
+        raise UserError("give sentences (as arguments or --sentence) or --input FILE, not both")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    interactive = not given and args.input is None and sys.stdin.isatty()
+    with opened_input(None if given or interactive else args.input or "-") as source:  # a bad path fails first
+        if interactive:
+            print("loading the model ...", file=sys.stderr, flush=True)
+        translator = load(args)
+        batch = args.batch_size or translator.config.decode.batch_size
+
+        def decode(lines: list[str]) -> list[str]:
+            return translator.translate(lines, beam_size=args.beam, alpha=args.alpha, batch_size=batch)
+
+        with output(args.out) as out, quiet_broken_pipe():
+            if given:
+                write_translations(translator, decode, given, 1, out)
+            elif interactive:
+                prompt(translator, decode, out, describe(translator, args))
+            else:
+                number = 1
+                for lines in read_batches(source, max_lines=8 * batch, name=args.input or "standard input"):
+                    write_translations(translator, decode, lines, number, out)
+                    number += len(lines)
+    return 0
+
+
+def load(args: argparse.Namespace) -> Any:
+    """The translator --checkpoint names, with the decoding options checked first."""
+    from ..config_loading import check_decode_options
+    from ..translator import load_translator, set_token_reduction
+
+    check_decode_options(args.beam, args.alpha)
+    translator = load_translator(args.checkpoint, args.engine, args.device, args.quantize)
+    set_token_reduction(translator, args.merge_ratio, args.prune_ratio)
+    return translator
+
+
+def describe(translator: Any, args: argparse.Namespace) -> str:
+    """One line on what answers at the prompt: the weights, the languages, how it decodes."""
+    cfg = translator.config
+    where = getattr(translator, "checkpoint", None) or getattr(translator, "folder", "")
+    beam = args.beam or cfg.decode.beam_size
+    how = "greedy" if beam == 1 else f"beam {beam}"
+    size = f"{translator.model.num_parameters() / 1e6:.1f}M parameters, " if hasattr(translator, "model") else ""
+    return f"{where}: {size}{cfg.data.src_lang}->{cfg.data.tgt_lang}, {how}"
+
+
+def write_translations(translator: Any, decode: Callable[[list[str]], list[str]], lines: list[str], first: int,
+                       out: IO[str]) -> None:
+    """Translate `lines` (numbered from `first` in warnings) and write one output line each, flushed."""
+    for number, line in enumerate(lines, first):
+        if line.strip() and translator.source_ids(line)[1]:
+            print(f"warning: line {number} is longer than the model's limit of {translator.text.max_sentence_len} "
+                  "tokens and was truncated", file=sys.stderr)
+    out.write("".join(t + "\n" for t in decode(lines)))
+    out.flush()
+
+
+def prompt(translator: Any, decode: Callable[[list[str]], list[str]], out: IO[str], description: str) -> None:
+    """Answer each typed line until Ctrl-D (or Ctrl-C) at the prompt."""
+    try:
+        import readline  # noqa: F401  (imported for its effect: line editing and history in input())
+    except ImportError:  # not on every platform; the prompt works without it
+        pass
+    src = translator.config.data.src_lang
+    print(f"{description}\nType a {LANGUAGES.get(src, src)} sentence and press Enter; Ctrl-D quits.",
+          file=sys.stderr, flush=True)
+    number = 0
+    while True:
+        try:
+            line = input(f"{src}> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return
+        number += 1
+        if line.strip():
+            write_translations(translator, decode, [line], number, out)
+
+
+def read_batches(stream: BinaryIO, max_lines: int, name: str) -> Iterator[list[str]]:
+    """The lines of a UTF-8 byte stream, in batches of whatever has arrived (at most `max_lines`).
+
+    A thread reads while the model decodes: a file arrives in full batches, and a pipe fed one line
+    at a time gets each answer before its next line comes. A line that is not UTF-8 is one DataError,
+    raised after the lines before it have been answered.
+    """
+    lines: queue.Queue = queue.Queue(maxsize=2 * max_lines)
+
+    def read() -> None:
+        try:
+            for number, raw in enumerate(stream, 1):
+                lines.put(decode_line(raw, number, name))
+        except (UserError, OSError) as exc:
+            lines.put(exc)
+        lines.put(_END)
+
+    threading.Thread(target=read, name="translate-input", daemon=True).start()
+    while True:
+        batch: list[str] = []
+        item = lines.get()
+        while item is not _END and not isinstance(item, Exception):
+            batch.append(item)
+            if len(batch) == max_lines:
+                break
+            try:
+                item = lines.get_nowait()
+            except queue.Empty:
+                break
+        if batch:
+            yield batch
+        if isinstance(item, OSError):
+            raise UserError(f"cannot read {name}: {item.strerror or item}")
+        if isinstance(item, Exception):
+            raise item
+        if item is _END:
+            return
+
+
+def decode_line(raw: bytes, number: int, name: str) -> str:
+    """One input line without its line ending; a line that is not UTF-8 is one DataError."""
+    try:
+        return raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{name} is not valid UTF-8 (line {number}, byte {exc.start}); convert it, e.g. with "
+                        "iconv -t UTF-8") from None
+
+
+@contextmanager
+def quiet_broken_pipe() -> Iterator[None]:
+    """A reader that stops early (`translate ... | head`) ends the run quietly, as it does for other filters."""
+    try:
+        yield
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+
+
+@contextmanager
+def opened_input(path: str | None) -> Iterator[BinaryIO | None]:
+    """The input as bytes: standard input for '-', a file, or nothing (None) when there is none to read."""
+    if path is None:
+        yield None
+    elif path == "-":
+        yield sys.stdin.buffer
+    else:
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+        with f:
+            yield f
+
+
+@contextmanager
+def output(path: str | None) -> Iterator[IO[str]]:
+    """Standard output, or a file that appears only once complete (an interrupted run leaves the old one)."""
+    if path is None:
+        yield sys.stdout
+        return
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        f = partial.open("w", encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {target}: {exc.strerror or exc}; check the folder exists and is writable") \
+            from None
+    try:
+        with f:
+            yield f
+        os.replace(partial, target)
+    except OSError as exc:  # a full disk while writing, say: the one line, and no half file left
+        partial.unlink(missing_ok=True)
+        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise

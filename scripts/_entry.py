@@ -1,0 +1,18 @@
+"""What every script here does: run its command from annotated_transformer.cli (the code that
+`python -m annotated_transformer COMMAND` runs), or say in one line how to set up."""
+
+import sys
+from pathlib import Path
+
+
+def run_command(command: str) -> None:
+    """Run `command` with this script's arguments; without the package installed, one line and exit 2."""
+    try:
+        from annotated_transformer.cli import run
+    except ModuleNotFoundError as exc:
+        script = Path(sys.argv[0]).name
+        print(f"error: this Python ({sys.executable}) lacks {exc.name!r}, which annotated-transformer needs: run "
+              f"`uv run python scripts/{script} ...` from the checkout (uv sets up the environment from uv.lock "
+              "on first use), or `pip install -e .` first", file=sys.stderr)
+        raise SystemExit(2) from None
+    run(command, sys.argv[1:], prog=f"scripts/{Path(sys.argv[0]).name}")

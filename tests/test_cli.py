@@ -1,0 +1,267 @@
+"""The command line as a user meets it: `python -m annotated_transformer`, one vocabulary of options across the
+commands, the scripts as thin doors to the same code, what a --checkpoint may name, and translate at a
+terminal (through a pseudo-terminal), with sentences as arguments, and streaming a pipe."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+from importlib import import_module
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.cli import COMMANDS, main as cli_main
+from annotated_transformer.errors import CheckpointError, ConfigError
+from annotated_transformer.translator import resolve_checkpoint, torch_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = {"--checkpoint", "--out", "--quantize", "--limit", "--device"}
+# Which shared options each command takes (the rest have no use for them).
+TAKES = {
+    "train": {"--out", "--device"}, "translate": {"--checkpoint", "--out", "--quantize", "--device"},
+    "evaluate": SHARED, "export": {"--checkpoint", "--out", "--quantize"},
+    "visualize": {"--checkpoint", "--out", "--device"}, "average": {"--out"}, "sweep": {"--out"},
+    "benchmark": {"--checkpoint", "--out", "--limit", "--device"}, "prepare-data": set(),
+}
+
+
+def parser_of(command: str):
+    return import_module(f"annotated_transformer.cli.{COMMANDS[command][0]}").build_parser(command)
+
+
+def test_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli_main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for command, (_, what) in COMMANDS.items():
+        assert re.search(rf"^  {re.escape(command)} +{re.escape(what)}$", out, re.M), command
+
+
+def test_an_unknown_command_is_one_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli_main(["trian", "--config", "copy"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1
+    assert err[0].startswith("error: unknown command 'trian'") and "train, translate" in err[0]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_command_spells_the_shared_options_alike(command):
+    parser = parser_of(command)
+    options = {s for action in parser._actions for s in action.option_strings}
+    assert options & SHARED == TAKES[command]
+    shown = parser.format_help()
+    for old in ("--output", "--quantization", "--sentences", "--model"):
+        assert old not in shown  # old spellings parse, but --help teaches one vocabulary
+
+
+@pytest.mark.parametrize("command, argv, dest, value", [
+    ("evaluate", ["--checkpoint", "r", "--output", "h.txt"], "out", "h.txt"),
+    ("average", ["a.pt", "--output", "avg.pt"], "out", "avg.pt"),
+    ("export", ["--checkpoint", "r", "--out", "o", "--quantization", "int8"], "quantize", "int8"),
+    ("benchmark", ["--config", "tiny", "--sentences", "12"], "limit", 12),
+    ("translate", ["--model", "exported/x"], "checkpoint", "exported/x"),
+    ("benchmark", ["--config", "tiny", "--sweep"], "shape_sweep", True),
+])
+def test_old_spellings_still_work(command, argv, dest, value):
+    assert getattr(parser_of(command).parse_args(argv), dest) == value
+
+
+def test_every_script_is_a_thin_door_to_a_command():
+    scripts = sorted(p for p in (ROOT / "scripts").glob("*.py") if p.name != "_entry.py")
+    commands = set()
+    for path in scripts:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "run_command"]
+        assert len(calls) == 1, path.name
+        commands.add(calls[0].args[0].value)
+        assert len(path.read_text(encoding="utf-8").splitlines()) <= 20, f"{path.name} should stay thin"
+    assert commands == set(COMMANDS)  # every command has its script, and no script runs anything else
+
+
+def test_a_script_without_the_package_says_how_to_set_up():
+    # -S: no site-packages, as in a Python where the project was never installed
+    proc = subprocess.run([sys.executable, "-S", str(ROOT / "scripts" / "train.py"), "--config", "copy"],
+                          capture_output=True, text=True, timeout=60)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1, proc.stderr
+    assert "lacks 'annotated_transformer'" in err[0] and "uv run python scripts/train.py" in err[0]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_python_m_and_the_console_command_run_the_cli():
+    by_module = subprocess.run([sys.executable, "-m", "annotated_transformer", "--help"], capture_output=True,
+                               text=True, timeout=120)
+    assert by_module.returncode == 0 and all(c in by_module.stdout for c in COMMANDS)
+    console = Path(sys.executable).parent / "annotated-transformer"
+    proc = subprocess.run([str(console), "translate", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: annotated-transformer translate")
+
+
+# ---------------------------------------------------------------- what --checkpoint names
+
+
+def make_run(folder: Path, files: list[str], final: str | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        (folder / name).write_bytes(b"weights")
+    records = [{"kind": "epoch", "epoch": 1}]
+    if final:
+        records.append({"kind": "final", "checkpoint": final, "checkpoint_file": final})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+@pytest.mark.parametrize("files, final, chosen", [
+    (["best.pt", "avg.pt", "last.pt"], "avg.pt", "avg.pt"),  # the final scores came from the average
+    (["best.pt", "avg.pt", "last.pt"], "best.pt", "best.pt"),
+    (["best.pt", "last.pt"], None, "best.pt"),  # still training, or stopped: the best so far
+    (["last.pt"], None, "last.pt"),
+    (["best.pt"], "avg.pt", "best.pt"),  # the file the record names was removed
+])
+def test_a_run_directory_stands_for_the_weights_its_scores_used(tmp_path, files, final, chosen):
+    run = make_run(tmp_path / "run", files, final)
+    assert resolve_checkpoint(run) == ("torch", run / chosen)
+
+
+def test_an_exported_folder_means_ctranslate2_and_a_file_means_torch(tmp_path):
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    (folder / "model.bin").write_bytes(b"")
+    assert resolve_checkpoint(folder) == ("ctranslate2", folder)
+    assert resolve_checkpoint(folder / "model.bin") == ("ctranslate2", folder)
+    assert resolve_checkpoint(tmp_path / "some.pt") == ("torch", tmp_path / "some.pt")  # missing: the loader says so
+    with pytest.raises(ConfigError, match="is an exported model folder; export needs the run directory or .pt file"):
+        torch_checkpoint(folder, "export")  # export, visualize and the benchmark need the PyTorch model
+
+
+def test_a_folder_that_is_neither_is_one_line(tmp_path):
+    with pytest.raises(CheckpointError, match="neither a run directory .* nor a model folder"):
+        resolve_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="holds no checkpoint yet"):
+        resolve_checkpoint(make_run(tmp_path / "empty_run", []))
+
+
+# ---------------------------------------------------------------- translate, on a trained model
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_checkpoint):
+    from annotated_transformer import Translator
+
+    return Translator.from_checkpoint(tiny_checkpoint, device="cpu")
+
+
+def translate_command(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "scripts" / "translate.py"), "--device", "cpu", *args]
+
+
+def read_until(fd: int, needle: bytes, seen: bytes = b"", timeout: float = 120.0) -> bytes:
+    """Bytes from `fd` until `needle` appears (the timeout only keeps a broken program from hanging the suite)."""
+    while needle not in seen:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"no {needle!r} within {timeout} s; got {seen[-300:]!r}"
+        chunk = os.read(fd, 4096)
+        assert chunk, f"the program closed before {needle!r}; got {seen[-300:]!r}"
+        seen += chunk
+    return seen
+
+
+def translate_in_process(capsysbinary, monkeypatch, *args: str, stdin: bytes = b"") -> tuple[int, bytes, bytes]:
+    """`python -m annotated_transformer translate ARGS` in this process: exit code, stdout, stderr."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    with pytest.raises(SystemExit) as done:
+        cli_main(["translate", "--device", "cpu", *args])
+    out, err = capsysbinary.readouterr()
+    return done.value.code, out, err
+
+
+def test_sentences_given_as_arguments(tiny_checkpoint, translator, capsysbinary, monkeypatch):
+    run_dir = str(tiny_checkpoint.parent)  # a run directory stands for its weights
+    code, out, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", run_dir, "Ein", "Mann", "fährt",
+                                          "Fahrrad.")
+    assert code == 0 and out.decode().splitlines() == translator.translate(["Ein Mann fährt Fahrrad."]), err
+    code, out, _ = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", run_dir, "--sentence", "Eine Frau.",
+                                        "--sentence", "Kinder spielen.")
+    assert code == 0 and out.decode().splitlines() == translator.translate(["Eine Frau.", "Kinder spielen."])
+    code, _, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", run_dir, "--input", "de.txt", "Ein")
+    assert code == 2 and b"not both" in err
+
+
+def test_a_file_in_a_file_out_and_a_bad_line_later(tiny_checkpoint, translator, tmp_path, capsysbinary, monkeypatch):
+    src, out = tmp_path / "de.txt", tmp_path / "en.txt"
+    src.write_text("Ein Mann.\n\nEine Frau.\n", encoding="utf-8")
+    code, stdout, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", str(tiny_checkpoint), "--input",
+                                             str(src), "--out", str(out))
+    assert code == 0 and stdout == b"", err
+    assert out.read_text(encoding="utf-8").split("\n") == [*translator.translate(["Ein Mann.", "", "Eine Frau."]), ""]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt", "en.txt"]  # no partial file left
+    code, stdout, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", str(tiny_checkpoint),
+                                             stdin=b"Ein Mann.\nStra\xdfe\n")
+    lines = err.decode().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "not valid UTF-8 (line 2" in lines[0]
+    assert stdout.decode().splitlines() in ([], translator.translate(["Ein Mann."]))  # never past the bad line
+
+
+@pytest.mark.slow
+def test_a_pipe_gets_each_answer_before_its_next_line(tiny_checkpoint, translator):
+    lines = ["Ein Mann fährt Fahrrad.", "", "Kinder spielen."]
+    proc = subprocess.Popen(translate_command("--checkpoint", str(tiny_checkpoint)), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        answers = []
+        for line in lines:  # the next line is written only after the answer to this one came back
+            proc.stdin.write(line.encode() + b"\n")
+            proc.stdin.flush()
+            answers.append(read_until(proc.stdout.fileno(), b"\n").decode().rstrip("\n"))
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+    assert answers == translator.translate(lines) and answers[1] == ""
+
+
+@pytest.mark.slow
+def test_a_file_in_a_file_out_and_a_bad_line_later(tiny_checkpoint, translator, tmp_path):
+    src, out = tmp_path / "de.txt", tmp_path / "en.txt"
+    src.write_text("Ein Mann.\n\nEine Frau.\n", encoding="utf-8")
+    proc = subprocess.run(translate_command("--checkpoint", str(tiny_checkpoint), "--input", str(src), "--out",
+                                            str(out)), capture_output=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout == b"", proc.stderr.decode()
+    assert out.read_text(encoding="utf-8").split("\n") == [*translator.translate(["Ein Mann.", "", "Eine Frau."]), ""]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt", "en.txt"]  # no partial file left
+    bad = subprocess.run(translate_command("--checkpoint", str(tiny_checkpoint)), input=b"Ein Mann.\nStra\xdfe\n",
+                         capture_output=True, timeout=300)
+    err = bad.stderr.decode().strip().splitlines()
+    assert bad.returncode == 2 and len(err) == 1 and "not valid UTF-8 (line 2" in err[0]
+    assert bad.stdout.decode().splitlines() in ([], translator.translate(["Ein Mann."]))  # never past the bad line
+
+
+@pytest.mark.slow
+def test_interactive_at_a_terminal(tiny_checkpoint, translator):
+    master, slave = os.openpty()
+    proc = subprocess.Popen(translate_command("--checkpoint", str(tiny_checkpoint)), stdin=slave, stdout=slave,
+                            stderr=slave, env={**os.environ, "TERM": "dumb"}, close_fds=True)
+    os.close(slave)
+    try:
+        seen = read_until(master, b"de> ")  # the model loads first, then the prompt
+        assert b"Type a German sentence" in seen and str(tiny_checkpoint).encode() in seen
+        for sentence in ("Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."):
+            os.write(master, sentence.encode() + b"\n")
+            answer = read_until(master, b"de> ").decode()
+            shown = [line.strip() for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", answer).splitlines()]
+            assert translator.translate([sentence])[0] in shown
+        os.write(master, b"\x04")  # Ctrl-D
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+        os.close(master)

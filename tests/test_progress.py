@@ -1,0 +1,177 @@
+"""How long a run will take: the estimate behind every epoch line, and the early warning of a long run."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer.config_loading import load_config
+from annotated_transformer.harness import report
+from annotated_transformer.harness import trainer as trainer_module
+from annotated_transformer.harness.report import (format_duration, quicker_config, run_length, seconds_left,
+                                                  slow_run_warning, time_left, translate_command)
+from annotated_transformer.harness.trainer import train_worker
+from annotated_transformer.loop import TrainState
+
+QUIET = ["train.progress=false", "train.device=cpu"]
+SMALL = ["model.d_model=32", "model.d_ff=64", "model.N=1", "data.copy_batch_size=16"]  # the copy task, smaller
+
+
+@pytest.fixture()
+def no_charts(monkeypatch):
+    """The end of a run without its charts (drawing them takes seconds; they are not what these tests check)."""
+    monkeypatch.setattr(report, "write_charts", lambda run, log: None)
+
+
+def test_seconds_left_is_the_remaining_steps_at_the_speed_so_far():
+    assert seconds_left(100, 1000, 50.0) == pytest.approx(450.0)  # 900 steps at 0.5 s
+    assert seconds_left(1000, 1000, 500.0) == 0.0
+    assert seconds_left(1200, 1000, 500.0) == 0.0  # never negative
+    # resumed at step 500: this process timed 20 steps in 40 s, so 2 s a step for the 500 to come
+    assert seconds_left(500, 1000, 40.0, steps_timed=20) == pytest.approx(1000.0)
+    assert seconds_left(0, 1000, 0.0) is None and seconds_left(10, 1000, 5.0, steps_timed=0) is None
+
+
+def test_durations_read_in_seconds_minutes_or_hours():
+    assert format_duration(0) == "0 s"
+    assert format_duration(45.2) == "45 s"
+    assert format_duration(450) == "7.5 min"
+    assert format_duration(25 * 60 + 10) == "25 min"
+    assert format_duration(8640) == "2.4 h"
+    assert format_duration(-3) == "0 s"
+    assert format_duration(math.inf) == "?"
+    assert [format_duration(x) for x in (59.4, 59.6, 596, 598, 3569, 3571)] == [
+        "59 s", "1.0 min", "9.9 min", "10 min", "59 min", "1.0 h"]
+
+
+def test_the_epoch_line_field_says_how_long_the_rest_takes():
+    t = load_config("copy", ["train.epochs=10"]).train
+    s = TrainState(step=100, epoch=1, wall_seconds=50.0)
+    assert time_left(s, t, total_steps=1000) == "about 7.5 min left"
+    s.epoch, s.step = 10, 1000
+    assert time_left(s, t, total_steps=1000) == "training done"
+    target = load_config("tiny", ["train.target_bleu=30", "train.stop_at_target=true", "train.bleu_every=1",
+                                  "train.epochs=10", "train.max_steps=0"]).train
+    assert time_left(TrainState(step=100, epoch=1, wall_seconds=50.0), target, 1000) == "at most 7.5 min left"
+
+
+def test_the_warning_fires_above_the_threshold_only(monkeypatch):
+    kwargs = {"device": "cpu (AMD EPYC, 2 threads)", "length": "20 epochs (1,100 steps)", "tokens_per_s": 1474.4,
+              "advice": "for a translator on a CPU in about 15 minutes use --config cpu_15min.yaml"}
+    # 20 steps timed in 160 s, 1,100 steps in all: 1,080 steps at 8 s = 8,640 s = 2.4 h
+    left = seconds_left(20, 1100, 160.0)
+    assert slow_run_warning(left, **kwargs) == (
+        "warning: this run will take about 2.4 h on cpu (AMD EPYC, 2 threads): 20 epochs (1,100 steps) at 1,474 "
+        "tokens/s; for a translator on a CPU in about 15 minutes use --config cpu_15min.yaml")
+    # the same speed for 400 steps: 380 x 8 s = 51 min, under the hour
+    assert slow_run_warning(seconds_left(20, 400, 160.0), **kwargs) is None
+    assert slow_run_warning(None, **kwargs) is None
+    assert slow_run_warning(100.0, **kwargs, threshold=99.0) is not None
+    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 3000.0)  # the default threshold is read at each call
+    assert slow_run_warning(seconds_left(20, 400, 160.0), **kwargs) is not None
+
+
+def test_the_advice_names_the_cpu_config_only_where_it_is_quicker():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    base = load_config("base")
+    assert "--config cpu_15min.yaml" in quicker_config(base, cpu)
+    assert quicker_config(base, gpu) == ""
+    assert quicker_config(load_config("cpu_15min"), cpu) == ""  # no advice to run what already runs
+    assert quicker_config(load_config("copy"), cpu) == ""
+    assert run_length(base.train, 1100) == "20 epochs (1,100 steps)"
+    assert run_length(load_config("tiny").train, 200) == "200 steps (train.max_steps)"
+
+
+@pytest.mark.slow
+def test_a_run_prints_the_time_left_on_every_epoch_line_and_the_warning_once(tmp_path, monkeypatch, capsys,
+                                                                              no_charts):
+    # A threshold of 0 s: any run is "long", so the warning shows on this seconds-long run.
+    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(report, "SPEED_AFTER_STEPS", 5)
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=3", "data.copy_batches=10",
+                               "train.log_every=5", "train.final_eval=false", *SMALL, *QUIET])
+    train_worker(cfg)
+    lines = capsys.readouterr().out.splitlines()
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert len(epochs) == 3
+    assert all(re.search(r" \| about [0-9.]+ (s|min|h) left$", line) for line in epochs[:2]), epochs
+    assert epochs[2].endswith(" | training done")
+    warnings = [i for i, line in enumerate(lines) if line.startswith("warning: this run will take")]
+    assert len(warnings) == 1, lines
+    line = lines[warnings[0]]
+    assert re.fullmatch(r"warning: this run will take about [0-9.]+ (s|min|h) on cpu \(.+, \d+ threads\): "
+                        r"3 epochs \(30 steps\) at [0-9,]+ tokens/s", line), line  # no advice for the copy task
+    # at the first log line with 5 steps timed, before the first epoch's line
+    assert lines[warnings[0] - 1].startswith("step      5 |") and warnings[0] < lines.index(epochs[0])
+
+
+@pytest.mark.slow
+def test_a_quick_run_does_not_warn(tmp_path, capsys, no_charts):
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=10",
+                               "train.log_every=5", "train.final_eval=false", *SMALL, *QUIET])
+    train_worker(cfg)
+    out = capsys.readouterr().out
+    assert "epoch 1/2" in out and " left" in out and "warning: this run will take" not in out
+
+
+@pytest.fixture()
+def looks(monkeypatch):
+    """Every look of the trainer at its speed: (at an epoch's end, step, warned)."""
+    seen = []
+
+    def looking(tr, at_epoch_end):
+        line = report.speed_warning(tr, at_epoch_end)
+        seen.append((at_epoch_end, tr.train_state.step, line is not None))
+        return line
+
+    monkeypatch.setattr(trainer_module, "speed_warning", looking)
+    return seen
+
+
+@pytest.mark.slow
+def test_without_log_lines_the_first_epoch_end_decides(tmp_path, monkeypatch, capsys, no_charts, looks):
+    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(report, "SPEED_AFTER_SECONDS", 1e9)  # no look between log lines
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=4",
+                               "train.log_every=100", "train.final_eval=false", *SMALL, *QUIET])
+    train_worker(cfg)
+    assert looks == [(True, 4, True)]
+    lines = capsys.readouterr().out.splitlines()
+    warning = [i for i, line in enumerate(lines) if line.startswith("warning: this run will take")]
+    assert len(warning) == 1 and lines[warning[0] + 1].startswith("epoch 1/2 |"), lines
+
+
+@pytest.mark.slow
+def test_slow_steps_between_log_lines_are_looked_at_after_a_while(tmp_path, monkeypatch, capsys, no_charts, looks):
+    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(report, "SPEED_AFTER_SECONDS", 0.0)  # "a minute" has passed after every step
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=6",
+                               "train.log_every=100", "train.final_eval=false", *SMALL, *QUIET])
+    train_worker(cfg)
+    # too few steps to trust at steps 1 and 2 (SPEED_MIN_STEPS); the look at step 3 warns, and that settles it
+    assert looks == [(False, 1, False), (False, 2, False), (False, 3, True)]
+    assert capsys.readouterr().out.count("warning: this run will take") == 1
+
+
+@pytest.mark.parametrize("argv0, uv, expected", [
+    ("scripts/train.py", "/usr/bin/uv", "uv run python scripts/translate.py --checkpoint runs/x/avg.pt"),
+    ("scripts/train.py", None, "python scripts/translate.py --checkpoint runs/x/avg.pt"),
+    ("/venv/bin/annotated-transformer", "/usr/bin/uv", "annotated-transformer translate --checkpoint runs/x/avg.pt"),
+    ("/venv/lib/annotated_transformer/__main__.py", None, "python -m annotated_transformer translate --checkpoint "
+     "runs/x/avg.pt"),
+])
+def test_the_last_line_is_a_translate_command_spelt_as_training_was_started(monkeypatch, argv0, uv, expected):
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)  # scripts/translate.py is there
+    monkeypatch.setattr(sys, "argv", [argv0])
+    if uv:
+        monkeypatch.setenv("UV", uv)
+    else:
+        monkeypatch.delenv("UV", raising=False)
+    assert translate_command(root / "runs" / "x" / "avg.pt") == expected
+    assert translate_command(Path("/elsewhere/best.pt")).endswith("--checkpoint /elsewhere/best.pt")
