@@ -72,3 +72,59 @@ def tiny_checkpoint(tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Pa
                       "train.final_eval=false")
     train_worker(cfg)
     return run_dir / "best.pt"
+
+
+@pytest.fixture(scope="session")
+def word_mode_scores(multi30k_dir: Path):
+    """A function: sacreBLEU's scores of word-mode hypotheses against the first len(hyps) English references of a
+    split ('val' or 'test'), computed here from the raw .gz file (references spaCy-tokenised, as word mode
+    compares them) instead of by the project's scorer: {"bleu", "bleu_lc", "chrf"}."""
+    import gzip
+
+    from sacrebleu.metrics import BLEU, CHRF
+
+    from annotated_transformer.data.tokenizers import word_tokenize
+
+    files = {"val": "val.en.gz", "test": "test_2016_flickr.en.gz"}
+    tokenised: dict[str, list[str]] = {}
+
+    def scores(hyps: list[str], split: str) -> dict[str, float]:
+        if split not in tokenised:
+            with gzip.open(multi30k_dir / files[split], "rt", encoding="utf-8") as f:
+                tokenised[split] = [" ".join(word_tokenize(line, "en")) for line in f.read().split("\n")]
+        refs = tokenised[split][: len(hyps)]
+        return {"bleu": BLEU(tokenize="none", force=True).corpus_score(hyps, [refs]).score,
+                "bleu_lc": BLEU(tokenize="none", lowercase=True, force=True).corpus_score(hyps, [refs]).score,
+                "chrf": CHRF().corpus_score(hyps, [refs]).score}
+
+    return scores
+
+
+def _run_command(command: str, *args: str, stdin: bytes = b"") -> tuple[int, bytes, bytes]:
+    import io
+    import sys
+
+    from annotated_transformer.cli import run
+
+    streams = [io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="") for data in (stdin, b"", b"")]
+    saved = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin, sys.stdout, sys.stderr = streams
+    try:
+        run(command, [str(a) for a in args], f"scripts/{command}.py")
+    except SystemExit as exc:
+        code = exc.code
+    else:  # pragma: no cover - run() always ends with SystemExit
+        raise AssertionError(f"{command} returned without an exit code")
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved
+    for stream in streams[1:]:
+        stream.flush()
+    return code, streams[1].buffer.getvalue(), streams[2].buffer.getvalue()
+
+
+@pytest.fixture(scope="session")
+def command():
+    """A function: `command(name, *args, stdin=b"")` runs `python -m annotated_transformer NAME ARGS` (what
+    scripts/NAME.py runs) in this process, with `stdin` as its standard input; returns (exit code, stdout bytes,
+    stderr bytes). A command is a process only where the test is about the process."""
+    return _run_command

@@ -6,9 +6,6 @@ Speed itself is never asserted here (speed goals live in the benchmark, not in t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,8 +13,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer.hardware import train_step_flops
 from annotated_transformer.model import make_model, subsequent_mask
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def forward_flops(model, S: int, T: int) -> int:
@@ -41,25 +36,29 @@ def test_train_step_flops_matches_pytorchs_flop_counter(attention):
     assert ours == 3 * counted  # backward = 2x forward
 
 
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts/benchmark.py"), *args], capture_output=True,
-                          text=True, timeout=600)
-
-
 @pytest.mark.slow
-def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path):
-    proc = run("--config", "tiny", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
-               "train.precision=fp32", "train.device=cpu", "--steps", "2", "--warmup", "1", "--sentences", "40",
-               "--one-sentence", "8", "--sweep", "--sweep-tokens", "256", "--sweep-lengths", "8,16",
-               "--out", str(tmp_path), "--json")
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path, command, monkeypatch):
+    """The benchmark command in this process, each training side measured here too (the fresh process the
+    benchmark gives each side is tested below) and the matmul peak on small matrices (tested above)."""
+    from annotated_transformer import benchmark, hardware
+
+    monkeypatch.setattr(benchmark, "in_fresh_process", lambda what, fn, *args: fn(*args))
+    monkeypatch.setattr(benchmark, "matmul_peak",
+                        lambda device, dtype, n=None, repeats=20: hardware.matmul_peak(device, dtype, 512, 3))
+    code, stdout, stderr = command(
+        "benchmark", "--config", "tiny", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
+        "train.precision=fp32", "train.device=cpu", "decode.max_len_a=5", "--steps", "2", "--warmup", "1",
+        "--sentences", "40", "--one-sentence", "8", "--sweep", "--sweep-tokens", "256", "--sweep-lengths", "8,16",
+        "--out", tmp_path, "--json")
+    assert code == 0, stderr.decode()
+    result = json.loads(stdout)
     assert isinstance(result["device"], str) and result["device"].strip()  # a machine name
     t, d = result["train"], result["decode"]
     assert t["ratio"] == pytest.approx(t["fast_tokens_per_s"] / t["notebook_tokens_per_s"])
     assert 0 < t["mfu"] < 1 and 0 < t["notebook_mfu"] < 1
     assert t["notebook"]["attention"] == "naive" and t["fast"]["attention"] == "sdpa"
     assert t["notebook"]["loss_finite"] and t["fast"]["loss_finite"]
+    assert t["notebook"]["steps"] == t["fast"]["steps"] == 2
     # the notebook side really is the notebook's batching: 32 sentences, so a few hundred target tokens
     assert t["notebook"]["tokens_per_step"] < 32 * 40
     for key in ("one_sentence_per_s", "batched_greedy_per_s", "beam5_per_s"):
@@ -73,17 +72,38 @@ def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path):
     assert json.loads((tmp_path / "benchmark.json").read_text())["train"] == t
 
 
+def child_facts(x: int) -> dict:
+    """What in_fresh_process's child reports: its process id and its argument (a ValueError for x < 0)."""
+    import os
+
+    if x < 0:
+        raise ValueError(f"x is {x}")
+    return {"pid": os.getpid(), "x": x}
+
+
+@pytest.mark.slow
+def test_in_fresh_process_runs_the_function_in_another_process_and_names_a_failure():
+    import os
+
+    from annotated_transformer.hardware import in_fresh_process
+
+    facts = in_fresh_process("facts", child_facts, 7)
+    assert facts["x"] == 7 and facts["pid"] != os.getpid()
+    with pytest.raises(RuntimeError, match=r"^facts failed: ValueError: x is -1$"):
+        in_fresh_process("facts", child_facts, -1)
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--config", "tiny", "--steps", "0"], "--steps must be at least 1"),
     (["--config", "copy"], "needs a Multi30k config"),
     (["--config", "tiny", "train.precison=bf16"], "did you mean 'train.precision'"),
 ])
-@pytest.mark.slow
-def test_benchmark_bad_input_is_one_clear_line(args, needle):
-    proc = run(*args)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+def test_benchmark_bad_input_is_one_clear_line(args, needle, command):
+    code, stdout, stderr = command("benchmark", *args)
+    assert code == 2
+    lines = stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    assert stdout == b""
 
 
 def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):

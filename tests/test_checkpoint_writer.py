@@ -91,6 +91,7 @@ def test_copy_run_keeps_the_last_epochs_and_averages_them(tmp_path):
         assert torch.allclose(value, (a[key] + b[key]) / 2, atol=1e-6), key
 
 
+@pytest.mark.slow
 def test_translation_run_scores_the_better_of_best_and_average_on_val(tiny_config, tmp_path, capsys):
     # Two quick epochs: training on the 735 pairs of at most 9 ids (longer ones skipped); val and test stay whole.
     cfg = tiny_config(f"train.out_dir={tmp_path}", "train.max_steps=0", "train.epochs=2", "data.max_sentence_len=9",

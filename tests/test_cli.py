@@ -231,22 +231,6 @@ def test_a_pipe_gets_each_answer_before_its_next_line(tiny_checkpoint, translato
 
 
 @pytest.mark.slow
-def test_a_file_in_a_file_out_and_a_bad_line_later(tiny_checkpoint, translator, tmp_path):
-    src, out = tmp_path / "de.txt", tmp_path / "en.txt"
-    src.write_text("Ein Mann.\n\nEine Frau.\n", encoding="utf-8")
-    proc = subprocess.run(translate_command("--checkpoint", str(tiny_checkpoint), "--input", str(src), "--out",
-                                            str(out)), capture_output=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout == b"", proc.stderr.decode()
-    assert out.read_text(encoding="utf-8").split("\n") == [*translator.translate(["Ein Mann.", "", "Eine Frau."]), ""]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt", "en.txt"]  # no partial file left
-    bad = subprocess.run(translate_command("--checkpoint", str(tiny_checkpoint)), input=b"Ein Mann.\nStra\xdfe\n",
-                         capture_output=True, timeout=300)
-    err = bad.stderr.decode().strip().splitlines()
-    assert bad.returncode == 2 and len(err) == 1 and "not valid UTF-8 (line 2" in err[0]
-    assert bad.stdout.decode().splitlines() in ([], translator.translate(["Ein Mann."]))  # never past the bad line
-
-
-@pytest.mark.slow
 def test_interactive_at_a_terminal(tiny_checkpoint, translator):
     master, slave = os.openpty()
     proc = subprocess.Popen(translate_command("--checkpoint", str(tiny_checkpoint)), stdin=slave, stdout=slave,

@@ -4,8 +4,6 @@ scripts/average_checkpoints.py on a tiny trained checkpoint, bad input included.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,6 @@ from annotated_transformer.harness.checkpointing import load_checkpoint, save_ch
 from annotated_transformer.model import make_model_from_config
 from annotated_transformer.translator import set_token_reduction
 
-ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = [
     "Ein Mann fährt Fahrrad.",
     "",
@@ -26,12 +23,6 @@ SENTENCES = [
     "   ",
     "Kinder spielen.",
 ]
-
-
-def run_script(name: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    """Run scripts/<name> as a user would, capturing bytes."""
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], input=stdin,
-                          capture_output=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -92,54 +83,52 @@ def test_translator_refuses_a_copy_task_checkpoint(tmp_path, tiny_checkpoint):
         Translator.from_checkpoint(tmp_path / "copy.pt")
 
 
-# ---------------------------------------------------------------- translate.py
+# ---------------------------------------------------------------- translate (in this process, through
+# annotated_transformer.cli: what scripts/translate.py runs; test_cli.py runs it as a process at a pipe and a terminal)
 
 
-@pytest.mark.slow
-def test_translate_script_one_line_out_per_line_in(tiny_checkpoint, translator):
+def test_translate_one_line_out_per_line_in(tiny_checkpoint, translator, command):
     stdin = "\n".join(SENTENCES).encode("utf-8") + b"\n"
-    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
-    assert proc.returncode == 0, proc.stderr.decode()
-    lines = proc.stdout.decode("utf-8").split("\n")
+    code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", stdin=stdin)
+    assert code == 0, stderr.decode()
+    lines = stdout.decode("utf-8").split("\n")
     assert lines[-1] == ""  # every output line ends with a newline
     assert lines[:-1] == translator.translate(SENTENCES)
-    assert proc.stderr.decode().strip() == ""  # nothing to warn about
+    assert stderr == b""  # nothing to warn about
 
 
-@pytest.mark.slow
-def test_translate_script_reads_a_file_and_beam(tiny_checkpoint, translator, tmp_path):
+def test_translate_reads_a_file_and_beam(tiny_checkpoint, translator, tmp_path, command):
     src = tmp_path / "de.txt"
     src.write_text("\n".join(SENTENCES[:4]) + "\n", encoding="utf-8")
-    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--input", str(src), "--beam", "3",
-                      "--device", "cpu")
-    assert proc.returncode == 0, proc.stderr.decode()
-    assert proc.stdout.decode("utf-8").splitlines() == translator.translate(SENTENCES[:4], beam_size=3)
+    code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--input", src, "--beam", "3",
+                                   "--device", "cpu")
+    assert code == 0, stderr.decode()
+    beam = translator.translate(SENTENCES[:4], beam_size=3)
+    assert stdout.decode("utf-8").splitlines() == beam
 
 
-@pytest.mark.slow
-def test_translate_script_prunes_or_merges_tokens_as_the_translator_does(tiny_checkpoint):
+def test_translate_prunes_or_merges_tokens_as_the_translator_does(tiny_checkpoint, command):
     pruned = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
     set_token_reduction(pruned, None, 0.4)
     assert pruned.model.prune and pruned.model.merge_ratio == 0.4
     stdin = "\n".join(SENTENCES[:4]).encode("utf-8") + b"\n"
-    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--prune-ratio", "0.4",
-                      stdin=stdin)
-    assert proc.returncode == 0, proc.stderr.decode()
-    assert proc.stdout.decode("utf-8").splitlines() == pruned.translate(SENTENCES[:4])
-    both = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--merge-ratio", "0.2", "--prune-ratio",
-                      "0.2", stdin=stdin)
-    assert both.returncode == 2 and both.stderr.decode().strip() == "error: --merge-ratio and --prune-ratio: use one of them"
+    code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "--prune-ratio",
+                                   "0.4", stdin=stdin)
+    assert code == 0, stderr.decode()
+    assert stdout.decode("utf-8").splitlines() == pruned.translate(SENTENCES[:4])
+    code, _, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--merge-ratio", "0.2", "--prune-ratio",
+                              "0.2", stdin=stdin)
+    assert code == 2 and stderr.decode() == "error: --merge-ratio and --prune-ratio: use one of them\n"
 
 
-@pytest.mark.slow
-def test_translate_script_truncates_a_long_line_with_a_warning(tiny_checkpoint, translator):
+def test_translate_truncates_a_long_line_with_a_warning(tiny_checkpoint, translator, command):
     limit = translator.text.max_sentence_len
     long_line = " ".join(["Hund"] * (limit + 20))
     stdin = f"Ein Mann.\n{long_line}\nEine Frau.\n".encode()
-    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", stdin=stdin)
-    assert proc.returncode == 0, proc.stderr.decode()
-    assert len(proc.stdout.decode().splitlines()) == 3
-    warnings = proc.stderr.decode().strip().splitlines()
+    code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", stdin=stdin)
+    assert code == 0, stderr.decode()
+    assert stdout.decode().splitlines() == translator.translate(["Ein Mann.", long_line, "Eine Frau."])
+    warnings = stderr.decode().strip().splitlines()
     assert len(warnings) == 1
     assert "line 2" in warnings[0] and "truncated" in warnings[0] and str(limit) in warnings[0]
 
@@ -149,52 +138,48 @@ def test_translate_script_truncates_a_long_line_with_a_warning(tiny_checkpoint, 
     (["--beam", "0"], b"Ein Mann.\n", "--beam must be at least 1"),
     (["--input", "/nonexistent/de.txt"], b"", "cannot read /nonexistent/de.txt"),
 ])
-@pytest.mark.slow
-def test_translate_script_bad_input_is_one_clear_line(tiny_checkpoint, args, stdin, needle):
-    proc = run_script("translate.py", "--checkpoint", str(tiny_checkpoint), "--device", "cpu", *args, stdin=stdin)
-    assert proc.returncode == 2
-    err = proc.stderr.decode().strip().splitlines()
+def test_translate_bad_input_is_one_clear_line(tiny_checkpoint, args, stdin, needle, command):
+    code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", *args,
+                                   stdin=stdin)
+    assert code == 2
+    err = stderr.decode().strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
-    assert proc.stdout == b""
+    assert stdout == b""
 
 
-@pytest.mark.slow
-def test_translate_script_missing_checkpoint(tmp_path):
-    proc = run_script("translate.py", "--checkpoint", str(tmp_path / "nope.pt"), stdin=b"Ein Mann.\n")
-    assert proc.returncode == 2
-    assert proc.stderr.decode().strip() == f"error: checkpoint {tmp_path / 'nope.pt'} not found"
+# ---------------------------------------------------------------- evaluate (in this process)
 
 
-# ---------------------------------------------------------------- evaluate.py
-
-
-@pytest.mark.slow
-def test_evaluate_script_json(tiny_checkpoint, multi30k_dir, tmp_path):
+def test_evaluate_json(tiny_checkpoint, multi30k_dir, tmp_path, command, word_mode_scores):
     hyp_file = tmp_path / "hyps.txt"
-    proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--split", "val", "--limit", "20",
-                      "--json", "--output", str(hyp_file), "--data-root", str(multi30k_dir), "--device", "cpu",
-                      "--show", "2")
-    assert proc.returncode == 0, proc.stderr.decode()
-    result = json.loads(proc.stdout)  # stdout is exactly one JSON object
-    for key in ("bleu", "signature", "split", "beam", "sentences", "seconds"):
-        assert key in result
-    assert result["split"] == "val" and result["beam"] == 1 and result["sentences"] == 20
-    assert 0.0 <= result["bleu"] <= 100.0 and result["seconds"] > 0
+    code, stdout, stderr = command("evaluate", "--checkpoint", tiny_checkpoint, "--split", "val", "--limit", "20",
+                                   "--json", "--output", hyp_file, "--data-root", multi30k_dir, "--device", "cpu",
+                                   "--show", "2")
+    assert code == 0, stderr.decode()
+    result = json.loads(stdout)  # stdout is exactly one JSON object
+    assert result["split"] == "val" and result["beam"] == 1 and result["sentences"] == 20 and result["seconds"] > 0
     # word mode: the headline is the lowercased tokenised BLEU; the signature says so
     assert "tok:none" in result["signature"] and "case:lc" in result["signature"]
     assert result["bleu"] == result["scores"]["bleu_lc"]["score"]
-    assert {"bleu", "bleu_lc", "chrf"} <= set(result["scores"])
+    assert set(result["scores"]) == {"bleu", "bleu_lc", "chrf"}
     hyps = hyp_file.read_text(encoding="utf-8").split("\n")
     assert len(hyps) == 21 and hyps[-1] == ""
-    assert "Ein" in proc.stderr.decode() or "ein" in proc.stderr.decode()  # --show goes to stderr with --json
+    # every figure equals sacreBLEU's own on these hypotheses against the spaCy-tokenised references
+    expected = word_mode_scores(hyps[:-1], "val")
+    for key, value in expected.items():
+        assert result["scores"][key]["score"] == pytest.approx(value, abs=1e-9), key
+    assert expected["chrf"] > 0  # a score that moves: the outputs share characters with the references
+    shown = stderr.decode()  # --show goes to stderr with --json: the first two examples
+    shown_as = {kind: [line.strip().partition(" ")[2].strip() for line in shown.splitlines()
+                       if line.strip().startswith(kind)] for kind in ("source", "model")}
+    assert shown_as == {"source": _val_sources(multi30k_dir, 2), "model": hyps[:2]}
 
 
-@pytest.mark.slow
-def test_evaluate_script_text_output_names_signatures(tiny_checkpoint, multi30k_dir, tmp_path):
-    proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--split", "test", "--limit", "8",
-                      "--output", str(tmp_path / "h.txt"), "--data-root", str(multi30k_dir), "--device", "cpu")
-    assert proc.returncode == 0, proc.stderr.decode()
-    out = proc.stdout.decode()
+def test_evaluate_text_output_names_signatures(tiny_checkpoint, multi30k_dir, tmp_path, command):
+    code, stdout, stderr = command("evaluate", "--checkpoint", tiny_checkpoint, "--split", "test", "--limit", "8",
+                                   "--output", tmp_path / "h.txt", "--data-root", multi30k_dir, "--device", "cpu")
+    assert code == 0, stderr.decode()
+    out = stdout.decode()
     assert "test: 8 sentences, beam 1" in out
     scored = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert set(scored) == {"bleu", "bleu_lc", "chrf"}
@@ -202,37 +187,44 @@ def test_evaluate_script_text_output_names_signatures(tiny_checkpoint, multi30k_
     assert "case:lc" in scored["bleu_lc"] and "case:mixed" in scored["bleu"]
 
 
-@pytest.mark.slow
-def test_evaluate_script_refuses_a_bad_beam(tiny_checkpoint):
-    proc = run_script("evaluate.py", "--checkpoint", str(tiny_checkpoint), "--beam", "-1")
-    assert proc.returncode == 2
-    assert proc.stderr.decode().strip() == "error: --beam must be at least 1, got -1"
+def test_evaluate_refuses_a_bad_beam(tiny_checkpoint, command):
+    code, _, stderr = command("evaluate", "--checkpoint", tiny_checkpoint, "--beam", "-1")
+    assert code == 2
+    assert stderr.decode() == "error: --beam must be at least 1, got -1\n"
 
 
-@pytest.mark.slow
-def test_evaluate_script_merges_tokens_at_inference_only(tiny_checkpoint, multi30k_dir, tmp_path):
-    common = ("--checkpoint", str(tiny_checkpoint), "--split", "val", "--limit", "30", "--json",
-              "--data-root", str(multi30k_dir), "--device", "cpu")
-    plain = run_script("evaluate.py", *common, "--output", str(tmp_path / "plain.txt"))
-    merged = run_script("evaluate.py", *common, "--output", str(tmp_path / "merged.txt"), "--merge-ratio", "0.4")
-    assert plain.returncode == 0 and merged.returncode == 0, merged.stderr.decode()
-    assert json.loads(merged.stdout)["sentences"] == 30
-    assert len((tmp_path / "merged.txt").read_text().splitlines()) == 30
-    bad = run_script("evaluate.py", *common, "--merge-ratio", "0.9")
-    assert bad.returncode == 2 and bad.stderr.decode().strip() == "error: --merge-ratio must be in [0, 0.5], got 0.9"
+def test_evaluate_merges_tokens_at_inference_only(tiny_checkpoint, multi30k_dir, tmp_path, command):
+    common = ("--checkpoint", tiny_checkpoint, "--split", "val", "--limit", "30", "--json",
+              "--data-root", multi30k_dir, "--device", "cpu")
+    code, stdout, stderr = command("evaluate", *common, "--output", tmp_path / "merged.txt", "--merge-ratio", "0.4")
+    assert code == 0, stderr.decode()
+    assert json.loads(stdout)["sentences"] == 30
+    merged = (tmp_path / "merged.txt").read_text().splitlines()
+    reference = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
+    set_token_reduction(reference, 0.4, None)
+    assert merged == reference.translate(_val_sources(multi30k_dir, 30))  # the merging translator's outputs
+    assert load_checkpoint(tiny_checkpoint)["config"]["model"]["merge_ratio"] == 0.0  # the checkpoint unchanged
+    code, _, stderr = command("evaluate", *common, "--merge-ratio", "0.9")
+    assert code == 2 and stderr.decode() == "error: --merge-ratio must be in [0, 0.5], got 0.9\n"
 
 
-# ---------------------------------------------------------------- average_checkpoints.py
+def _val_sources(multi30k_dir: Path, n: int) -> list[str]:
+    import gzip
+
+    with gzip.open(multi30k_dir / "val.de.gz", "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f.read().split("\n")[:n]]
 
 
-@pytest.mark.slow
-def test_average_checkpoints_script(tiny_checkpoint, tmp_path):
+# ---------------------------------------------------------------- average (in this process)
+
+
+def test_average_checkpoints(tiny_checkpoint, tmp_path, command):
     payload = load_checkpoint(tiny_checkpoint)
     shifted = dict(payload, model={k: v + 1.0 if v.is_floating_point() else v for k, v in payload["model"].items()})
     save_checkpoint(shifted, tmp_path / "shifted.pt")
     out = tmp_path / "avg.pt"
-    proc = run_script("average_checkpoints.py", str(tiny_checkpoint), str(tmp_path / "shifted.pt"), "--output", str(out))
-    assert proc.returncode == 0, proc.stderr.decode()
+    code, _, stderr = command("average", tiny_checkpoint, tmp_path / "shifted.pt", "--output", out)
+    assert code == 0, stderr.decode()
     avg = load_checkpoint(out)
     for k, v in payload["model"].items():
         if v.is_floating_point():
@@ -241,8 +233,7 @@ def test_average_checkpoints_script(tiny_checkpoint, tmp_path):
     assert len(tr.translate(["Ein Mann fährt Fahrrad."])) == 1
 
 
-@pytest.mark.slow
-def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_path):
+def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_path, command):
     payload = load_checkpoint(tiny_checkpoint)
     cfg = json.loads(json.dumps(payload["config"]))
     cfg["model"]["d_ff"] *= 2
@@ -252,22 +243,19 @@ def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_p
                                    payload["model"]["tgt_embed.0.lut.weight"].shape[0])
     save_checkpoint(dict(payload, config=cfg, model=other.state_dict()), tmp_path / "wide.pt")
     out = tmp_path / "avg.pt"
-    proc = run_script("average_checkpoints.py", str(tiny_checkpoint), str(tmp_path / "wide.pt"), "--output", str(out))
-    assert proc.returncode == 2
-    err = proc.stderr.decode().strip()
+    code, _, stderr = command("average", tiny_checkpoint, tmp_path / "wide.pt", "--output", out)
+    assert code == 2
+    err = stderr.decode().strip()
     assert err.startswith("error: ") and "different architecture" in err and "\n" not in err
     assert not out.exists()
 
 
-@pytest.mark.slow
-def test_average_checkpoints_refuses_another_vocabulary(tiny_checkpoint, tmp_path):
+def test_average_checkpoints_refuses_another_vocabulary(tiny_checkpoint, tmp_path, command):
     payload = load_checkpoint(tiny_checkpoint)
     text = dict(payload["text"], tgt_vocab=list(payload["text"]["tgt_vocab"]))
     text["tgt_vocab"][4], text["tgt_vocab"][5] = text["tgt_vocab"][5], text["tgt_vocab"][4]  # same size, other ids
     save_checkpoint(dict(payload, text=text), tmp_path / "other_vocab.pt")
-    proc = run_script("average_checkpoints.py", str(tiny_checkpoint), str(tmp_path / "other_vocab.pt"),
-                      "--output", str(tmp_path / "avg.pt"))
-    assert proc.returncode == 2
-    assert "different vocabulary" in proc.stderr.decode()
+    code, _, stderr = command("average", tiny_checkpoint, tmp_path / "other_vocab.pt", "--output", tmp_path / "avg.pt")
+    assert code == 2
+    assert "different vocabulary" in stderr.decode() and stderr.decode().count("\n") == 1
     assert not (tmp_path / "avg.pt").exists()
-

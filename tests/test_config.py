@@ -115,15 +115,28 @@ def test_every_field_has_help():
         (["--config", "copy", "train.epochs"], "not of the form section.key=value"),
     ],
 )
+def test_cli_errors_are_one_line_and_exit_2(args, message, tmp_path, monkeypatch, capsys):
+    from annotated_transformer.cli import run
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:  # what scripts/train.py runs, in this process
+        run("train", args, "train.py")
+    assert done.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
 @pytest.mark.slow
-def test_cli_errors_are_one_line_and_exit_2(args, message, tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), *args],
+def test_a_script_error_in_its_own_process_is_one_line_and_exit_2(tmp_path):
+    """As a user runs it: one line on stderr, exit 2, no traceback from the interpreter either."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy", "model.d_modle=3"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("error: ") and message in lines[0]
-    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert "did you mean 'model.d_model'" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_config_doc_is_up_to_date():

@@ -1,17 +1,14 @@
 """The copy task end to end through the user's command."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from annotated_transformer import data_gen
+from annotated_transformer.cli import run
 from annotated_transformer.harness.checkpointing import load_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_data_gen_follows_the_notebook():
@@ -26,15 +23,21 @@ def test_data_gen_follows_the_notebook():
     assert b.ntokens == 8 * 9
 
 
+def train_copy_yaml(capsys, out: Path) -> tuple[int, str, str]:
+    """`train --config copy.yaml train.out_dir=OUT`, as scripts/train.py runs it, in this process."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        run("train", ["--config", "copy.yaml", f"train.out_dir={out}"], "train.py")
+    stdout, stderr = capsys.readouterr()
+    return done.value.code, stdout, stderr
+
+
 @pytest.mark.slow
-def test_copy_yaml_trains_to_perfect_copies(tmp_path):
+def test_copy_yaml_trains_to_perfect_copies(tmp_path, capsys):
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml", f"train.out_dir={out}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "exact copies: 100/100" in proc.stdout, proc.stdout[-2000:]
+    code, stdout, stderr = train_copy_yaml(capsys, out)
+    assert code == 0, stderr[-2000:]
+    assert "exact copies: 100/100" in stdout, stdout[-2000:]
     # the run directory holds the resolved config, metrics and checkpoints
     assert (out / "config.yaml").is_file()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -43,13 +46,13 @@ def test_copy_yaml_trains_to_perfect_copies(tmp_path):
     assert epochs[-1]["val_loss"] < epochs[0]["val_loss"] / 10
     for name in ("best.pt", "last.pt", "epoch_01.pt", "epoch_20.pt"):
         assert (out / name).is_file(), name
+    # and the run's charts, drawn at its end
+    assert "vegaEmbed(" in (out / "charts" / "training_curves.html").read_text(encoding="utf-8")
+    assert (out / "charts" / "training_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     last = load_checkpoint(out / "last.pt")
     assert last["train_state"]["step"] == 400 and last["train_state"]["epoch"] == 20
     # the same command again finds the run finished and leaves it as it is
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    again = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml", f"train.out_dir={out}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )
-    assert again.returncode == 0 and "holds a finished run (20 epochs, 400 steps)" in again.stdout
+    code, stdout, _ = train_copy_yaml(capsys, out)
+    assert code == 0 and "holds a finished run (20 epochs, 400 steps)" in stdout
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before

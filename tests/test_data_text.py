@@ -45,7 +45,7 @@ def test_vocab_is_deterministic_and_round_trips():
     assert v1.lookup_tokens(ids) == ["x", "y", "<unk>"]
     assert v1.lookup_tokens(torch.tensor([5, 4])) == ["x", "y"]
     assert Vocab.from_dict(json.loads(json.dumps(v1.to_dict()))) == v1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a vocabulary must start with the specials"):
         Vocab(["a", "b"])  # no specials
 
 

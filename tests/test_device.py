@@ -3,11 +3,8 @@ error with 'cuda'); no GPU at all stays quiet. NVML and torch.cuda are faked, so
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +13,6 @@ from annotated_transformer import device as devices
 from annotated_transformer.device import configure_backends, select_device, unusable_gpu
 from annotated_transformer.errors import ConfigError, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 A100 = "NVIDIA A100-SXM4-80GB"
 
 
@@ -173,60 +169,47 @@ def test_a_cuda_device_turns_off_cudnn_attention():
         torch.backends.cuda.enable_cudnn_sdp(before)
 
 
-# ---------------------------------------------------------------- the scripts, as a user runs them
+# ---------------------------------------------------------------- the commands, as a user runs them (in this process)
 
 
-def one_error_line(tmp_path: Path, script: str, *args: str, nvml_sees_a_gpu: bool = False) -> str:
-    """Run scripts/<script> in a child process; it must exit 2 with one `error:` line, which is returned."""
-    env = dict(os.environ)
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    if nvml_sees_a_gpu:  # a pynvml.py first on the path stands in for nvidia-ml-py
-        fake = tmp_path / "fake_nvml"
-        fake.mkdir()
-        (fake / "pynvml.py").write_text(
-            "def nvmlInit(): pass\n"
-            "def nvmlShutdown(): pass\n"
-            "def nvmlDeviceGetCount(): return 1\n"
-            "def nvmlDeviceGetHandleByIndex(i): return i\n"
-            f"def nvmlDeviceGetName(h): return {A100!r}\n"
-            "def nvmlSystemGetDriverVersion(): return '535.104.05'\n"
-            "def nvmlSystemGetCudaDriverVersion(): return 12020\n"
-        )
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args], capture_output=True, text=True,
-                          cwd=tmp_path, env=env, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+def error_line_of(capsys, command: str, *args: str) -> str:
+    """Run `command` as scripts/<command>.py does; it must exit 2 with one `error:` line, which is returned."""
+    from annotated_transformer.cli import run
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        run(command, list(args), f"{command}.py")
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     return lines[0]
 
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine can use CUDA")
 
 
-@pytest.mark.slow
 @needs_no_cuda
-def test_train_device_cuda_without_cuda_exits_2(tmp_path):
-    line = one_error_line(tmp_path, "train.py", "--config", "copy", "train.device=cuda",
-                          f"train.out_dir={tmp_path / 'run'}")
+def test_train_device_cuda_without_cuda_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    line = error_line_of(capsys, "train", "--config", "copy", "train.device=cuda", f"train.out_dir={tmp_path / 'run'}")
     assert line.startswith("error: train.device is 'cuda' but ")
+    assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow
 @needs_no_cuda
-def test_train_device_cuda_names_the_gpu_nvml_sees(tmp_path):
-    line = one_error_line(tmp_path, "train.py", "--config", "copy", "train.device=cuda",
-                          f"train.out_dir={tmp_path / 'run'}", nvml_sees_a_gpu=True)
+def test_train_device_cuda_names_the_gpu_nvml_sees(tmp_path, capsys, nvml):
+    nvml()
+    line = error_line_of(capsys, "train", "--config", "copy", "train.device=cuda", f"train.out_dir={tmp_path / 'run'}")
     assert line.startswith("error: train.device is 'cuda' but torch ")
-    assert A100 in line and "driver 535.104.05" in line and f"torch {torch.__version__}" in line
+    assert A100 in line and "driver 535.104.05" in line and "torch 2.15.0+cu132" in line
 
 
-@pytest.mark.slow
 @needs_no_cuda
-def test_translate_chooses_its_device_the_same_way(tmp_path):
+def test_translate_chooses_its_device_the_same_way(tmp_path, capsys, nvml):
+    nvml()
     source = tmp_path / "de.txt"
     source.write_text("Ein Mann.\n")
-    line = one_error_line(tmp_path, "translate.py", "--checkpoint", str(tmp_path / "missing.pt"),
-                          "--input", str(source), "--device", "cuda", nvml_sees_a_gpu=True)
+    line = error_line_of(capsys, "translate", "--checkpoint", str(tmp_path / "missing.pt"), "--input", str(source),
+                         "--device", "cuda")
     assert line.startswith("error: device is 'cuda' but torch ") and A100 in line

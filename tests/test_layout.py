@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -102,19 +104,25 @@ def test_the_core_imports_nothing_of_the_harness():
     assert wrong == []
 
 
+@pytest.mark.slow
 def test_importing_the_package_loads_the_core_only():
-    """Nothing heavy beyond what `import torch` loads itself (torch 2.15 brings tqdm and pynvml), and no thread."""
+    """Nothing heavy beyond what `import torch` loads itself (torch 2.15 brings tqdm and pynvml), and no thread; the
+    visualization package loads altair on its first chart, and vl-convert only to save a PNG."""
     code = ("import sys, threading, torch; "
             "heavy = lambda: {m for m in sys.modules if m.split('.')[0] in ('tqdm', 'torchdata', 'sacrebleu', "
-            "'spacy', 'altair', 'pynvml', 'sentencepiece') or m.startswith(('annotated_transformer.harness', "
-            "'annotated_transformer.translator'))}; "
+            "'spacy', 'altair', 'vl_convert', 'pynvml', 'sentencepiece') or m.startswith(("
+            "'annotated_transformer.harness', 'annotated_transformer.translator'))}; "
             "before = heavy(); import annotated_transformer as at; "
             "print(sorted(heavy() - before)); print(threading.active_count()); at.make_model; at.run_epoch; "
             "assert at.train_worker.__module__ == 'annotated_transformer.harness.trainer'; "
-            "print('annotated_transformer.harness.trainer' in sys.modules)")
+            "print('annotated_transformer.harness.trainer' in sys.modules); "
+            "import annotated_transformer.visualization as viz; "
+            "charts = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'altair', 'vl_convert'}); "
+            "print(charts()); viz.mask_chart; print(charts())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    loaded, threads, lazy = out.stdout.splitlines()
+    loaded, threads, lazy, before_a_chart, after_a_chart = out.stdout.splitlines()
     assert loaded == "[]" and threads == "1" and lazy == "True"
+    assert before_a_chart == "[]" and after_a_chart == "['altair']"
 
 
 def test_reading_order_names_core_files_with_their_line_counts():
@@ -122,8 +130,10 @@ def test_reading_order_names_core_files_with_their_line_counts():
     table = text.split("## Reading order", 1)[1].split("\n\n")[2]
     rows = [line.split("|") for line in table.splitlines()[2:]]
     assert len(rows) >= 7
+    assert rows[-1][1].strip() == "`examples/copy_task.py`"  # the notebook's example_simple_model comes last
     for row in rows:
         path, lines = row[1].strip().strip("`"), int(row[-2])
-        assert path.removeprefix("annotated_transformer/").split("/")[0].removesuffix(".py") in CORE, path
+        module = path.removeprefix("annotated_transformer/").split("/")[0].removesuffix(".py")
+        assert module in CORE or path == "examples/copy_task.py", path
         actual = len(ROOT.joinpath(path).read_text(encoding="utf-8").splitlines())
         assert abs(actual - lines) <= 0.1 * actual, f"{path}: the README says {lines} lines, it has {actual}"

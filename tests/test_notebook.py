@@ -72,7 +72,7 @@ def check_chart_output(output: dict, source: str) -> None:
 def run_notebook(nb, kernel: str, data_dir: Path, cache_dir: Path, overrides: tuple[str, ...] = ()):
     """Execute `nb` in place with the session's data and a short training (a failing cell raises
     CellExecutionError, leaving the outputs so far in `nb`); returns the injected cell, taken out again."""
-    train = [f"data.root={data_dir}", f"data.cache_dir={cache_dir}", "train.max_steps=60", *overrides]
+    train = [f"data.root={data_dir}", f"data.cache_dir={cache_dir}", "train.max_steps=20", *overrides]
     injected = nbformat.v4.new_code_cell(f"TRAIN_OVERRIDES = {train!r}\n"
                                          "import sys\nprint(sys.executable)")
     nb.cells.insert(1, injected)
@@ -137,7 +137,7 @@ def test_notebook_trains_in_a_folder_it_removes_and_draws_every_chart(venv_kerne
     folder = temp_folder(cell)
     assert folder.name.startswith("attention_notebook_") and not folder.exists()
     assert f"no run in `{tmp_path / 'no_run'}`" in text_of(cell)
-    assert "epoch 1/1 | step 60 |" in text_of(cell)  # it trained there
+    assert "epoch 1/1 | step 20 |" in text_of(cell)  # it trained there
     check_every_chart(nb)
     guided = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("if GUIDED_CHECKPOINT:"))
     assert "the guided-attention chart is skipped" in text_of(guided)
@@ -162,7 +162,8 @@ def test_notebook_removes_its_folder_when_training_fails(venv_kernel, multi30k_d
 @pytest.mark.slow
 def test_notebook_uses_an_existing_run_directory(venv_kernel, multi30k_dir, data_cache_dir, tiny_checkpoint,
                                                  monkeypatch, tmp_path):
-    """A run directory whose final record chose avg.pt: the notebook loads avg.pt and trains nothing."""
+    """A run directory whose final record chose avg.pt: the notebook loads avg.pt, trains nothing, and draws the
+    run's training curves (the cells in between draw what they draw for any model: the test above)."""
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint.parent, run)
     shutil.copy(run / "best.pt", run / "avg.pt")
@@ -170,8 +171,14 @@ def test_notebook_uses_an_existing_run_directory(venv_kernel, multi30k_dir, data
         f.write(json.dumps({"kind": "final", "step": 60, "checkpoint": "avg.pt", "checkpoint_file": "avg.pt"}) + "\n")
     monkeypatch.setenv("AT_RUN_DIR", str(run))
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    cell = model_cell(nb)
+    curves = nb.cells[-1]
+    assert curves.source.startswith("if curves is not None:")
+    nb.cells = [*nb.cells[:nb.cells.index(cell) + 1], curves]  # up to the model, then the curves
     run_notebook(nb, venv_kernel, multi30k_dir.resolve(), data_cache_dir.resolve())
-    shown = text_of(model_cell(nb))
+    shown = text_of(cell)
     assert f"`avg.pt` of the run in `{run}`, the weights the run chose at its end" in shown, shown
     assert "training the tiny model" not in shown and "epoch 1/" not in shown
-    check_every_chart(nb)
+    charts = [o for o in curves.outputs if o["output_type"] in ("display_data", "execute_result")]
+    assert len(charts) == 1 and not [o for o in curves.outputs if o["output_type"] == "error"]
+    check_chart_output(charts[0], curves.source)

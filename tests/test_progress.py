@@ -87,7 +87,6 @@ def test_the_advice_names_the_cpu_config_only_where_it_is_quicker():
     assert run_length(load_config("tiny").train, 200) == "200 steps (train.max_steps)"
 
 
-@pytest.mark.slow
 def test_a_run_prints_the_time_left_on_every_epoch_line_and_the_warning_once(tmp_path, monkeypatch, capsys,
                                                                               no_charts):
     # A threshold of 0 s: any run is "long", so the warning shows on this seconds-long run.
@@ -110,7 +109,6 @@ def test_a_run_prints_the_time_left_on_every_epoch_line_and_the_warning_once(tmp
     assert lines[warnings[0] - 1].startswith("step      5 |") and warnings[0] < lines.index(epochs[0])
 
 
-@pytest.mark.slow
 def test_a_quick_run_does_not_warn(tmp_path, capsys, no_charts):
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=10",
                                "train.log_every=5", "train.final_eval=false", *SMALL, *QUIET])
@@ -133,7 +131,6 @@ def looks(monkeypatch):
     return seen
 
 
-@pytest.mark.slow
 def test_without_log_lines_the_first_epoch_end_decides(tmp_path, monkeypatch, capsys, no_charts, looks):
     monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
     monkeypatch.setattr(report, "SPEED_AFTER_SECONDS", 1e9)  # no look between log lines
@@ -146,7 +143,6 @@ def test_without_log_lines_the_first_epoch_end_decides(tmp_path, monkeypatch, ca
     assert len(warning) == 1 and lines[warning[0] + 1].startswith("epoch 1/2 |"), lines
 
 
-@pytest.mark.slow
 def test_slow_steps_between_log_lines_are_looked_at_after_a_while(tmp_path, monkeypatch, capsys, no_charts, looks):
     monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
     monkeypatch.setattr(report, "SPEED_AFTER_SECONDS", 0.0)  # "a minute" has passed after every step

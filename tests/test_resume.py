@@ -1,83 +1,110 @@
 """Resuming: what a run directory holds decides start, resume or finished; what may change on a resume.
 
-The bit-exact SIGTERM-then-resume test is in test_trainer.py (test_sigterm_mid_epoch_then_resume_is_bit_identical).
+The train command runs in this process (`annotated_transformer.cli.run`, what scripts/train.py runs), on one
+short copy-task run trained once for the module and copied into each test. The bit-exact SIGTERM-then-resume
+test is in test_trainer.py (test_sigterm_mid_epoch_then_resume_is_bit_identical).
 """
 
-import os
-import subprocess
-import sys
+import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from annotated_transformer.errors import CheckpointError
+from annotated_transformer.cli import run as run_command
+from annotated_transformer.config_loading import load_config
+from annotated_transformer.errors import CheckpointError, ConfigError
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
+from annotated_transformer.harness.run_dir import RunDir
+from annotated_transformer.harness.trainer import train_worker
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml"]
+BATCHES = 10  # copy batches an epoch: one optimizer step each
 # a short copy run with dropout, so the RNG state has to be restored too
-SHORT = ["train.epochs=3", "data.copy_batches=40", "data.copy_batch_size=32", "model.dropout=0.1",
-         "train.log_every=1", "train.progress=false"]
+SHORT = ["train.epochs=3", f"data.copy_batches={BATCHES}", "data.copy_batch_size=32", "model.dropout=0.1",
+         "train.log_every=1", "train.progress=false", "train.device=cpu"]
 
 
-def run(args, **kw):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([*TRAIN, *SHORT, *args], capture_output=True, text=True, cwd=ROOT, env=env,
-                          timeout=300, **kw)
+def train(capsys, out: Path, *args: str) -> tuple[int, str, str]:
+    """`train --config copy.yaml SHORT train.out_dir=out ARGS` in this process: exit code, stdout, stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        run_command("train", ["--config", "copy.yaml", *SHORT, f"train.out_dir={out}", *args], "train.py")
+    stdout, stderr = capsys.readouterr()
+    return done.value.code, stdout, stderr
 
 
-@pytest.mark.slow
-def test_resume_refuses_a_different_model(tmp_path):
+@pytest.fixture(scope="module")
+def first_epoch(tmp_path_factory) -> Path:
+    """A run that train.max_steps stopped exactly at the end of epoch 1 of 3 (trained once for the module)."""
+    out = tmp_path_factory.mktemp("resume") / "r"
+    train_worker(load_config("copy", [*SHORT, f"train.out_dir={out}", f"train.max_steps={BATCHES}"]))
+    return out
+
+
+@pytest.fixture
+def stopped(first_epoch: Path, tmp_path: Path) -> Path:
+    """This test's own copy of the first_epoch run."""
     out = tmp_path / "r"
-    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
-    bad = run([f"train.out_dir={out}", "train.resume=true", "model.d_ff=128"])
-    assert bad.returncode == 2 and "model settings differ (d_ff)" in bad.stderr
-    missing = run([f"train.out_dir={tmp_path / 'none'}", "train.resume=true"])
-    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    shutil.copytree(first_epoch, out)
+    return out
 
 
-@pytest.mark.slow
-def test_resume_takes_the_optimizer_settings_given_now(tmp_path):
-    """Adam's betas and eps, the lr factor and the warm-up of the resuming command win over last.pt's."""
-    import json
+def test_max_steps_on_an_epoch_end_completes_that_epoch_and_inside_one_does_not(first_epoch, tmp_path):
+    last = load_checkpoint(first_epoch / "last.pt")
+    assert last["train_state"]["step"] == BATCHES and last["train_state"]["epoch"] == 1
+    assert last["loader"] is None  # a finished epoch needs no data position
+    assert (first_epoch / "epoch_01.pt").is_file()
 
+    out = tmp_path / "cut"
+    train_worker(load_config("copy", [*SHORT, f"train.out_dir={out}", f"train.max_steps={BATCHES - 3}"]))
+    last = load_checkpoint(out / "last.pt")
+    assert last["train_state"]["step"] == BATCHES - 3 and last["train_state"]["epoch"] == 0
+    assert last["loader"] is not None and last["loader"]["taken"] == BATCHES - 3  # where the epoch goes on
+    assert not (out / "epoch_01.pt").exists()
+
+
+def test_resume_refuses_a_different_model(stopped, tmp_path, capsys):
+    before = {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file()}
+    code, _, err = train(capsys, stopped, "train.resume=true", "model.d_ff=128")
+    assert code == 2 and err.startswith("error: ") and "model settings differ (d_ff)" in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file()} == before  # nothing rewritten
+    code, _, err = train(capsys, tmp_path / "none", "train.resume=true")
+    assert code == 2 and f"{tmp_path / 'none' / 'last.pt'} does not exist" in err
+
+
+def test_resume_takes_the_optimizer_settings_given_now_and_a_finished_run_is_left_alone(stopped, capsys):
+    """Adam's betas and eps, the lr factor and the warm-up of the resuming command win over last.pt's; the same
+    command again finds the run finished."""
     from annotated_transformer.optim import rate
 
-    out = tmp_path / "r"
-    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
     given = ["train.epochs=2", "train.lr_factor=0.1", "train.warmup=50", "train.adam_betas=[0.8,0.9]",
              "train.adam_eps=1e-6"]
-    resumed = run([f"train.out_dir={out}", *given])
-    assert resumed.returncode == 0 and f"resumed {out / 'last.pt'}" in resumed.stdout, resumed.stderr
-    group = load_checkpoint(out / "last.pt")["optimizer"]["param_groups"][0]
+    code, out, err = train(capsys, stopped, *given)  # train.resume=auto
+    assert code == 0, err
+    assert f"resumed {stopped / 'last.pt'}: epoch 1, step {BATCHES}" in out
+    group = load_checkpoint(stopped / "last.pt")["optimizer"]["param_groups"][0]
     assert tuple(group["betas"]) == (0.8, 0.9) and group["eps"] == 1e-6
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    after = [r for r in records if r.get("kind") == "train" and r["step"] > 40]
-    assert len(after) == 40  # log_every=1: every step of epoch 2, at the new schedule's rate
-    assert all(r["lr"] == pytest.approx(rate(r["step"], 128, 0.1, 50)) for r in after)
+    records = [json.loads(line) for line in (stopped / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    after = [r for r in records if r.get("kind") == "train" and r["step"] > BATCHES]
+    assert [r["step"] for r in after] == list(range(BATCHES + 1, 2 * BATCHES + 1))  # log_every=1: all of epoch 2
+    assert all(r["lr"] == pytest.approx(rate(r["step"], 128, 0.1, 50)) for r in after)  # at the new schedule's rate
+
+    before = {p.name: p.stat().st_mtime_ns for p in stopped.iterdir()}
+    code, out, err = train(capsys, stopped, *given)
+    assert code == 0 and f"holds a finished run (2 epochs, {2 * BATCHES} steps)" in out, err
+    assert "resumed" not in out
+    assert {p.name: p.stat().st_mtime_ns for p in stopped.iterdir()} == before
 
 
-@pytest.mark.slow
-def test_resume_may_move_the_data_but_not_change_it(tmp_path):
-    out = tmp_path / "r"
-    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
-    moved = run([f"train.out_dir={out}", "train.epochs=2", f"data.root={tmp_path / 'elsewhere'}",
-                 f"data.cache_dir={tmp_path / 'cache'}", "data.num_workers=1"])
-    assert moved.returncode == 0 and f"resumed {out / 'last.pt'}" in moved.stdout, moved.stderr
-    changed = run([f"train.out_dir={out}", "train.epochs=3", "data.copy_seq_len=12"])
-    assert changed.returncode == 2 and "data settings differ (copy_seq_len)" in changed.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("max_steps, epoch", [(40, 1), (30, 0)])
-def test_max_steps_on_an_epoch_end_completes_that_epoch(tmp_path, max_steps, epoch):
-    out = tmp_path / "r"
-    assert run([f"train.out_dir={out}", f"train.max_steps={max_steps}"]).returncode == 0  # 40 batches an epoch
-    last = load_checkpoint(out / "last.pt")
-    assert last["train_state"]["step"] == max_steps and last["train_state"]["epoch"] == epoch
-    assert (last["loader"] is None) == (epoch == 1)  # a finished epoch needs no data position
-    assert (out / "epoch_01.pt").is_file() == (epoch == 1)
+def test_resume_may_move_the_data_but_not_change_it(stopped, tmp_path, capsys):
+    code, out, err = train(capsys, stopped, "train.epochs=2", f"data.root={tmp_path / 'elsewhere'}",
+                           f"data.cache_dir={tmp_path / 'cache'}", "data.num_workers=1")
+    assert code == 0 and f"resumed {stopped / 'last.pt'}" in out, err
+    assert load_checkpoint(stopped / "last.pt")["train_state"]["epoch"] == 2
+    code, _, err = train(capsys, stopped, "train.epochs=3", "data.copy_seq_len=12")
+    assert code == 2 and "data settings differ (copy_seq_len)" in err
 
 
 def test_checkpoints_are_loaded_weights_only(tmp_path):
@@ -95,7 +122,7 @@ def test_checkpoints_are_loaded_weights_only(tmp_path):
     trunc.write_bytes(good.read_bytes()[:500])
     with pytest.raises(CheckpointError, match="unreadable or truncated"):
         load_checkpoint(trunc)
-    with pytest.raises(CheckpointError, match="not found"):
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint {tmp_path / 'missing.pt'} not found")):
         load_checkpoint(tmp_path / "missing.pt")
     other = tmp_path / "other.pt"
     torch.save({"weights": torch.ones(2)}, other)
@@ -112,7 +139,7 @@ def test_atomic_save_leaves_the_old_file_on_failure(tmp_path):
         def __reduce__(self):
             raise RuntimeError("disk full")
 
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="disk full"):
         save_checkpoint({"model": {"w": torch.ones(3)}, "bad": Boom()}, path)
     assert torch.equal(load_checkpoint(path)["model"]["w"], torch.zeros(3))
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
@@ -122,17 +149,11 @@ def test_atomic_save_leaves_the_old_file_on_failure(tmp_path):
 
 
 def plan_of(out, *overrides):
-    from annotated_transformer.config_loading import load_config
-    from annotated_transformer.harness.run_dir import RunDir
-
     cfg = load_config("copy", [*SHORT, f"train.out_dir={out}", *overrides])
     return RunDir(out).plan(cfg)[0]
 
 
 def test_resume_setting_takes_auto_true_and_false_only():
-    from annotated_transformer.config_loading import load_config
-    from annotated_transformer.errors import ConfigError
-
     assert load_config("copy").train.resume == "auto"
     assert load_config("copy", ["train.resume=true"]).train.resume is True
     assert load_config("copy", ["train.resume=false"]).train.resume is False
@@ -140,19 +161,17 @@ def test_resume_setting_takes_auto_true_and_false_only():
         load_config("copy", ["train.resume=maybe"])
 
 
-@pytest.mark.slow
-def test_auto_resume_decides_from_what_the_folder_holds(tmp_path):
-    from annotated_transformer.errors import ConfigError
+def test_auto_resume_decides_from_what_the_folder_holds(stopped, tmp_path):
+    fresh = tmp_path / "fresh"
+    assert plan_of(fresh) == "start"  # absent
+    fresh.mkdir()
+    assert plan_of(fresh) == "start"  # empty
+    (fresh / "config.yaml").write_text("x")
+    (fresh / "metrics.jsonl").write_text("")
+    assert plan_of(fresh) == "start"  # died before its first checkpoint: starts again
 
-    out = tmp_path / "r"
-    assert plan_of(out) == "start"  # absent
-    out.mkdir()
-    assert plan_of(out) == "start"  # empty
-    (out / "config.yaml").write_text("x")
-    (out / "metrics.jsonl").write_text("")
-    assert plan_of(out) == "start"  # died before its first checkpoint: starts again
-    assert run([f"train.out_dir={out}", "train.epochs=1"]).returncode == 0
-    assert plan_of(out) == "resume"  # one of three epochs done
+    out = stopped  # one of three epochs done
+    assert plan_of(out) == "resume"
     assert plan_of(out, "train.epochs=1") == "finished"
     assert plan_of(out, "train.epochs=1", "train.resume=true") == "resume"  # true keeps its meaning
     assert plan_of(out, "train.overwrite=true") == "start"
@@ -163,15 +182,3 @@ def test_auto_resume_decides_from_what_the_folder_holds(tmp_path):
     (out / "last.pt").unlink()
     with pytest.raises(ConfigError, match="holds files but no last.pt, so it cannot be continued"):
         plan_of(out)
-
-
-@pytest.mark.slow
-def test_rerunning_after_a_stop_continues_and_a_finished_run_is_left_alone(tmp_path):
-    out = tmp_path / "r"
-    first = run([f"train.out_dir={out}", "train.epochs=1"])
-    assert first.returncode == 0
-    second = run([f"train.out_dir={out}", "train.epochs=2"])
-    assert second.returncode == 0 and f"resumed {out / 'last.pt'}: epoch 1, step 40" in second.stdout
-    again = run([f"train.out_dir={out}", "train.epochs=2"])
-    assert again.returncode == 0 and "holds a finished run (2 epochs, 80 steps)" in again.stdout
-    assert "resumed" not in again.stdout

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from annotated_transformer.cli import run as run_command
 from annotated_transformer.config_loading import load_config
 from annotated_transformer.errors import ConfigError, RunDirError
 from annotated_transformer.harness import checkpointing
@@ -30,8 +31,16 @@ from annotated_transformer.harness.trainer import train_worker
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows: the folder is not locked there")
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
 QUIET = ["train.progress=false", "train.device=cpu"]
+
+
+def train_command(capsys, *args: str) -> tuple[int, str, str]:
+    """The train command (what scripts/train.py runs) in this process: exit code, stdout, stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        run_command("train", list(args), "train.py")
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
 
 # Locks a folder, says so, and holds it until its stdin closes; with "fork", first forks a child that lives
 # on (as a DataLoader worker would) and says so after its at-fork handlers ran. Each line is one os.write,
@@ -189,16 +198,15 @@ def test_a_killed_holder_leaves_no_stale_lock_even_with_a_forked_child_alive(tmp
 
 
 @pytest.mark.slow
-def test_the_train_script_refuses_a_held_folder_and_writes_nothing(tmp_path):
+def test_the_train_command_refuses_a_held_folder_and_writes_nothing(tmp_path, capsys):
     folder = tmp_path / "run"
     with held(folder) as (holder, _):
         (folder / "config.yaml").write_text("a live run's config\n")
         before = snapshot(folder)
         for extra in ([], ["train.overwrite=true"]):
-            proc = subprocess.run([*TRAIN, "--config", "copy.yaml", f"train.out_dir={folder}", *QUIET, *extra],
-                                  capture_output=True, text=True, cwd=ROOT, timeout=300)
-            assert proc.returncode == 2, proc.stderr
-            assert proc.stderr == f"error: {in_use(folder, holder.pid)}\n"
+            code, _, err = train_command(capsys, "--config", "copy.yaml", f"train.out_dir={folder}", *QUIET, *extra)
+            assert code == 2, err
+            assert err == f"error: {in_use(folder, holder.pid)}\n"
             assert holder.poll() is None and snapshot(folder) == before  # the holder runs on, its files untouched
     assert holder.returncode == 0
 
@@ -337,47 +345,25 @@ def test_a_full_disk_under_metrics_or_config_is_one_line(tmp_path, monkeypatch):
         run.log_metrics({"kind": "epoch"})
 
 
-FULL_DISK_RUN = textwrap.dedent("""
-    import errno, io, os, runpy, sys
-    import torch
-
-    class FullFile(io.RawIOBase):  # 1000 bytes of room: torch.save fails with its own RuntimeError
-        room = 1000
-
-        def writable(self):
-            return True
-
-        def write(self, data):
-            if len(data) > self.room:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            self.room -= len(data)
-            return len(data)
-
-    real_save, calls = torch.save, []
-
-    def save(obj, f, *args, **kwargs):  # epoch 1's weights and last.pt fit; epoch 2's last.pt meets a full disk
-        calls.append(1)
-        return real_save(obj, FullFile() if len(calls) == 4 else f, *args, **kwargs)
-
-    torch.save = save
-    sys.argv = sys.argv[1:]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # as `python script.py` would
-    runpy.run_path(sys.argv[0], run_name="__main__")
-""")
-
-
-@pytest.mark.slow
-def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_resumes(tmp_path):
+def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     args = ["--config", "copy.yaml", f"train.out_dir={out}", "train.epochs=2", "data.copy_batches=3", *QUIET]
-    full = subprocess.run([sys.executable, "-c", FULL_DISK_RUN, *TRAIN[1:], *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
-    assert full.returncode == 2, full.stderr[-3000:]
-    assert full.stderr == f"error: {full_disk_message(out, 'last.pt')}\n"  # one line, no traceback
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *rest, **kwargs):  # epoch 1's weights and last.pt fit; epoch 2's last.pt meets a full disk
+        calls.append(1)
+        return real_save(obj, FullFile() if len(calls) == 4 else f, *rest, **kwargs)  # torch's own RuntimeError
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "save", save)
+        code, _, err = train_command(capsys, *args)
+    assert code == 2, err[-3000:]
+    assert err == f"error: {full_disk_message(out, 'last.pt')}\n"  # one line, no traceback
+    assert len(calls) == 4
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 1  # the previous last.pt
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == LOCK_FILE]
-    again = subprocess.run([*TRAIN, *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed {out / 'last.pt'}: epoch 1, step 3" in again.stdout
+    code, stdout, err = train_command(capsys, *args)
+    assert code == 0, err[-3000:]
+    assert f"resumed {out / 'last.pt'}: epoch 1, step 3" in stdout
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 2
     assert not (out / LOCK_FILE).exists()  # released at the normal end

@@ -77,7 +77,9 @@ def test_epoch_records_carry_the_training_clock_and_the_target(tiny_config, tmp_
     from annotated_transformer.harness.run_dir import read_metrics
     from annotated_transformer.harness.trainer import train_worker
 
-    cfg = tiny_config(f"train.out_dir={tmp_path}", "train.max_steps=40", "train.log_every=20", "train.bleu_every=1",
+    # sentences of up to 12 tokens: a short epoch, and short outputs to score for BLEU
+    cfg = tiny_config(f"train.out_dir={tmp_path}", "data.max_sentence_len=12", "data.long_policy=skip",
+                      "train.max_steps=40", "train.log_every=20", "train.bleu_every=1",
                       f"train.target_bleu={target}", "train.schedule=linear", "train.warmup=10",
                       "train.progress=false", "train.score_test=false", "decode.max_len_a=10")
     results = train_worker(cfg)
@@ -116,6 +118,7 @@ def test_stop_at_target_ends_the_run_at_the_first_epoch_that_reaches_it(tiny_con
     from annotated_transformer.harness.trainer import train_worker
 
     overrides = (f"train.out_dir={tmp_path}", "train.max_steps=0", "train.epochs=3", "data.batch_tokens=8192",
+                 "data.max_sentence_len=12", "data.long_policy=skip",  # a short epoch, short outputs to score
                  "train.bleu_every=1", "train.target_bleu=0.000001", "train.stop_at_target=true",
                  "train.progress=false", "train.final_eval=false", "decode.max_len_a=5")
     results = train_worker(tiny_config(*overrides))

@@ -8,17 +8,18 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from annotated_transformer.errors import ConfigError
+from annotated_transformer.harness.checkpointing import load_checkpoint
 from annotated_transformer.harness.run_dir import read_metrics
 from annotated_transformer.sweep import Launcher, Run, check_settings, parse_grid, plan_runs, read_grid
 from annotated_transformer.sweep_report import RunResult, curve_points, mean_sd, read_result, summary_markdown
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_mapping_grid_is_the_product_of_its_lists():
@@ -32,10 +33,16 @@ def test_a_list_grid_is_one_setting_per_mapping_and_keeps_list_values():
     assert settings == [("train.adam_betas=[0.9,0.99]",), ("train.warmup=100", "train.compile=true")]
 
 
-@pytest.mark.parametrize("grid", [{"epochs": [1, 2]}, [3], "train.epochs", [{"train.epochs": 1}, {"train.epochs": 1}],
-                                  [], {"train.epochs": []}])
-def test_malformed_grids_are_one_line_errors(grid):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("grid, message", [
+    ({"epochs": [1, 2]}, "expected a mapping of dotted keys"),  # not a dotted key
+    ([3], "expected a mapping of dotted keys"),
+    ("train.epochs", "expected a mapping of dotted keys"),
+    ([{"train.epochs": 1}, {"train.epochs": 1}], "the same setting appears twice"),
+    ([], "no settings"),
+    ({"train.epochs": []}, "no settings"),
+])
+def test_malformed_grids_are_one_line_errors(grid, message):
+    with pytest.raises(ConfigError, match=f"^grid: {message}"):
         parse_grid(grid)
 
 
@@ -106,55 +113,109 @@ def test_read_result_of_a_folder_without_metrics_is_unfinished(tmp_path):
     assert not result.finished and result.val_bleu is None and result.curve == ()
 
 
-def _sweep_command(out: Path, grid: Path, multi30k_dir: Path, cache: Path, *extra: str) -> list[str]:
-    return [sys.executable, str(ROOT / "scripts" / "sweep.py"), "--config", "tiny", "--grid", str(grid),
-            "--seeds", "2", "--parallel", "2", "--out", str(out), *extra, f"data.root={multi30k_dir}",
-            f"data.cache_dir={cache}", "train.max_steps=150", "train.log_every=10", "train.bleu_every=1",
-            "train.target_bleu=0.000001", "decode.max_len_a=10", "train.device=cpu"]
+HOLD_AT, MAX_STEPS = 5, 30  # the first sweep's runs hold after step HOLD_AT; every run trains MAX_STEPS steps
+
+# The sweep's train command with two changes: no charts at a run's end (seconds each in a fresh process;
+# test_copy_task.py checks them), and where $HOLD_AT is set, each run writes <run>.held after that optimizer step
+# and waits for the signal the sweep passes on; so the sweep is killed while each run it started is inside its
+# training, at a known step.
+QUICK_TRAIN = textwrap.dedent("""
+    import os, sys, time
+    from annotated_transformer.cli import main
+    from annotated_transformer.harness import report
+    from annotated_transformer.harness.trainer import Trainer
+
+    report.write_charts = lambda run, log: None
+    hold_at = int(os.environ.get("HOLD_AT", "0"))
+    real_should_stop = Trainer._should_stop
+
+    def should_stop(self):
+        if self.train_state.step == hold_at:
+            self.run.path.with_name(self.run.path.name + ".held").write_text("held")
+            while self.stopper.signum is None:
+                time.sleep(0.05)
+        return real_should_stop(self)
+
+    Trainer._should_stop = should_stop
+    main(["train", *sys.argv[1:]])
+""")
+SWEEP = textwrap.dedent(f"""
+    import sys
+    from annotated_transformer.cli import main, sweep
+
+    sweep.TRAIN_COMMAND = (sys.executable, "-c", {QUICK_TRAIN!r})
+    main(["sweep", *sys.argv[1:]])
+""")
 
 
-def _wait_for(condition, seconds: float = 240.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out waiting for the sweep")
-        time.sleep(0.2)
+def _sweep_args(out: Path, grid: Path, multi30k_dir: Path, cache: Path) -> list[str]:
+    """Two seeds of each setting, two runs at a time, each a short tiny.yaml run on sentences of up to 10 tokens."""
+    return ["--config", "tiny", "--grid", str(grid), "--seeds", "2", "--parallel", "2", "--out", str(out),
+            f"data.root={multi30k_dir}", f"data.cache_dir={cache}", "data.max_sentence_len=10",
+            "data.long_policy=skip", f"train.max_steps={MAX_STEPS}", "train.warmup=10", "train.log_every=5",
+            "train.bleu_every=1", "train.target_bleu=0.000001", "decode.max_len_a=5", "train.device=cpu"]
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir, data_cache_dir, tiny_config):
+def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir, data_cache_dir, tiny_config,
+                                                          word_mode_scores, capsys):
+    from annotated_transformer.cli import run as run_command
     from annotated_transformer.data import load_translation_data
 
     load_translation_data(tiny_config(), log=None)  # the word-level cache, built once before the runs share it
     grid = tmp_path / "grid.yaml"
-    grid.write_text("train.lr_factor: [0.5, 1.0]\nmodel.d_ff: [64, 128]\n")
+    grid.write_text("train.lr_factor: [1.0, 2.0]\n")
     out = tmp_path / "sweep"
-    cmd = _sweep_command(out, grid, multi30k_dir, data_cache_dir)
+    args = _sweep_args(out, grid, multi30k_dir, data_cache_dir)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    first_metrics = out / "train.lr_factor=0.5,model.d_ff=64" / "seed1" / "metrics.jsonl"
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(lambda: first_metrics.is_file() and any(
-        r.get("kind") == "train" and r["step"] >= 20 for r in read_metrics(first_metrics)))
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=120)
+    env.pop("HOLD_AT", None)
+    first_pair = [out / "train.lr_factor=1.0" / f"seed{seed}" for seed in (1, 2)]  # the two runs started first
+    proc = subprocess.Popen([sys.executable, "-c", SWEEP, *args], env={**env, "HOLD_AT": str(HOLD_AT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # The handshake: both runs hold at step HOLD_AT (a failed sweep ends instead, and fails the test below;
+        # the deadline only keeps a broken sweep from hanging the suite).
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and not all(run.with_name(run.name + ".held").is_file() for run in first_pair):
+            assert time.monotonic() < deadline, "the sweep's first two runs never reached their step"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, output
     assert "start the same command again to continue" in output
-    killed_at = max(r["step"] for r in read_metrics(first_metrics) if r.get("kind") == "train")
-    assert killed_at < 150 and (first_metrics.parent / "last.pt").is_file()
+    for run in first_pair:  # each stopped at the step where the signal reached it, and saved last.pt there
+        assert max(r["step"] for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "train") == HOLD_AT
+        assert load_checkpoint(run / "last.pt")["train_state"]["step"] == HOLD_AT
+    assert not (out / "train.lr_factor=2.0").exists()  # the second setting never started
 
-    again = subprocess.run(cmd + ["--score-test"], env=env, capture_output=True, text=True, timeout=600)
+    # the same sweep again (its runs hold nowhere), scoring test at the end
+    again = subprocess.run([sys.executable, "-c", SWEEP, *args, "--score-test"], env=env, capture_output=True,
+                           text=True, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "0 already finished, 8 to train" in again.stdout
-    assert "resumed" in first_metrics.parent.with_name("seed1.log").read_text()
+    assert "4 runs, 0 already finished, 4 to train" in again.stdout
+    for run in first_pair:
+        assert f"resumed {run / 'last.pt'}: epoch 0, step {HOLD_AT}" in run.with_name(f"{run.name}.log").read_text()
     rows = list(csv.DictReader((out / "sweep.csv").open()))
-    assert len(rows) == 8 and all(r["finished"] == "True" and r["steps"] == "150" for r in rows)
-    assert all(float(r["test_bleu"]) >= 0 and float(r["target_seconds"]) > 0 for r in rows)
+    assert sorted((r["setting"], r["seed"]) for r in rows) == [(f"train.lr_factor={lr}", seed) for lr in ("1.0", "2.0")
+                                                               for seed in ("1", "2")]
+    for row in rows:
+        assert row["finished"] == "True" and row["steps"] == str(MAX_STEPS)
+        run = out / row["setting"] / f"seed{row['seed']}"
+        hyps = (run / "test.beam1.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        assert len(hyps) == 1000
+        assert float(row["test_bleu"]) == pytest.approx(word_mode_scores(hyps, "test")["bleu_lc"], abs=1e-6)
+        (epoch,) = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "epoch"]
+        assert epoch["target_epoch"] == 1 and float(row["target_seconds"]) == pytest.approx(epoch["target_seconds"])
+        assert epoch["target_seconds"] > 0
     table = (out / "sweep.md").read_text()
-    assert table.count("| 2/2 |") == 4 and "(2/2)" in table
+    assert table.count("| 2/2 |") == 2 and "(2/2)" in table
     assert (out / "sweep.png").stat().st_size > 1000 and (out / "sweep.html").is_file()
 
-    third = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert third.returncode == 0 and "8 already finished, 0 to train" in third.stdout
+    with pytest.raises(SystemExit) as third:  # the same command once more, in this process: nothing left to train
+        run_command("sweep", args, "sweep.py")
+    assert third.value.code == 0 and "4 runs, 4 already finished, 0 to train" in capsys.readouterr().out
 
 
 def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None:
@@ -167,21 +228,25 @@ def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
-@pytest.mark.slow
-def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path):
+def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
+    from annotated_transformer.cli import run as run_command
+
     _fake_run(tmp_path / "fast", "base", 1, [10.0, 20.0])
     _fake_run(tmp_path / "fast", "base", 2, [12.0, 22.0])
     _fake_run(tmp_path / "slow", "x=1", 1, [5.0, 8.0, 11.0])
     out = tmp_path / "cmp"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--compare", str(tmp_path / "fast"),
-                           str(tmp_path / "slow"), "--out", str(out)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    with pytest.raises(SystemExit) as done:  # the sweep command, in this process
+        run_command("sweep", ["--compare", str(tmp_path / "fast"), str(tmp_path / "slow"), "--out", str(out)],
+                    "sweep.py")
+    assert done.value.code == 0, capsys.readouterr().err
     table = (out / "sweep.md").read_text()
     assert "| `fast: base` | 2/2 | 21.00 +/- 1.41 (n=2)" in table and "| `slow: x=1` | 1/1 | 11.00 (n=1)" in table
-    assert (out / "sweep.png").is_file()
-    empty = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep.py"), "--compare", str(out)],
-                           capture_output=True, text=True)
-    assert empty.returncode == 2 and "no runs found" in empty.stderr
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as empty:
+        run_command("sweep", ["--compare", str(out), "--out", str(tmp_path / "cmp2")], "sweep.py")
+    err = capsys.readouterr().err
+    assert empty.value.code == 2 and err.startswith("error: ") and "no runs found" in err and err.count("\n") == 1
 
 
 def test_a_comparison_times_every_run_to_the_target_it_names():
@@ -221,17 +286,22 @@ def test_a_run_still_trained_by_an_earlier_sweep_is_not_started_twice(tmp_path):
 
     run = plan_runs([()], [1], tmp_path)[0]
     run.path.parent.mkdir(parents=True)
-    # A live process whose command line names this run's folder, as an orphaned training's would.
-    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", f"train.out_dir={run.path}"])
+    # A live process whose command line names this run's folder, as an orphaned training's would. It says
+    # "ready" once it runs (after exec, so /proc shows its command line) and lives until its stdin closes.
+    orphan = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()",
+                               f"train.out_dir={run.path}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert orphan.stdout.readline() == "ready\n"
         run.pid_file.write_text(str(orphan.pid))
-        _wait_for(lambda: run.running_elsewhere() == orphan.pid, seconds=10)  # its command line appears after exec
+        assert run.running_elsewhere() == orphan.pid
         with pytest.raises(RunDirError, match=f"still being trained by process {orphan.pid}"):
             Launcher(("python", "train.py"), "tiny").start(run)
     finally:
-        orphan.kill()
-        orphan.wait()
+        orphan.stdin.close()
+        assert orphan.wait(timeout=60) == 0
     assert run.running_elsewhere() is None  # a stale pid file (the process is gone) is ignored
+    run.pid_file.write_text(str(os.getpid()))
+    assert run.running_elsewhere() is None  # and so is a live process that is not this run's training
 
 
 def test_a_damaged_test_scores_file_is_one_line_error(tmp_path):

@@ -7,7 +7,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,19 +15,28 @@ import torch
 import torch.distributed as dist
 
 from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, TrainState, make_model, run_epoch, train_step
+from annotated_transformer.cli import run as run_command
 from annotated_transformer.config_loading import load_config
 from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
-from annotated_transformer.harness.resume import RunState
+from annotated_transformer.harness.resume import RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
 from annotated_transformer.loop import LossMeter
 from annotated_transformer.optim import build_optimizer, build_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = [sys.executable, str(ROOT / "scripts" / "train.py")]
 QUIET = ["train.progress=false", "train.device=cpu"]
+
+
+def train_command(capsys, *args: str) -> tuple[int, str, str]:
+    """The train command (what scripts/train.py runs) in this process: exit code, stdout, stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        run_command("train", list(args), "train.py")
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
 
 
 def tiny_model_and_batches(n: int = 4, V: int = 12, seed: int = 0):
@@ -57,23 +65,22 @@ def all_tensors(obj):
 # --------------------------------------------------------------------------- divergence
 
 
-@pytest.mark.slow
-def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp_path):
+def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp_path, capsys):
     out = tmp_path / "run"
-    common = ["--config", "copy.yaml", f"train.out_dir={out}", "train.log_every=5", *QUIET]
-    good = subprocess.run([*TRAIN, *common, "train.epochs=2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert good.returncode == 0, good.stderr
+    common = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=5", "train.log_every=5", *QUIET]
+    code, _, err = train_command(capsys, *common, "train.epochs=2")
+    assert code == 0, err
     before = {p.name: p.read_bytes() for p in out.glob("*.pt")}
-    bad = subprocess.run([*TRAIN, *common, "train.epochs=4", "train.resume=true", "train.lr_factor=1e12"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert bad.returncode == 3, bad.stderr
-    errors = [line for line in bad.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in bad.stderr
+    code, _, err = train_command(capsys, *common, "train.epochs=4", "train.resume=true", "train.lr_factor=1e12")
+    assert code == 3, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err
     line = errors[0]
-    assert "training diverged" in line and "nan" in line and "between steps 41 and 45 (epoch 3)" in line
+    assert "training diverged" in line and "nan" in line and "between steps 11 and 15 (epoch 3)" in line
     assert "train.lr_factor" in line and "train.clip_grad_norm" in line and "rerun to continue" in line
-    assert "(step 40, the last good state)" in line
+    assert f"from {out / 'last.pt'} (step 10, the last good state)" in line
     after = {p.name: p.read_bytes() for p in out.glob("*.pt")}
+    assert sorted(after) == ["best.pt", "epoch_01.pt", "epoch_02.pt", "last.pt"]
     assert after == before  # last.pt, best.pt and the epoch files are untouched
     for path in out.glob("*.pt"):
         assert all(torch.isfinite(t).all() for t in all_tensors(load_checkpoint(path)) if t.is_floating_point())
@@ -101,18 +108,15 @@ def test_non_finite_weights_are_never_saved(tmp_path):
 # --------------------------------------------------------------------------- filesystem errors
 
 
-@pytest.mark.slow
-def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path):
+def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    proc = subprocess.run([*TRAIN, "--config", "copy.yaml", f"train.out_dir={blocker / 'run'}", *QUIET],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == (f"error: cannot create the run directory {blocker / 'run'}: Not a directory; "
-                                   "a part of the path is a file, not a folder; choose another train.out_dir")
-    proc = subprocess.run([*TRAIN, "--config", "copy.yaml", f"train.out_dir={blocker}", *QUIET],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 2 and "is a file, not a folder" in proc.stderr
+    code, _, err = train_command(capsys, "--config", "copy.yaml", f"train.out_dir={blocker / 'run'}", *QUIET)
+    assert code == 2 and err == (f"error: cannot create the run directory {blocker / 'run'}: Not a directory; "
+                                 "a part of the path is a file, not a folder; choose another train.out_dir\n")
+    code, _, err = train_command(capsys, "--config", "copy.yaml", f"train.out_dir={blocker}", *QUIET)
+    assert code == 2 and err.count("\n") == 1 and "is a file, not a folder" in err
+    assert blocker.read_text() == "x"
 
 
 def test_disk_full_while_writing_a_checkpoint_keeps_the_old_files(tmp_path, monkeypatch):
@@ -239,7 +243,7 @@ def test_train_step_never_reads_a_tensor_on_the_host(monkeypatch):
         for name in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
             m.setattr(torch.Tensor, name, forbidden)
         m.setattr(torch, "tensor", forbidden)
-        with pytest.raises(AssertionError):  # the trap works
+        with pytest.raises(AssertionError, match="host synchronisation inside train_step"):  # the trap works
             torch.ones(1).item()
         loss_sum, grad_norm = train_step(batches, model, loss_compute, opt, sched, clip_grad_norm=1.0, ws=2)
     assert loss_sum.item() > 0 and grad_norm.item() > 0 and sched.last_epoch == 1
@@ -276,43 +280,57 @@ def metrics_without_clocks(path: Path) -> list[dict]:
     return [without_clocks(r) for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") != "start"]
 
 
+def sigterm_at(monkeypatch, step: int) -> None:
+    """This process gets a real SIGTERM right after optimizer step `step` (before the trainer looks for one)."""
+    real_should_stop = Trainer._should_stop
+
+    def should_stop(self):
+        if self.train_state.step == step:
+            # Without the trainer's handler SIGTERM would end pytest itself: fail this test instead.
+            handler = signal.getsignal(signal.SIGTERM)
+            assert isinstance(getattr(handler, "__self__", None), StopSignal), f"SIGTERM is handled by {handler!r}"
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_should_stop(self)
+
+    monkeypatch.setattr(Trainer, "_should_stop", should_stop)
+
+
 @pytest.mark.slow
-def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir):
+def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir, capsys, monkeypatch):
     """SIGTERM inside epoch 2, then the same command: the weights, the Adam moments, the counters and every
-    metrics line equal an uninterrupted run's (dropout on, so the random state is restored too)."""
+    metrics line equal an uninterrupted run's (dropout on, so the random state is restored too). The three runs
+    are the train command in this process; the signal is a real one, sent by the process to itself."""
     common = ["--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
-              "data.max_sentence_len=12", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
+              "data.max_sentence_len=10", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
               "train.log_every=1", "train.final_eval=false", "model.dropout=0.1", *QUIET]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    full = subprocess.run([*TRAIN, *common, f"train.out_dir={tmp_path / 'full'}"], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=600)
-    assert full.returncode == 0, full.stderr[-2000:]
-    per_epoch = int(full.stdout.split(" batches/epoch/rank")[0].rsplit("| ", 1)[1])
+    code, out, err = train_command(capsys, *common, f"train.out_dir={tmp_path / 'full'}")
+    assert code == 0, err
+    per_epoch = int(out.split(" batches/epoch/rank")[0].rsplit("| ", 1)[1])
+    assert per_epoch >= 6
 
     part = tmp_path / "part"
-    proc = subprocess.Popen([*TRAIN, *common, f"train.out_dir={part}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
-    for line in proc.stdout:
-        if line.startswith("step") and int(line.split()[1]) >= per_epoch + per_epoch // 3:  # inside epoch 2
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest = proc.stdout.read()
-    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
-    assert "stopped by SIGTERM in epoch 2" in rest and "run the same command again to continue" in rest
+    handler_before = signal.getsignal(signal.SIGTERM)
+    at = per_epoch + per_epoch // 3  # inside epoch 2
+    with monkeypatch.context() as m:
+        sigterm_at(m, at)
+        code, out, err = train_command(capsys, *common, f"train.out_dir={part}")
+    assert code == 128 + signal.SIGTERM, err
+    assert f"stopped by SIGTERM in epoch 2 at step {at}" in out and "run the same command again to continue" in out
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the trainer's handler is gone again
     stopped = load_checkpoint(part / "last.pt")
-    step = stopped["train_state"]["step"]
-    assert stopped["train_state"]["epoch"] == 1 and stopped["meter"]["epoch_tokens"] > 0
-    assert per_epoch < step < 2 * per_epoch and stopped["loader"]["taken"] == step - per_epoch
+    assert stopped["train_state"]["step"] == at and stopped["train_state"]["epoch"] == 1
+    assert stopped["meter"]["epoch_tokens"] > 0 and stopped["loader"]["taken"] == at - per_epoch
 
-    resumed = subprocess.run([*TRAIN, *common, f"train.out_dir={part}"], capture_output=True,  # resume=auto
-                             text=True, cwd=ROOT, env=env, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed {part / 'last.pt'}: epoch 1, step {step}" in resumed.stdout
+    code, out, err = train_command(capsys, *common, f"train.out_dir={part}")  # train.resume=auto
+    assert code == 0, err
+    assert f"resumed {part / 'last.pt'}: epoch 1, step {at}" in out
     a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
+    assert a["train_state"]["step"] == b["train_state"]["step"] == 2 * per_epoch
     assert without_clocks(a["train_state"]) == without_clocks(b["train_state"])
     assert b["train_state"]["train_seconds"] > 0
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+    assert len(a["optimizer"]["state"]) == len(b["optimizer"]["state"]) > 0
     for moments_a, moments_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert torch.equal(moments_a["exp_avg"], moments_b["exp_avg"])
         assert torch.equal(moments_a["exp_avg_sq"], moments_b["exp_avg_sq"])
@@ -320,29 +338,26 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, 
     assert metrics_without_clocks(part / "metrics.jsonl") == metrics_without_clocks(tmp_path / "full" / "metrics.jsonl")
 
 
-@pytest.mark.slow
-def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path):
+def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, capsys):
     out = tmp_path / "run"
     cfg = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=4", *QUIET]
-    assert subprocess.run([*TRAIN, *cfg, "train.epochs=1"], capture_output=True, cwd=ROOT, timeout=300).returncode == 0
+    assert train_command(capsys, *cfg, "train.epochs=1")[0] == 0
     old = load_checkpoint(out / "last.pt")
     old.pop("format")
     old.pop("meter")  # files written before the loss sums were saved
     save_checkpoint(old, out / "last.pt")
-    again = subprocess.run([*TRAIN, *cfg, "train.epochs=2", "train.resume=true"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=300)
-    assert again.returncode == 0, again.stderr
+    code, _, err = train_command(capsys, *cfg, "train.epochs=2", "train.resume=true")
+    assert code == 0, err
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 2
 
     weights_only = load_checkpoint(out / "best.pt")
     weights_only.pop("format")
     save_checkpoint(weights_only, out / "last.pt")
-    refused = subprocess.run([*TRAIN, *cfg, "train.epochs=3", "train.resume=true"], capture_output=True, text=True,
-                             cwd=ROOT, timeout=300)
-    assert refused.returncode == 2
-    assert refused.stderr.strip() == (f"error: {out / 'last.pt'} is not a resumable checkpoint (no optimizer, "
-                                      "scheduler, rng); resume from the run's last.pt, or start a new run")
-    with pytest.raises(CheckpointError):
+    code, _, err = train_command(capsys, *cfg, "train.epochs=3", "train.resume=true")
+    assert code == 2
+    assert err == (f"error: {out / 'last.pt'} is not a resumable checkpoint (no optimizer, "
+                   "scheduler, rng); resume from the run's last.pt, or start a new run\n")
+    with pytest.raises(CheckpointError, match=r"^last\.pt is not a resumable checkpoint \(no train_state, optimizer"):
         RunState(TrainState(), *([None] * 4), LossMeter()).load_state_dict({"model": {}})
 
 
