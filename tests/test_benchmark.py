@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from annotated_transformer.hardware import train_step_flops
+from annotated_transformer.lab.hardware import train_step_flops
 from annotated_transformer.model import make_model, subsequent_mask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def test_benchmark_bad_input_is_one_clear_line(args, needle):
 
 
 def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
-    from annotated_transformer import hardware
+    from annotated_transformer.lab import hardware
 
     durations = iter([9.0, 9.0] + [1.0, 0.25, 2.0] + [1.0] * 17)  # two untimed, then 20 timed
     clock = {"t": 0.0, "start": True}

@@ -148,7 +148,7 @@ BLOCK_PRELUDE = """if True:
 @pytest.mark.slow
 def test_import_pulls_no_spacy_altair_vl_convert_or_torchdata():
     done = _run([sys.executable, "-c", BLOCK_PRELUDE + """
-    import annotated_transformer, annotated_transformer.data, annotated_transformer.translator
+    import annotated_transformer, annotated_transformer.data, annotated_transformer.deploy.translator
     heavy = ("spacy", "altair", "vl_convert", "torchdata")
     print(sorted(m for m in heavy if m in sys.modules))
     from annotated_transformer.data.tokenizers import word_tokenize
