@@ -2,7 +2,7 @@
 
 The public names follow the paper and the notebook, so the two can be read side by side. This
 import loads the core only (model, masks and Batch, loss, rate, the loop, decoding, config);
-`train_worker`, `Trainer` and `Translator` come from the harness when first asked for.
+`train_worker` and `Trainer` come from harness/, `Translator` from deploy/, when first asked for.
 """
 
 from typing import Any
@@ -34,7 +34,7 @@ from .optim import rate
 from .loop import TrainState, run_epoch, train_step
 
 # Names whose modules pull in the harness (tqdm, the checkpoint writer, NVML, ...): loaded on first use.
-_LAZY = {"train_worker": "harness.trainer", "Trainer": "harness.trainer", "Translator": "translator"}
+_LAZY = {"train_worker": "harness.trainer", "Trainer": "harness.trainer", "Translator": "deploy.translator"}
 
 
 def __getattr__(name: str) -> Any:

@@ -2,18 +2,23 @@
 
 Every decoder returns a (B, L) tensor of ids that starts with the start symbol. A sentence ends
 at its own end symbol (kept in the output) or at its length limit; positions after its end hold
-`pad_symbol` (the end symbol when none is given).
+`pad_symbol` (the end symbol when none is given). `translate_ids` decodes any number of id
+sequences in length-sorted batches, as training's BLEU, the Translator and the charts do.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .data.buckets import pad_rows
+from .device import amp_context
 from .kv_cache import DecoderCache
+from .masks import padding_mask
 from .model import EncoderDecoder, subsequent_mask
 
 
@@ -290,3 +295,30 @@ def decode_batch(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: 
     if beam_size == 1:
         return greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol, pad_symbol)
     return beam_search(model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha, pad_symbol)
+
+
+def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pad: int, bos: int, eos: int,
+                  device: torch.device, beam_size: int = 1, alpha: float = 0.6, max_len_a: int = 50,
+                  batch_size: int = 128, amp_dtype: torch.dtype | None = None) -> list[list[int]]:
+    """Decode id sequences (each <s> ... </s>) in length-sorted batches; return output ids in input order.
+
+    Each output starts after <s> and stops before </s> (both removed). The longest output of a
+    sentence is its source length + `max_len_a` tokens, capped by the positional table.
+    """
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results: list[list[int]] = [[] for _ in sources]
+    cap = model.max_positions
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        src = pad_rows([sources[i] for i in idx], pad).to(device)  # (B, S)
+        lengths = torch.tensor([len(sources[i]) for i in idx])
+        max_len = (lengths + max_len_a).clamp(max=cap)
+        with torch.no_grad(), amp_context(device, amp_dtype):
+            out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
+                               beam_size=beam_size, alpha=alpha, pad_symbol=pad)
+        for row, i in enumerate(out.tolist()):
+            results[idx[row]] = strip_special(i, bos, eos, pad)
+    model.train(was_training)
+    return results

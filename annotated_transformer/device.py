@@ -9,9 +9,11 @@ once instead of quietly training on the CPU; an explicit `cuda` device stops wit
 from __future__ import annotations
 
 import os
+import platform
 import sys
 from collections import Counter
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -215,3 +217,18 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued kernels so wall-clock times mean something."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """A human-readable name of the machine: the GPU and CUDA version, or the CPU model and torch's threads."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    model = platform.processor() or "CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {torch.get_num_threads()} threads"

@@ -2,7 +2,7 @@
 
 `model.py` uses this `Dropout` wherever the notebook uses `nn.Dropout`. It is `nn.Dropout` (same
 parameters, same state_dict, same behaviour on every device but the CPU in training mode) with a
-faster mask there; `benchmark.notebook_dropout` swaps it back for PyTorch's own.
+faster mask there; `lab.benchmark.notebook_dropout` swaps it back for PyTorch's own.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from annotated_transformer.hardware import train_step_flops
+from annotated_transformer.lab.hardware import train_step_flops
 from annotated_transformer.model import make_model, subsequent_mask
 
 
@@ -85,7 +85,7 @@ def child_facts(x: int) -> dict:
 def test_in_fresh_process_runs_the_function_in_another_process_and_names_a_failure():
     import os
 
-    from annotated_transformer.hardware import in_fresh_process
+    from annotated_transformer.lab.hardware import in_fresh_process
 
     facts = in_fresh_process("facts", child_facts, 7)
     assert facts["x"] == 7 and facts["pid"] != os.getpid()
@@ -107,7 +107,7 @@ def test_benchmark_bad_input_is_one_clear_line(args, needle, command):
 
 
 def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
-    from annotated_transformer import hardware
+    from annotated_transformer.lab import hardware
 
     durations = iter([9.0, 9.0] + [1.0, 0.25, 2.0] + [1.0] * 17)  # two untimed, then 20 timed
     clock = {"t": 0.0, "start": True}

@@ -19,7 +19,7 @@ import pytest
 
 from annotated_transformer.cli import COMMANDS, main as cli_main
 from annotated_transformer.errors import CheckpointError, ConfigError
-from annotated_transformer.translator import resolve_checkpoint, torch_checkpoint
+from annotated_transformer.deploy.translator import resolve_checkpoint, torch_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = {"--checkpoint", "--out", "--quantize", "--limit", "--device"}

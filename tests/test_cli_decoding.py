@@ -13,7 +13,7 @@ from annotated_transformer import Translator
 from annotated_transformer.decoding import beam_search, greedy_decode, greedy_decode_naive
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.model import make_model_from_config
-from annotated_transformer.translator import set_token_reduction
+from annotated_transformer.deploy.translator import set_token_reduction
 
 SENTENCES = [
     "Ein Mann fährt Fahrrad.",

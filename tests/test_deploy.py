@@ -19,7 +19,7 @@ from annotated_transformer.model import make_model_from_config
 
 ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is in the dev group: uv sync installs it")
 
-from annotated_transformer.ct2_export import build_spec, check_exportable, import_ctranslate2  # noqa: E402
+from annotated_transformer.deploy.ct2_export import build_spec, check_exportable, import_ctranslate2  # noqa: E402
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee auf einer großen Wiese.", "Kinder spielen."]
 
@@ -137,7 +137,7 @@ def test_evaluate_scores_the_exported_model(tiny_checkpoint, exported, multi30k_
 
 
 def test_int8_export_is_smaller_and_close(tiny_checkpoint, exported, tmp_path, command):
-    from annotated_transformer.ct2_translator import CT2Translator
+    from annotated_transformer.deploy.ct2_translator import CT2Translator
 
     out = tmp_path / "int8"
     code, _, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--quantize", "int8")

@@ -391,7 +391,7 @@ def test_bad_extension_settings_are_one_line_errors(override, message):
 
 
 def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
-    from annotated_transformer.extension_benchmark import measure_extensions
+    from annotated_transformer.lab.extension_benchmark import measure_extensions
 
     arms = {"plain": (), "window 1": ("model.local_window=1",), "guided": ("objective.guide_weight=1.0",),
             "pruning": ("model.prune_ratio=0.25",)}
@@ -409,7 +409,7 @@ def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
 
 
 def test_the_benchmark_arms_can_be_chosen_and_plain_always_comes_first():
-    from annotated_transformer.extension_benchmark import ARMS, select_arms
+    from annotated_transformer.lab.extension_benchmark import ARMS, select_arms
 
     assert select_arms(None) == ARMS
     assert list(select_arms(["token pruning r=0.25"])) == ["plain", "token pruning r=0.25"]

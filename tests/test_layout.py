@@ -43,27 +43,31 @@ def test_layout_doc_matches_the_tree():
 # Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
 LAYERS = {
     "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0, "kv_cache": 0, "attention": 1,
-    "config": 1, "config_loading": 1, "device": 1, "hardware": 2,
+    "config": 1, "config_loading": 1, "device": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "loop": 3, "decoding": 3,
     "extensions.token_merging": 1, "extensions.scheduled_sampling": 1, "extensions.guided_attention": 1,
     "extensions.objective": 4,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
-    "evaluation": 4,
-    "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "ct2_export": 5,
-    "harness.tasks": 6, "translator": 6, "ct2_translator": 6, "visualization": 6,
-    "harness.report": 7, "benchmark": 7, "engine_benchmark": 7, "extension_benchmark": 7, "shape_benchmark": 7,
-    "sweep_report": 7,
-    "harness.trainer": 8, "sweep": 8,
+    "evaluation": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
+    "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,
+    "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
+    "harness.report": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7, "lab.extension_benchmark": 7,
+    "lab.shape_benchmark": 7, "lab.sweep_report": 7,
+    "harness.trainer": 8, "lab.sweep": 8,
     "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }
 CORE = {name for name, layer in LAYERS.items() if layer <= 3}
 APART = {"data", "model"}
 
 
+# Subpackages whose files LAYERS places one by one; every other subpackage has one layer as a whole.
+BY_FILE = ("harness", "extensions", "deploy", "lab")
+
+
 def module_key(parts: list[str]) -> str:
-    """A module's name in LAYERS: the harness's and the extensions' files one by one, other subpackages as a whole."""
-    return ".".join(parts[:2]) if parts[0] in ("harness", "extensions") and len(parts) > 1 else parts[0]
+    """A module's name in LAYERS: harness/, extensions/, deploy/ and lab/ file by file, other subpackages whole."""
+    return ".".join(parts[:2]) if parts[0] in BY_FILE and len(parts) > 1 else parts[0]
 
 
 def relative_imports(path: Path, package: Path):
@@ -86,7 +90,7 @@ def relative_imports(path: Path, package: Path):
 def test_no_module_imports_a_higher_layer():
     package = ROOT / "annotated_transformer"
     files = [p for p in package.rglob("*.py")
-             if p not in (package / "__init__.py", package / "harness" / "__init__.py", package / "extensions" / "__init__.py")]
+             if p not in (package / "__init__.py", *(package / sub / "__init__.py" for sub in BY_FILE))]
     modules = {module_key(list(p.relative_to(package).with_suffix("").parts)) for p in files}
     assert modules <= set(LAYERS), f"give these modules a layer: {modules - set(LAYERS)}"
     wrong = []
@@ -97,10 +101,39 @@ def test_no_module_imports_a_higher_layer():
     assert wrong == []
 
 
+def test_no_import_cycles():
+    """No module reaches itself through run-time imports (imports under TYPE_CHECKING do not count)."""
+    package = ROOT / "annotated_transformer"
+    edges: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        for me, target in relative_imports(path, package):
+            if me != target:
+                edges.setdefault(me, set()).add(target)
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    assert sorted(me for me in edges if me in reachable(me)) == []
+
+
 def test_the_core_imports_nothing_of_the_harness():
     package = ROOT / "annotated_transformer"
     wrong = [f"{me} imports {target}" for path in package.rglob("*.py") if path.parent.name != "harness"
              for me, target in relative_imports(path, package) if me in CORE and target not in CORE]
+    assert wrong == []
+
+
+def test_the_harness_imports_neither_the_lab_nor_deploy():
+    """What training needs at run time (the machine's name, decoding a split) lives below it, in the core."""
+    package = ROOT / "annotated_transformer"
+    wrong = [f"{me} imports {target}" for path in (package / "harness").glob("*.py")
+             for me, target in relative_imports(path, package) if target.split(".")[0] in ("lab", "deploy")]
     assert wrong == []
 
 
@@ -111,7 +144,7 @@ def test_importing_the_package_loads_the_core_only():
     code = ("import sys, threading, torch; "
             "heavy = lambda: {m for m in sys.modules if m.split('.')[0] in ('tqdm', 'torchdata', 'sacrebleu', "
             "'spacy', 'altair', 'vl_convert', 'pynvml', 'sentencepiece') or m.startswith(("
-            "'annotated_transformer.harness', 'annotated_transformer.translator'))}; "
+            "'annotated_transformer.harness', 'annotated_transformer.deploy', 'annotated_transformer.lab'))}; "
             "before = heavy(); import annotated_transformer as at; "
             "print(sorted(heavy() - before)); print(threading.active_count()); at.make_model; at.run_epoch; "
             "assert at.train_worker.__module__ == 'annotated_transformer.harness.trainer'; "

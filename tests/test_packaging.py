@@ -153,7 +153,7 @@ WITHOUT_THE_HEAVY_PACKAGES = BLOCK_PRELUDE + """
     def tell(tag, value):
         print("@" + tag, json.dumps(value), flush=True)
 
-    import annotated_transformer, annotated_transformer.data, annotated_transformer.translator
+    import annotated_transformer, annotated_transformer.data, annotated_transformer.deploy.translator
     tell("imported", sorted(m for m in ("spacy", "altair", "vl_convert", "torchdata") if m in sys.modules))
     from annotated_transformer.data.tokenizers import word_tokenize
     from annotated_transformer.errors import UserError

@@ -99,7 +99,7 @@ def test_epoch_records_carry_the_training_clock_and_the_target(tiny_config, tmp_
 
 
 def test_decoder_depth_can_differ_from_the_encoder_depth():
-    from annotated_transformer.hardware import train_step_flops
+    from annotated_transformer.lab.hardware import train_step_flops
     from annotated_transformer.model import make_model, make_model_from_config
 
     cfg = load_config("tiny", ["model.N=3", "model.N_dec=1"])

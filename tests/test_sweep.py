@@ -17,8 +17,8 @@ import pytest
 from annotated_transformer.errors import ConfigError
 from annotated_transformer.harness.checkpointing import load_checkpoint
 from annotated_transformer.harness.run_dir import read_metrics
-from annotated_transformer.sweep import Launcher, Run, check_settings, parse_grid, plan_runs, read_grid
-from annotated_transformer.sweep_report import RunResult, curve_points, mean_sd, read_result, summary_markdown
+from annotated_transformer.lab.sweep import Launcher, Run, check_settings, parse_grid, plan_runs, read_grid
+from annotated_transformer.lab.sweep_report import RunResult, curve_points, mean_sd, read_result, summary_markdown
 
 
 
@@ -250,7 +250,7 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
 
 
 def test_a_comparison_times_every_run_to_the_target_it_names():
-    from annotated_transformer.sweep_report import RunResult, summary_markdown, timed_to
+    from annotated_transformer.lab.sweep_report import RunResult, summary_markdown, timed_to
 
     own = RunResult("a", 1, True, curve=((1.0, 30.0), (2.0, 37.0), (3.0, 41.0)), target_seconds=120.0)  # timed to 36.5
     never = RunResult("b", 1, True, curve=((1.0, 20.0), (2.0, 39.9)), target_seconds=None)
@@ -261,7 +261,7 @@ def test_a_comparison_times_every_run_to_the_target_it_names():
 
 
 def test_finished_runs_are_skipped_and_earlier_runs_in_the_folder_stay_in_the_report(tmp_path):
-    from annotated_transformer.sweep import sweep
+    from annotated_transformer.lab.sweep import sweep
 
     _fake_run(tmp_path, "train.lr_factor=1", 1, [30.0])
     _fake_run(tmp_path, "model.dropout=0.3", 1, [25.0])  # from an earlier grid

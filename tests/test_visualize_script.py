@@ -170,7 +170,7 @@ def make_translator(text, seed: int = 0):
     """A random 2-layer model around `text`, outputs capped at source length + 4 tokens."""
     from annotated_transformer.config import Config
     from annotated_transformer.model import make_model_from_config
-    from annotated_transformer.translator import Translator
+    from annotated_transformer.deploy.translator import Translator
 
     cfg = Config()
     cfg.model.N, cfg.model.d_model, cfg.model.d_ff, cfg.model.h = 2, 16, 32, 2

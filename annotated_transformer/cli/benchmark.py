@@ -6,7 +6,7 @@
     benchmark --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min
     benchmark --config cpu_15min.yaml --extensions --rounds 5
 
-What each side does is described in annotated_transformer/benchmark.py. With --json, stdout is one
+What each side does is described in annotated_transformer/lab/benchmark.py. With --json, stdout is one
 JSON object and progress goes to stderr.
 """
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
     cfg = load_config(args.config, [*([f"train.device={args.device}"] if args.device else []), *args.overrides])
     if args.checkpoint:
-        from ..translator import torch_checkpoint
+        from ..deploy.translator import torch_checkpoint
 
         args.checkpoint = str(torch_checkpoint(args.checkpoint, "benchmark (--engines exports it itself)"))
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return compare_engines(args, cfg, log)
     if args.extensions:
         return compare_extensions(args, cfg, log)
-    from ..benchmark import format_summary, run_benchmark
+    from ..lab.benchmark import format_summary, run_benchmark
 
     result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
                            one_sentence_limit=args.one_sentence, decode_limit=args.limit, train=not args.skip_train,
@@ -90,7 +90,7 @@ def write_json(out: str | None, name: str, result: dict[str, Any]) -> None:
 
 def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--engines: the engine table on test2016, engines.json in --out."""
-    from ..engine_benchmark import compare_engines as measure, format_engines
+    from ..lab.engine_benchmark import compare_engines as measure, format_engines
 
     if not args.checkpoint:
         raise ConfigError("--engines compares decoders on trained weights: pass --checkpoint runs/NAME")
@@ -103,7 +103,7 @@ def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
 
 def compare_extensions(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--extensions: the cost table of the extension switches, extensions.json in --out."""
-    from ..extension_benchmark import format_extensions, measure_extensions, select_arms
+    from ..lab.extension_benchmark import format_extensions, measure_extensions, select_arms
 
     arms = select_arms(args.arms.split(",") if args.arms else None)
     result = measure_extensions(cfg, arms, steps=args.steps, rounds=args.rounds, sentences=args.limit or 256, log=log)

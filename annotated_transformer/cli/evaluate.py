@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = check_required(parser, parser.parse_args(argv))
     from ..config_loading import check_decode_options
     from ..evaluation import evaluate_translator
-    from ..translator import load_translator, set_token_reduction
+    from ..deploy.translator import load_translator, set_token_reduction
 
     check_decode_options(args.beam, args.alpha)
     translator = load_translator(args.checkpoint, args.engine, args.device, args.quantize)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..ct2_export import QUANTIZATIONS
+from ..deploy.ct2_export import QUANTIZATIONS
 from .options import add_checkpoint, add_out, add_quantize, check_required
 
 
@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Export a run's (or a .pt file's) weights with their vocabulary and decoding settings."""
     parser = build_parser(prog)
     args = check_required(parser, parser.parse_args(argv))
-    from ..ct2_export import export_ctranslate2
-    from ..translator import Translator, torch_checkpoint
+    from ..deploy.ct2_export import export_ctranslate2
+    from ..deploy.translator import Translator, torch_checkpoint
 
     path = torch_checkpoint(args.checkpoint, "export")
     translator = Translator.from_checkpoint(path, device="cpu")

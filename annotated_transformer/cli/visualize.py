@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Translate one sentence and chart its attention, plus the teaching and training charts."""
     parser = build_parser(prog)
     args = check_required(parser, parser.parse_args(argv))
-    from ..translator import torch_checkpoint
+    from ..deploy.translator import torch_checkpoint
     from ..visualization import visualize_checkpoint
 
     path = torch_checkpoint(args.checkpoint, "visualize (the attention weights)")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config import Config, TrainConfig
-from ..hardware import device_name
+from ..device import device_name
 from ..loop import Log, TrainState
 from .run_dir import RunDir
 

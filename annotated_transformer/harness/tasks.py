@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ..config import Config
 from ..data.batch import Batch
 from ..data.copy_task import COPY_PAD, COPY_START, CopyLoader, copy_validation_batches
-from ..decoding import greedy_decode
+from ..decoding import greedy_decode, translate_ids
 from ..masks import padding_mask
 from .distributed import DistInfo
 
@@ -118,8 +118,6 @@ class TranslationTask:
     def translate_split(self, model, device: torch.device, split: str, beam_size: int = 1,
                         amp_dtype: torch.dtype | None = None, limit: int | None = None) -> list[str]:
         """Every rank decodes its share of `split`; all ranks get the full list of hypotheses in order."""
-        from ..translator import translate_ids
-
         sp = self.data.splits[split]
         n = len(sp.src) if limit is None else min(limit, len(sp.src))
         mine = list(range(self.info.rank, n, self.info.world_size))

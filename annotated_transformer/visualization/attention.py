@@ -32,10 +32,11 @@ import altair as alt
 import torch
 from torch import Tensor
 
+from ..decoding import translate_ids
+from ..deploy.translator import Translator
 from ..errors import UserError
 from ..extensions.token_merging import merged_groups_by_layer
 from ..model import EncoderDecoder, MultiHeadedAttention, subsequent_mask
-from ..translator import Translator, translate_ids
 from .heatmap import CELL_PX, heatmap
 
 AttentionKind = Literal["encoder", "self", "src"]

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..deploy.translator import Translator
 from ..errors import UserError
 from ..files import atomic_write
-from ..translator import Translator
 from .attention import SentenceAttention, attention_charts, layer_indices, sentence_attention
 from .export import FORMATS, png_size, save_chart
 from .teaching import teaching_charts

@@ -19,18 +19,18 @@ from typing import Any
 
 import torch
 
-from .config import Config
-from .config_loading import apply_override, config_from_dict, config_to_dict
-from .data.buckets import pad_rows
-from .decoding import greedy_decode
-from .device import amp_context, resolve_amp_dtype, select_device
-from .errors import ConfigError
-from .extensions.objective import build_objective
-from .loop import Log, train_step
-from .loss import LabelSmoothing, SimpleLossCompute
-from .masks import padding_mask
-from .model import make_model_from_config
-from .optim import build_optimizer, build_scheduler
+from ..config import Config
+from ..config_loading import apply_override, config_from_dict, config_to_dict
+from ..data.buckets import pad_rows
+from ..decoding import greedy_decode
+from ..device import amp_context, resolve_amp_dtype, select_device
+from ..errors import ConfigError
+from ..extensions.objective import build_objective
+from ..loop import Log, train_step
+from ..loss import LabelSmoothing, SimpleLossCompute
+from ..masks import padding_mask
+from ..model import make_model_from_config
+from ..optim import build_optimizer, build_scheduler
 
 # The settings measured in docs/extensions.md's table, each against "plain".
 ARMS: dict[str, tuple[str, ...]] = {
@@ -106,7 +106,7 @@ def measure_extensions(cfg: Config, arms: dict[str, tuple[str, ...]] = ARMS, ste
         raise ConfigError(f"--extensions times training on Multi30k; {cfg.name} has data.dataset={cfg.data.dataset}")
     if steps < 1 or rounds < 1:
         raise ConfigError(f"--steps and --rounds must be at least 1 (got {steps}, {rounds})")
-    from .data import load_translation_data
+    from ..data import load_translation_data
 
     device = select_device(cfg.train.device)
     data = load_translation_data(cfg, log=None)

@@ -1,6 +1,6 @@
 """`CT2Translator`: a model exported by `ct2_export.py` (scripts/export.py), translated by CTranslate2 instead of PyTorch.
 
-    from annotated_transformer.ct2_translator import CT2Translator
+    from annotated_transformer.deploy.ct2_translator import CT2Translator
     tr = CT2Translator.from_dir("exported/cpu_45min")
     tr.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
 
@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from .config import Config
-from .config_loading import config_from_dict, read_yaml
+from ..config import Config
+from ..config_loading import config_from_dict, read_yaml
+from ..errors import ExportError
 from .ct2_export import CONFIG_FILE, TEXT_FOLDER, import_ctranslate2
-from .errors import ExportError
-from .translator import TextTranslator
+from .text_translator import TextTranslator
 
 
 class CT2Translator(TextTranslator):
@@ -40,7 +40,7 @@ class CT2Translator(TextTranslator):
     @classmethod
     def from_dir(cls, folder: str | Path, device: str = "cpu", threads: int | None = None) -> CT2Translator:
         """Load a folder written by `export_ctranslate2` (quantisation as exported); `threads` defaults to torch's."""
-        from .data.text import TextPipeline
+        from ..data.text import TextPipeline
 
         ct2 = import_ctranslate2()
         path = Path(folder)

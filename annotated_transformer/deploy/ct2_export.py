@@ -31,9 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import Config, ModelConfig
-from .errors import ExportError
-from .model import EncoderDecoder, MultiHeadedAttention
+from ..config import Config, ModelConfig
+from ..errors import ExportError
+from ..model import EncoderDecoder, MultiHeadedAttention
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
 CONFIG_FILE = "config.yaml"  # our Config; the engine's own settings are in config.json
@@ -140,8 +140,8 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     The folder is built beside `out_dir` and renamed into place, so a failed export leaves
     whatever was there before (with `force`) or nothing.
     """
-    from .config_loading import config_yaml
-    from .files import give_default_permissions
+    from ..config_loading import config_yaml
+    from ..files import give_default_permissions
 
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")

@@ -8,13 +8,13 @@ import time
 
 import torch
 
-from .config import Config
-from .data.batch import Batch
-from .device import select_device, synchronize
-from .loop import Log, run_epoch
-from .loss import LabelSmoothing, SimpleLossCompute
-from .model import make_model_from_config
-from .optim import build_optimizer, build_scheduler
+from ..config import Config
+from ..data.batch import Batch
+from ..device import select_device, synchronize
+from ..loop import Log, run_epoch
+from ..loss import LabelSmoothing, SimpleLossCompute
+from ..model import make_model_from_config
+from ..optim import build_optimizer, build_scheduler
 
 
 def shape_sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps: int, log: Log = print) -> list[dict]:

@@ -31,10 +31,10 @@ ENGINES = ("torch-fp32", "torch-bf16", "torch-int8", "ct2-float32", "ct2-int8")
 def _load(engine: str, checkpoint: str, folders: dict[str, str], threads: int) -> Any:
     torch.set_num_threads(threads)
     if engine.startswith("ct2-"):
-        from .ct2_translator import CT2Translator
+        from ..deploy.ct2_translator import CT2Translator
 
         return CT2Translator.from_dir(folders[engine], threads=threads)
-    from .translator import Translator
+    from ..deploy.translator import Translator
 
     tr = Translator.from_checkpoint(checkpoint, device="cpu")
     if engine == "torch-bf16":
@@ -71,12 +71,12 @@ def measure_engine(engine: str, checkpoint: str, folders: dict[str, str], source
 def compare_engines(checkpoint: str, engines: tuple[str, ...] = ENGINES, beam: int = 5, latency_sentences: int = 100,
                     limit: int | None = None, data_root: str | None = None, log: Any = print) -> dict[str, Any]:
     """Export the checkpoint twice (float32, int8), measure every engine on test2016; rows with ratios to torch-fp32."""
+    from ..data import read_split, resolve_multi30k_dir
+    from ..deploy.ct2_export import export_ctranslate2
+    from ..deploy.translator import Translator
+    from ..device import native_bf16
+    from ..evaluation import score_translations
     from .hardware import in_fresh_process
-    from .ct2_export import export_ctranslate2
-    from .device import native_bf16
-    from .evaluation import score_translations
-    from .translator import Translator
-    from .data import read_split, resolve_multi30k_dir
 
     tr = Translator.from_checkpoint(checkpoint, device="cpu")
     if data_root:

@@ -6,54 +6,29 @@
 
 Sentences are encoded with the run's own TextPipeline (saved in the checkpoint), sorted by
 length so each batch holds sentences of similar length, decoded with the cached batched
-greedy search or beam search, and returned in input order.
+greedy search or beam search (`decoding.translate_ids`), and returned in input order.
+
+What a command's --checkpoint names is resolved here too (`resolve_checkpoint`): a run directory
+or .pt file gives this Translator, an exported folder `CT2Translator` (`load_translator`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from .config import Config
-from .config_loading import config_from_dict
-from .data.buckets import pad_rows
-from .device import amp_context, configure_backends, native_bf16, select_device
-from .errors import CheckpointError, ConfigError
-from .harness.checkpointing import load_checkpoint
-from .harness.run_dir import RunDir, read_metrics
-from .masks import padding_mask
-from .model import EncoderDecoder, make_model_from_config
 
-
-def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pad: int, bos: int, eos: int,
-                  device: torch.device, beam_size: int = 1, alpha: float = 0.6, max_len_a: int = 50,
-                  batch_size: int = 128, amp_dtype: torch.dtype | None = None) -> list[list[int]]:
-    """Decode id sequences (each <s> ... </s>) in length-sorted batches; return output ids in input order.
-
-    Each output starts after <s> and stops before </s> (both removed). The longest output of a
-    sentence is its source length + `max_len_a` tokens, capped by the positional table.
-    """
-    from .decoding import decode_batch, strip_special
-
-    was_training = model.training
-    model.eval()
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results: list[list[int]] = [[] for _ in sources]
-    cap = model.max_positions
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        src = pad_rows([sources[i] for i in idx], pad).to(device)  # (B, S)
-        lengths = torch.tensor([len(sources[i]) for i in idx])
-        max_len = (lengths + max_len_a).clamp(max=cap)
-        with torch.no_grad(), amp_context(device, amp_dtype):
-            out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
-                               beam_size=beam_size, alpha=alpha, pad_symbol=pad)
-        for row, i in enumerate(out.tolist()):
-            results[idx[row]] = strip_special(i, bos, eos, pad)
-    model.train(was_training)
-    return results
+from ..config import Config
+from ..config_loading import config_from_dict
+from ..decoding import translate_ids
+from ..device import configure_backends, native_bf16, select_device
+from ..errors import CheckpointError, ConfigError
+from ..harness.checkpointing import load_checkpoint
+from ..harness.run_dir import RunDir, read_metrics
+from ..model import EncoderDecoder, make_model_from_config
+from .ct2_translator import CT2Translator
+from .text_translator import TextTranslator
 
 
 def decode_amp_dtype(device: torch.device) -> torch.dtype | None:
@@ -140,44 +115,9 @@ def load_translator(checkpoint: str | Path, engine: str | None = None, device: s
                               "exported (export --quantize int8)")
         if device not in (None, "cpu", "cuda"):
             raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu or cuda")
-        from .ct2_translator import CT2Translator
-
         return CT2Translator.from_dir(path, device=device or "cpu")
     translator = Translator.from_checkpoint(path, device=device)
     return translator.quantize_int8() if quantize == "int8" else translator
-
-
-class TextTranslator:
-    """Text in, text out, through the run's own text pipeline: what every engine's translator shares.
-
-    A subclass holds `text` (the TextPipeline) and `config`, and decodes id lists in `translate_ids`.
-    """
-
-    text: Any
-    config: Config
-
-    def source_ids(self, sentence: str) -> tuple[list[int], bool]:
-        """Source ids (<s> ... </s>) and whether the sentence had to be truncated to fit data.max_sentence_len."""
-        ids = self.text.text_to_ids(sentence, "src")
-        truncated = len(self.text.tokenize(sentence, "src")) + 2 > len(ids)
-        return ids, truncated
-
-    def translate(self, sentences: Sequence[str], beam_size: int | None = None, alpha: float | None = None,
-                  batch_size: int | None = None) -> list[str]:
-        """Translate sentences; returns one string per input, in input order ('' for an empty input)."""
-        dec = self.config.decode
-        keep = [i for i, s in enumerate(sentences) if s.strip()]
-        sources = [self.text.text_to_ids(sentences[i], "src") for i in keep]
-        outputs = self.translate_ids(sources, beam_size or dec.beam_size, dec.alpha if alpha is None else alpha,
-                                     batch_size or dec.batch_size) if sources else []
-        result = [""] * len(sentences)
-        for i, ids in zip(keep, outputs):
-            result[i] = self.text.ids_to_text(ids, "tgt")
-        return result
-
-    def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
-        """Output ids (without <s> and </s>) for source ids (<s> ... </s>), in input order."""
-        raise NotImplementedError
 
 
 class Translator(TextTranslator):
@@ -201,7 +141,7 @@ class Translator(TextTranslator):
         if payload.get("text") is None:
             raise CheckpointError(f"{path} holds a model without a text vocabulary (the copy task?); "
                                   "only translation checkpoints can translate text")
-        from .data.text import TextPipeline
+        from ..data.text import TextPipeline
 
         cfg = config_from_dict(payload["config"])
         text = TextPipeline.from_state_dict(payload["text"])

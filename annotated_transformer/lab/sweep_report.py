@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, DataError
-from .files import atomic_write, writing
-from .harness.run_dir import read_metrics
+from ..errors import ConfigError, DataError
+from ..files import atomic_write, writing
+from ..harness.run_dir import read_metrics
 
 TEST_SCORES = "test_scores.json"  # written into a run directory by the sweep's --score-test
 
@@ -160,7 +160,7 @@ def sweep_chart(results: Sequence[RunResult], title: str, target_bleu: float | N
     """Val BLEU against training minutes: a faint line per run, a bold line per setting's mean (altair)."""
     import altair as alt
 
-    from .visualization.heatmap import inline_data
+    from ..visualization.heatmap import inline_data
 
     data = inline_data(curve_points(results))
     x = alt.X("minutes:Q", title="training minutes (optimizer steps)")
@@ -202,7 +202,7 @@ def write_report(out: Path, results: Sequence[RunResult], title: str, target_ble
             atomic_write(path, lambda f, t=text: f.write(t.encode("utf-8")))
         written.append(path)
     if chart and any(r.curve for r in results):
-        from .visualization import save_chart
+        from ..visualization import save_chart
 
         save_chart(sweep_chart(results, title, target_bleu), out / "sweep")
         written += [out / "sweep.html", out / "sweep.png"]

@@ -2,37 +2,21 @@
 memory, and a fresh process to measure in.
 
 MFU (model FLOPs utilisation) = `train_step_flops` of the real sentence lengths per second, divided by
-`matmul_peak` measured in the same run and precision.
+`matmul_peak` measured in the same run and precision. The machine's name is `device.device_name`,
+in the core, because a training's log names it too.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import platform
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from .device import synchronize
-
-
-def device_name(device: torch.device) -> str:
-    """A human-readable name of the machine the benchmark ran on."""
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    model = platform.processor() or "CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {torch.get_num_threads()} threads"
+from ..device import synchronize
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 20) -> float:

@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from .config_loading import load_config
-from .errors import ConfigError, RunDirError
-from .files import atomic_write, writing
-from .harness.run_dir import read_metrics
+from ..config_loading import load_config
+from ..errors import ConfigError, RunDirError
+from ..files import atomic_write, writing
+from ..harness.run_dir import read_metrics
 from .sweep_report import TEST_SCORES, collect_results, read_result, write_report
 
 
@@ -213,8 +213,8 @@ def final_record(run: Run) -> dict[str, Any]:
 def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
     """Score a finished run's chosen weights on test (greedy, and beam when its config decodes with a beam)
     with the evaluation script's scorer; the figures go to <run>/test_scores.json."""
-    from .evaluation import evaluate_translator
-    from .translator import Translator
+    from ..evaluation import evaluate_translator
+    from ..deploy.translator import Translator
 
     checkpoint = run.path / final_record(run).get("checkpoint_file", "best.pt")
     translator = Translator.from_checkpoint(checkpoint, device="cpu")

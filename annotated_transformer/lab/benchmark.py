@@ -39,21 +39,20 @@ from typing import Any
 
 import torch
 
-from .config import Config
+from ..config import Config
+from ..config_loading import config_from_dict, config_to_dict
+from ..device import device_name, native_bf16, select_device, synchronize
+from ..errors import ConfigError
+from ..loop import Log
+from ..masks import padding_mask
 from .hardware import (
     batch_lengths,
     datasheet_peak,
-    device_name,
     in_fresh_process,
     matmul_peak,
     process_peak_memory_gb,
     train_step_flops,
 )
-from .config_loading import config_from_dict, config_to_dict
-from .device import native_bf16, select_device, synchronize
-from .errors import ConfigError
-from .loop import Log
-from .masks import padding_mask
 
 
 # --------------------------------------------------------------------------- training, one side
@@ -61,7 +60,7 @@ from .masks import padding_mask
 
 def notebook_dropout(model: torch.nn.Module) -> None:
     """Give every dropout layer back PyTorch's own implementation (the notebook's nn.Dropout)."""
-    from .fast_dropout import Dropout
+    from ..fast_dropout import Dropout
 
     for m in model.modules():
         if isinstance(m, Dropout):
@@ -70,10 +69,10 @@ def notebook_dropout(model: torch.nn.Module) -> None:
 
 def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> dict[str, Any]:
     """One side's model, loader, loss, optimizer and precision: the notebook's ('notebook') or ours ('fast')."""
-    from .data.notebook_pipeline import notebook_dataloader
-    from .loss import LabelSmoothing, SimpleLossCompute
-    from .model import make_model_from_config
-    from .optim import build_optimizer, build_scheduler
+    from ..data.notebook_pipeline import notebook_dataloader
+    from ..loss import LabelSmoothing, SimpleLossCompute
+    from ..model import make_model_from_config
+    from ..optim import build_optimizer, build_scheduler
 
     text = data.text
     notebook = side == "notebook"
@@ -101,8 +100,8 @@ def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> d
 
 def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
     """Time `warmup + steps` optimizer steps of one side ('notebook' or 'fast'); return its figures."""
-    from .data import load_translation_data
-    from .loop import run_epoch
+    from ..data import load_translation_data
+    from ..loop import run_epoch
 
     cfg = config_from_dict(cfg_dict)
     device = select_device(cfg.train.device)
@@ -165,9 +164,10 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     `limit` keeps the first sentences only (for quick checks); the one-sentence decoder gets
     `one_sentence_limit` of them, evenly spread, because it is slow.
     """
-    from .data import load_translation_data
-    from .model import make_model_from_config
-    from .translator import Translator, decode_amp_dtype, translate_ids
+    from ..data import load_translation_data
+    from ..model import make_model_from_config
+    from ..decoding import translate_ids
+    from ..deploy.translator import Translator, decode_amp_dtype
 
     if checkpoint:
         tr = Translator.from_checkpoint(checkpoint, device=device)
@@ -217,8 +217,8 @@ def _one_by_one(model: Any, model_cfg: Any, text: Any, sources: list[list[int]],
                 device: torch.device) -> list[list[int]]:
     """The notebook's decoder on `model`'s weights: explicit attention, fp32, one sentence at a time, the whole
     prefix every step."""
-    from .decoding import greedy_decode_naive, strip_special
-    from .model import make_model_from_config
+    from ..decoding import greedy_decode_naive, strip_special
+    from ..model import make_model_from_config
 
     ref_model = make_model_from_config(replace(model_cfg, attention="naive"), len(text.src_vocab),
                                        len(text.tgt_vocab)).to(device).eval()
@@ -234,7 +234,7 @@ def _one_by_one(model: Any, model_cfg: Any, text: Any, sources: list[list[int]],
 
 
 def _test_sources(cfg: Config, tr: Any) -> list[str]:
-    from .data import read_split, resolve_multi30k_dir
+    from ..data import read_split, resolve_multi30k_dir
 
     d = copy.deepcopy(tr.config.data)
     d.root, d.cache_dir = cfg.data.root or d.root, cfg.data.cache_dir
@@ -265,7 +265,7 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
     device = select_device(cfg.train.device)
     resolve_fast_precision(cfg, device)
     cfg.train.device = str(device)
-    from .data import load_translation_data
+    from ..data import load_translation_data
 
     load_translation_data(cfg, log=None)  # build the cache once, before the timed children start
     result: dict[str, Any] = {
@@ -302,7 +302,7 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
         rows = shape_sweep(cfg, sweep_tokens, sweep_lengths, max(2, steps // 3), log=log)
         result["sweep"] = rows
         if out_dir:
-            from .visualization import save_chart
+            from ..visualization import save_chart
 
             out = Path(out_dir)
             out.mkdir(parents=True, exist_ok=True)
