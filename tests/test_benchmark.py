@@ -40,7 +40,7 @@ def test_train_step_flops_matches_pytorchs_flop_counter(attention):
 def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path, command, monkeypatch):
     """The benchmark command in this process, each training side measured here too (the fresh process the
     benchmark gives each side is tested below) and the matmul peak on small matrices (tested above)."""
-    from annotated_transformer import benchmark, hardware
+    from annotated_transformer.lab import benchmark, hardware
 
     monkeypatch.setattr(benchmark, "in_fresh_process", lambda what, fn, *args: fn(*args))
     monkeypatch.setattr(benchmark, "matmul_peak",

@@ -188,7 +188,7 @@ def test_engine_comparison_on_a_trained_checkpoint(tiny_checkpoint, multi30k_dir
     fresh processes are tested by test_benchmark.py's training sides, which use the same helper)."""
     import json
 
-    from annotated_transformer import hardware
+    from annotated_transformer.lab import hardware
 
     monkeypatch.setattr(hardware, "in_fresh_process", lambda what, fn, *args: fn(*args))
     code, stdout, stderr = command("benchmark", "--config", "tiny", f"data.root={multi30k_dir}", "--engines",
