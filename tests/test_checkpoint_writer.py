@@ -77,6 +77,7 @@ def test_average_last_needs_enough_kept_epochs():
     assert load_config("copy", ["train.keep_last_epochs=0", "train.average_last=5"]).train.average_last == 5
 
 
+@pytest.mark.slow
 def test_copy_run_keeps_the_last_epochs_and_averages_them(tmp_path):
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=4", "data.copy_batches=5",
                                "train.keep_last_epochs=2", "train.average_last=2", "train.progress=false",
