@@ -128,3 +128,15 @@ def command():
     scripts/NAME.py runs) in this process, with `stdin` as its standard input; returns (exit code, stdout bytes,
     stderr bytes). A command is a process only where the test is about the process."""
     return _run_command
+
+
+@pytest.fixture(scope="session")
+def train_command():
+    """A function: `train_command(*args)` runs the train command in this process (as `command("train", ...)`),
+    returning (exit code, stdout, stderr) as text."""
+
+    def train(*args: str) -> tuple[int, str, str]:
+        code, out, err = _run_command("train", *args)
+        return code, out.decode("utf-8"), err.decode("utf-8")
+
+    return train

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.cli import run as run_command
 from annotated_transformer.config_loading import load_config
 from annotated_transformer.errors import ConfigError, RunDirError
 from annotated_transformer.harness import checkpointing
@@ -33,14 +32,6 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no flock on Win
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["train.progress=false", "train.device=cpu"]
 
-
-def train_command(capsys, *args: str) -> tuple[int, str, str]:
-    """The train command (what scripts/train.py runs) in this process: exit code, stdout, stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as done:
-        run_command("train", list(args), "train.py")
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 # Locks a folder, says so, and holds it until its stdin closes; with "fork", first forks a child that lives
 # on (as a DataLoader worker would) and says so after its at-fork handlers ran. Each line is one os.write,
@@ -198,13 +189,13 @@ def test_a_killed_holder_leaves_no_stale_lock_even_with_a_forked_child_alive(tmp
 
 
 @pytest.mark.slow
-def test_the_train_command_refuses_a_held_folder_and_writes_nothing(tmp_path, capsys):
+def test_the_train_command_refuses_a_held_folder_and_writes_nothing(tmp_path, train_command):
     folder = tmp_path / "run"
     with held(folder) as (holder, _):
         (folder / "config.yaml").write_text("a live run's config\n")
         before = snapshot(folder)
         for extra in ([], ["train.overwrite=true"]):
-            code, _, err = train_command(capsys, "--config", "copy.yaml", f"train.out_dir={folder}", *QUIET, *extra)
+            code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={folder}", *QUIET, *extra)
             assert code == 2, err
             assert err == f"error: {in_use(folder, holder.pid)}\n"
             assert holder.poll() is None and snapshot(folder) == before  # the holder runs on, its files untouched
@@ -345,7 +336,8 @@ def test_a_full_disk_under_metrics_or_config_is_one_line(tmp_path, monkeypatch):
         run.log_metrics({"kind": "epoch"})
 
 
-def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_resumes(tmp_path, monkeypatch,
+                                                                                    train_command):
     out = tmp_path / "run"
     args = ["--config", "copy.yaml", f"train.out_dir={out}", "train.epochs=2", "data.copy_batches=3", *QUIET]
     real_save, calls = torch.save, []
@@ -356,13 +348,13 @@ def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_res
 
     with monkeypatch.context() as m:
         m.setattr(torch, "save", save)
-        code, _, err = train_command(capsys, *args)
+        code, _, err = train_command(*args)
     assert code == 2, err[-3000:]
     assert err == f"error: {full_disk_message(out, 'last.pt')}\n"  # one line, no traceback
     assert len(calls) == 4
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 1  # the previous last.pt
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == LOCK_FILE]
-    code, stdout, err = train_command(capsys, *args)
+    code, stdout, err = train_command(*args)
     assert code == 0, err[-3000:]
     assert f"resumed {out / 'last.pt'}: epoch 1, step 3" in stdout
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 2

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, TrainState, make_model, run_epoch, train_step
-from annotated_transformer.cli import run as run_command
 from annotated_transformer.config_loading import load_config
 from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
 from annotated_transformer.harness import trainer as trainer_module
@@ -28,15 +27,6 @@ from annotated_transformer.optim import build_optimizer, build_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["train.progress=false", "train.device=cpu"]
-
-
-def train_command(capsys, *args: str) -> tuple[int, str, str]:
-    """The train command (what scripts/train.py runs) in this process: exit code, stdout, stderr."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as done:
-        run_command("train", list(args), "train.py")
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def tiny_model_and_batches(n: int = 4, V: int = 12, seed: int = 0):
@@ -65,13 +55,13 @@ def all_tensors(obj):
 # --------------------------------------------------------------------------- divergence
 
 
-def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp_path, capsys):
+def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp_path, train_command):
     out = tmp_path / "run"
     common = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=5", "train.log_every=5", *QUIET]
-    code, _, err = train_command(capsys, *common, "train.epochs=2")
+    code, _, err = train_command(*common, "train.epochs=2")
     assert code == 0, err
     before = {p.name: p.read_bytes() for p in out.glob("*.pt")}
-    code, _, err = train_command(capsys, *common, "train.epochs=4", "train.resume=true", "train.lr_factor=1e12")
+    code, _, err = train_command(*common, "train.epochs=4", "train.resume=true", "train.lr_factor=1e12")
     assert code == 3, err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in err
@@ -108,13 +98,13 @@ def test_non_finite_weights_are_never_saved(tmp_path):
 # --------------------------------------------------------------------------- filesystem errors
 
 
-def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path, capsys):
+def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path, train_command):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    code, _, err = train_command(capsys, "--config", "copy.yaml", f"train.out_dir={blocker / 'run'}", *QUIET)
+    code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={blocker / 'run'}", *QUIET)
     assert code == 2 and err == (f"error: cannot create the run directory {blocker / 'run'}: Not a directory; "
                                  "a part of the path is a file, not a folder; choose another train.out_dir\n")
-    code, _, err = train_command(capsys, "--config", "copy.yaml", f"train.out_dir={blocker}", *QUIET)
+    code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={blocker}", *QUIET)
     assert code == 2 and err.count("\n") == 1 and "is a file, not a folder" in err
     assert blocker.read_text() == "x"
 
@@ -296,14 +286,15 @@ def sigterm_at(monkeypatch, step: int) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir, capsys, monkeypatch):
+def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir, train_command,
+                                                       monkeypatch):
     """SIGTERM inside epoch 2, then the same command: the weights, the Adam moments, the counters and every
     metrics line equal an uninterrupted run's (dropout on, so the random state is restored too). The three runs
     are the train command in this process; the signal is a real one, sent by the process to itself."""
     common = ["--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
               "data.max_sentence_len=10", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
               "train.log_every=1", "train.final_eval=false", "model.dropout=0.1", *QUIET]
-    code, out, err = train_command(capsys, *common, f"train.out_dir={tmp_path / 'full'}")
+    code, out, err = train_command(*common, f"train.out_dir={tmp_path / 'full'}")
     assert code == 0, err
     per_epoch = int(out.split(" batches/epoch/rank")[0].rsplit("| ", 1)[1])
     assert per_epoch >= 6
@@ -313,7 +304,7 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, 
     at = per_epoch + per_epoch // 3  # inside epoch 2
     with monkeypatch.context() as m:
         sigterm_at(m, at)
-        code, out, err = train_command(capsys, *common, f"train.out_dir={part}")
+        code, out, err = train_command(*common, f"train.out_dir={part}")
     assert code == 128 + signal.SIGTERM, err
     assert f"stopped by SIGTERM in epoch 2 at step {at}" in out and "run the same command again to continue" in out
     assert signal.getsignal(signal.SIGTERM) is handler_before  # the trainer's handler is gone again
@@ -321,7 +312,7 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, 
     assert stopped["train_state"]["step"] == at and stopped["train_state"]["epoch"] == 1
     assert stopped["meter"]["epoch_tokens"] > 0 and stopped["loader"]["taken"] == at - per_epoch
 
-    code, out, err = train_command(capsys, *common, f"train.out_dir={part}")  # train.resume=auto
+    code, out, err = train_command(*common, f"train.out_dir={part}")  # train.resume=auto
     assert code == 0, err
     assert f"resumed {part / 'last.pt'}: epoch 1, step {at}" in out
     a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
@@ -338,22 +329,22 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, 
     assert metrics_without_clocks(part / "metrics.jsonl") == metrics_without_clocks(tmp_path / "full" / "metrics.jsonl")
 
 
-def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, capsys):
+def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, train_command):
     out = tmp_path / "run"
     cfg = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=4", *QUIET]
-    assert train_command(capsys, *cfg, "train.epochs=1")[0] == 0
+    assert train_command(*cfg, "train.epochs=1")[0] == 0
     old = load_checkpoint(out / "last.pt")
     old.pop("format")
     old.pop("meter")  # files written before the loss sums were saved
     save_checkpoint(old, out / "last.pt")
-    code, _, err = train_command(capsys, *cfg, "train.epochs=2", "train.resume=true")
+    code, _, err = train_command(*cfg, "train.epochs=2", "train.resume=true")
     assert code == 0, err
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 2
 
     weights_only = load_checkpoint(out / "best.pt")
     weights_only.pop("format")
     save_checkpoint(weights_only, out / "last.pt")
-    code, _, err = train_command(capsys, *cfg, "train.epochs=3", "train.resume=true")
+    code, _, err = train_command(*cfg, "train.epochs=3", "train.resume=true")
     assert code == 2
     assert err == (f"error: {out / 'last.pt'} is not a resumable checkpoint (no optimizer, "
                    "scheduler, rng); resume from the run's last.pt, or start a new run\n")
