@@ -10,7 +10,9 @@ from typing import Any
 from .config import Config
 from .config_loading import load_config
 from .data import Batch, data_gen
-from .decoding import beam_search, decode_batch, greedy_decode
+from .beam_search import beam_search
+from .decoding import greedy_decode
+from .inference import decode_batch
 from .loss import LabelSmoothing, SimpleLossCompute
 from .model import (
     Decoder,

@@ -1,20 +1,17 @@
 """Attention (Section 3.2): the scaled dot product of equation 1 and multi-head attention.
 
 Shapes: B batch, T queries, S keys, d = d_model, h heads, d_k = d / h. Masks are boolean with
-True = "may attend" (or a float bias added to the scores, for token merging's log sizes).
-
-`MultiHeadedAttention` runs through `torch.nn.functional.scaled_dot_product_attention` (fused
-kernels) unless the explicit probabilities are wanted: inside `EncoderDecoder.keep_attention()`
-it stores them in `.attn` (B, h, T, S) for visualisation, computed with the notebook's
-`attention`; with `probs_for_loss` set it keeps them with their gradient in `.probs` (guided
-attention, training only); the encoder layers that merge or prune tokens keep their keys or their
-probabilities for the matching (`extensions/token_merging.py`).
+True = "may attend", or a float bias added to the scores. `MultiHeadedAttention` runs equation 1
+through PyTorch's fused kernel, or explicitly (`attention`) when `fused=False` or when one of its
+`hooks` asks for the probabilities: the one place where attention maps and the extensions see
+inside attention.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +26,7 @@ def attention(
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V (the paper's equation 1), explicitly.
 
-    query (..., T, d_k), key/value (..., S, d_k), mask broadcastable to (..., T, S): boolean with
-    True = keep, or a float bias added to the scores (token merging's log sizes).
+    query (..., T, d_k), key/value (..., S, d_k), mask broadcastable to (..., T, S).
     Returns the output (..., T, d_k) and the attention probabilities (..., T, S) before dropout
     (the notebook returned them after; in eval mode, where maps are drawn, the two are equal).
     """
@@ -46,10 +42,20 @@ def attention(
     return p_used @ value, p_attn  # (..., T, d_k), (..., T, S)
 
 
+class AttentionHook(Protocol):
+    """What a MultiHeadedAttention calls after each attention, for every hook in its `hooks` list."""
+
+    def needs_probs(self, attn: MultiHeadedAttention) -> bool:
+        """True: compute the probabilities explicitly (equation 1) this call, to pass them on."""
+
+    def __call__(self, attn: MultiHeadedAttention, keys: Tensor, probs: Tensor | None) -> None:
+        """keys (B, h, S, d_k); probs (B, h, T, S) before dropout, with their gradient (None when fused)."""
+
+
 class MultiHeadedAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1, impl: str = "sdpa") -> None:
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1, fused: bool = True) -> None:
         super().__init__()
         assert d_model % h == 0, "d_model must be divisible by h"
         self.d_k = d_model // h
@@ -57,14 +63,9 @@ class MultiHeadedAttention(nn.Module):
         linear = nn.Linear(d_model, d_model)
         self.linears = nn.ModuleList(copy.deepcopy(linear) for _ in range(4))  # W^Q, W^K, W^V, W^O (clones)
         self.dropout = Dropout(p=dropout)
-        self.impl = impl  # 'sdpa' or 'naive'
-        self.keep_attn = False  # set by EncoderDecoder.keep_attention()
-        self.attn: Tensor | None = None  # (B, h, T, S) when keep_attn
-        self.probs_for_loss = False  # set by a loss on the attention (extensions.guided_attention)
-        self.probs: Tensor | None = None  # (B, h, T, S) with gradient, before dropout, when probs_for_loss
-        self.keep_keys = False  # set on the encoder layers that merge tokens (extensions.token_merging)
-        self.keys: Tensor | None = None  # (B, h, S, d_k) the latest keys, when keep_keys
-        self.keep_probs = False  # set on the encoder layers that prune tokens: they read `.attn`
+        self.fused = fused  # False: always the explicit `attention`
+        self.attn: Tensor | None = None  # the notebook's: the latest probabilities, when a hook keeps them
+        self.hooks: list[AttentionHook] = []
 
     def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
         B = x.size(0)
@@ -83,23 +84,17 @@ class MultiHeadedAttention(nn.Module):
             k = self._heads(key, self.linears[1])  # (B, h, S, d_k)
             v = self._heads(value, self.linears[2])  # (B, h, S, d_k)
             if cache is not None:
-                if not cache.static and cache.k is not None:
-                    k = torch.cat([cache.k, k], dim=2)  # (B, h, t+1, d_k)
-                    v = torch.cat([cache.v, v], dim=2)
-                cache.k, cache.v = k, v
-        if self.keep_keys:
-            self.keys = k
+                k, v = cache.update(k, v)  # (B, h, t+1, d_k) in self-attention
         if mask is not None:
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
             if mask.dtype != torch.bool:
                 mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
-        for_loss = self.probs_for_loss and self.training
-        if self.keep_attn or self.keep_probs or self.impl == "naive" or for_loss:
-            x, p_attn = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k)
-            self.attn = p_attn.detach() if self.keep_attn or self.keep_probs else None
-            self.probs = p_attn if for_loss else None
+        if not self.fused or any(hook.needs_probs(self) for hook in self.hooks):
+            x, probs = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k), (B, h, T, S)
         else:
             p = self.dropout.p if self.training else 0.0
-            x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, h, T, d_k)
+            x, probs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None  # (B, h, T, d_k)
+        for hook in self.hooks:
+            hook(self, k, probs)
         x = x.transpose(1, 2).reshape(B, -1, self.h * self.d_k)  # (B, T, d)
         return self.linears[3](x)

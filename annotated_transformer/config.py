@@ -1,8 +1,9 @@
 """Typed configuration: the dataclasses of a run with a help text per field, one validate(), and the
 documentation (`uv run python -m annotated_transformer.config > docs/config.md`).
 
-A run is described by one `Config` made of five sections (`model`, `data`, `train`, `decode`,
-and `objective` for the extensions of the training loss). Every field carries a one-line help
+A run is described by one `Config`: the sections `model`, `data`, `train` and `decode`, then one
+section per extension (`local_attention`, `token_merging`, `scheduled_sampling`,
+`guided_attention`), each off by default. Every field carries a one-line help
 text (`param(...)`), so listings and the docs come from the same place as the code. Reading
 YAML files and dotted overrides is `config_loading.py`:
 
@@ -50,22 +51,11 @@ class ModelConfig:
     tie_embeddings: bool = param(
         False, "share one matrix between source/target embeddings and the generator (needs a shared vocabulary)"
     )
-    attention: str = param(
-        "sdpa", "attention kernel: 'sdpa' (fused scaled_dot_product_attention) or 'naive' (explicit softmax)",
-        choices=("sdpa", "naive"),
+    attention_kernel: str = param(
+        "fused", "how attention is computed: 'fused' (PyTorch's scaled_dot_product_attention) or 'explicit' "
+        "(the notebook's softmax(Q K^T / sqrt(d_k)) V, step by step)", choices=("fused", "explicit"),
     )
     max_positions: int = param(5000, "length of the sinusoidal positional-encoding table")
-    local_window: int = param(0, "local attention: self-attention (encoder, and the decoder's causal one) sees only "
-                              "+/- this many positions; encoder-decoder attention stays full (0: full attention)")
-    merge_ratio: float = param(0.0, "token merging (ToMe): after the self-attention of each merging encoder layer, "
-                               "merge this fraction of each sentence's tokens (at most half) into their most similar "
-                               "neighbours (0: off)")
-    prune_ratio: float = param(0.0, "token pruning: after the self-attention of each merging encoder layer, drop "
-                               "this fraction of each sentence's tokens (at most half), those that receive the least "
-                               "attention (0: off; not with merge_ratio)")
-    merge_layers: list[int] = param([], "token merging or pruning: the encoder layers that merge, from 0 (empty: all)")
-    proportional_attention: bool = param(True, "token merging: later attention adds log(size) to a merged token's "
-                                         "logits, so it weighs as much as the tokens it replaced")
     layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm's square root")
 
 
@@ -158,25 +148,53 @@ class TrainConfig:
 
 
 @dataclass
-class ObjectiveConfig:
-    """Extensions of the training objective (annotated_transformer/extensions); all off by default."""
+class LocalAttentionConfig:
+    """Local attention (extensions/local_attention.py); off by default."""
 
-    ss_rate: float = param(0.0, "scheduled sampling: the largest probability of replacing a decoder input by the "
-                           "model's own prediction from a first, teacher-forced pass (0: off, teacher forcing)")
-    ss_schedule: str = param("linear", "how the replacement probability grows to ss_rate after ss_start: 'constant' "
-                             "(at once), 'linear' (over ss_steps), 'exponential' (1 - exp(-s/ss_steps)) or "
-                             "'inverse_sigmoid' (Bengio et al.: 1 - k/(k + exp(s/k)), k = ss_steps)",
-                             choices=("constant", "linear", "exponential", "inverse_sigmoid"))
-    ss_start: int = param(0, "scheduled sampling: the optimizer step where mixing starts (teacher forcing before)")
-    ss_steps: int = param(1000, "scheduled sampling: the schedule's length scale in optimizer steps")
-    ss_sample: bool = param(False, "scheduled sampling: draw the predictions from the softmax instead of the argmax")
-    guide_weight: float = param(0.0, "guided attention: weight (lambda) of the penalty on encoder-decoder attention "
-                                "far from the diagonal (Tachibana et al. 2017) (0: off)")
-    guide_sigma: float = param(0.2, "guided attention: width g of the allowed band, in fractions of the lengths")
-    guide_layers: list[int] = param([], "guided attention: decoder layers it applies to, from 0 (empty: all)")
-    guide_heads: list[int] = param([], "guided attention: heads it applies to, from 0 (empty: all)")
-    guide_decay_steps: int = param(0, "guided attention: the weight falls linearly to 0 over this many optimizer "
-                                   "steps (0: constant)")
+    window: int = param(0, "self-attention (encoder, and the decoder's causal one) sees only +/- this many "
+                        "positions; encoder-decoder attention stays full (0: off, full attention)")
+
+
+@dataclass
+class TokenMergingConfig:
+    """Token merging and token pruning in the encoder (extensions/token_merging.py); off by default."""
+
+    merge_ratio: float = param(0.0, "token merging (ToMe): after the self-attention of each chosen encoder layer, "
+                               "merge this fraction of each sentence's tokens (at most half) into their most similar "
+                               "neighbours (0: off)")
+    prune_ratio: float = param(0.0, "token pruning: after the self-attention of each chosen encoder layer, drop this "
+                               "fraction of each sentence's tokens (at most half), those that receive the least "
+                               "attention (0: off; not with merge_ratio)")
+    layers: list[int] = param([], "the encoder layers that merge or prune, from 0 (empty: all)")
+    proportional_attention: bool = param(True, "token merging: later attention adds log(size) to a merged token's "
+                                         "logits, so it weighs as much as the tokens it replaced")
+
+
+@dataclass
+class ScheduledSamplingConfig:
+    """Scheduled sampling (extensions/scheduled_sampling.py); off by default."""
+
+    rate: float = param(0.0, "the largest probability of replacing a decoder input by the model's own prediction "
+                        "from a first, teacher-forced pass (0: off, teacher forcing)")
+    schedule: str = param("linear", "how the replacement probability grows to `rate` after `start`: 'constant' "
+                          "(at once), 'linear' (over `steps`), 'exponential' (1 - exp(-s/steps)) or "
+                          "'inverse_sigmoid' (Bengio et al.: 1 - k/(k + exp(s/k)), k = steps)",
+                          choices=("constant", "linear", "exponential", "inverse_sigmoid"))
+    start: int = param(0, "the optimizer step where mixing starts (teacher forcing before)")
+    steps: int = param(1000, "the schedule's length scale in optimizer steps")
+    sample: bool = param(False, "draw the predictions from the softmax instead of the argmax")
+
+
+@dataclass
+class GuidedAttentionConfig:
+    """Guided attention (extensions/guided_attention.py); off by default."""
+
+    weight: float = param(0.0, "weight (lambda) of the penalty on encoder-decoder attention far from the diagonal "
+                          "(Tachibana et al. 2017) (0: off)")
+    sigma: float = param(0.2, "width g of the allowed band, in fractions of the lengths")
+    layers: list[int] = param([], "decoder layers it applies to, from 0 (empty: all)")
+    heads: list[int] = param([], "heads it applies to, from 0 (empty: all)")
+    decay_steps: int = param(0, "the weight falls linearly to 0 over this many optimizer steps (0: constant)")
 
 
 @dataclass
@@ -198,8 +216,14 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data and batching"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "optimisation and the run"})
     decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "decoding"})
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig,
-                                       metadata={"help": "extensions of the training objective"})
+    local_attention: LocalAttentionConfig = field(default_factory=LocalAttentionConfig,
+                                                  metadata={"help": "extension: local attention"})
+    token_merging: TokenMergingConfig = field(default_factory=TokenMergingConfig,
+                                              metadata={"help": "extension: token merging or pruning"})
+    scheduled_sampling: ScheduledSamplingConfig = field(default_factory=ScheduledSamplingConfig,
+                                                        metadata={"help": "extension: scheduled sampling"})
+    guided_attention: GuidedAttentionConfig = field(default_factory=GuidedAttentionConfig,
+                                                    metadata={"help": "extension: guided attention"})
 
     def validate(self) -> Config:
         """Check rules that involve several fields; raise ConfigError on the first broken one."""
@@ -293,36 +317,37 @@ class Config:
             )
 
     def _validate_extensions(self) -> None:
-        """The rules of the extensions: model.local_window, model.merge_*, the objective section."""
-        m, o = self.model, self.objective
-        if m.local_window < 0:
-            raise ConfigError(f"model.local_window must be 0 (full attention) or positive, got {m.local_window}")
-        if not 0.0 <= o.ss_rate <= 1.0:
-            raise ConfigError(f"objective.ss_rate must be in [0, 1], got {o.ss_rate}")
-        for key, value in {"objective.ss_start": o.ss_start, "objective.guide_decay_steps": o.guide_decay_steps,
-                           "objective.guide_weight": o.guide_weight}.items():
+        """The rules of the extensions' sections."""
+        m, local, tm, ss, ga = self.model, self.local_attention, self.token_merging, self.scheduled_sampling, \
+            self.guided_attention
+        if local.window < 0:
+            raise ConfigError(f"local_attention.window must be 0 (full attention) or positive, got {local.window}")
+        if not 0.0 <= ss.rate <= 1.0:
+            raise ConfigError(f"scheduled_sampling.rate must be in [0, 1], got {ss.rate}")
+        for key, value in {"scheduled_sampling.start": ss.start, "guided_attention.decay_steps": ga.decay_steps,
+                           "guided_attention.weight": ga.weight}.items():
             if value < 0:
                 raise ConfigError(f"{key} must not be negative, got {value}")
-        for key, ratio in {"model.merge_ratio": m.merge_ratio, "model.prune_ratio": m.prune_ratio}.items():
+        for key, ratio in {"token_merging.merge_ratio": tm.merge_ratio, "token_merging.prune_ratio": tm.prune_ratio}.items():
             if not 0.0 <= ratio <= 0.5:
                 raise ConfigError(f"{key} must be in [0, 0.5] (at most half the tokens leave), got {ratio}")
-        if m.merge_ratio and m.prune_ratio:
-            raise ConfigError("model.merge_ratio and model.prune_ratio are both on: use one of them")
-        if any(not 0 <= i < m.N for i in m.merge_layers):
-            raise ConfigError(f"model.merge_layers {m.merge_layers} names a layer outside the encoder's 0..{m.N - 1}")
-        if (m.merge_ratio or m.prune_ratio) and m.local_window:
-            raise ConfigError("model.local_window is on with token merging or pruning: a window over fewer tokens "
+        if tm.merge_ratio and tm.prune_ratio:
+            raise ConfigError("token_merging.merge_ratio and token_merging.prune_ratio are both on: use one of them")
+        if any(not 0 <= i < m.N for i in tm.layers):
+            raise ConfigError(f"token_merging.layers {tm.layers} names a layer outside the encoder's 0..{m.N - 1}")
+        if (tm.merge_ratio or tm.prune_ratio) and local.window:
+            raise ConfigError("local_attention.window is on with token merging or pruning: a window over fewer tokens "
                               "has no positions to count; use one of them")
-        if o.ss_steps < 1:
-            raise ConfigError(f"objective.ss_steps must be at least 1, got {o.ss_steps}")
-        if o.guide_sigma <= 0:
-            raise ConfigError(f"objective.guide_sigma must be positive, got {o.guide_sigma}")
+        if ss.steps < 1:
+            raise ConfigError(f"scheduled_sampling.steps must be at least 1, got {ss.steps}")
+        if ga.sigma <= 0:
+            raise ConfigError(f"guided_attention.sigma must be positive, got {ga.sigma}")
         layers = m.N_dec or m.N
-        if any(not 0 <= i < layers for i in o.guide_layers):
-            raise ConfigError(f"objective.guide_layers {o.guide_layers} names a layer outside the decoder's "
+        if any(not 0 <= i < layers for i in ga.layers):
+            raise ConfigError(f"guided_attention.layers {ga.layers} names a layer outside the decoder's "
                               f"0..{layers - 1}")
-        if any(not 0 <= i < m.h for i in o.guide_heads):
-            raise ConfigError(f"objective.guide_heads {o.guide_heads} names a head outside 0..{m.h - 1}")
+        if any(not 0 <= i < m.h for i in ga.heads):
+            raise ConfigError(f"guided_attention.heads {ga.heads} names a head outside 0..{m.h - 1}")
 
     def run_dir(self) -> Path:
         """The run directory: train.out_dir, or runs/<name>."""

@@ -96,8 +96,20 @@ def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
 
 # Names changed on 2026-11-25 (one name, one meaning); older configs, command lines and checkpoints
 # still use the old ones, which are read under the new.
-RENAMED_KEYS = {"data.max_len": "data.max_sentence_len"}
-RENAMED_VALUES = {("data.batching", "reference"): "notebook"}
+RENAMED_KEYS = {
+    "data.max_len": "data.max_sentence_len",
+    "model.attention": "model.attention_kernel",
+    # the extensions moved from `model` and `objective` to a section each
+    "model.local_window": "local_attention.window",
+    "model.merge_ratio": "token_merging.merge_ratio",
+    "model.prune_ratio": "token_merging.prune_ratio",
+    "model.merge_layers": "token_merging.layers",
+    "model.proportional_attention": "token_merging.proportional_attention",
+    **{f"objective.ss_{k}": f"scheduled_sampling.{k}" for k in ("rate", "schedule", "start", "steps", "sample")},
+    **{f"objective.guide_{k}": f"guided_attention.{k}" for k in ("weight", "sigma", "layers", "heads", "decay_steps")},
+}
+RENAMED_VALUES = {("data.batching", "reference"): "notebook", ("model.attention_kernel", "sdpa"): "fused",
+                  ("model.attention_kernel", "naive"): "explicit"}
 
 
 def renamed(key: str, value: Any) -> tuple[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 
@@ -19,6 +20,14 @@ class AttentionCache:
     k: Tensor | None = None  # (B, h, t, d_k)
     v: Tensor | None = None  # (B, h, t, d_k)
 
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keep this step's keys/values (appended after the earlier ones in self-attention); return all kept."""
+        if not self.static and self.k is not None:
+            k = torch.cat([self.k, k], dim=2)  # (B, h, t+1, d_k)
+            v = torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
     def index_select(self, index: Tensor) -> None:
         """Keep (and reorder) batch rows: for beam search and for dropping finished sentences."""
         if self.k is not None:
@@ -32,6 +41,11 @@ class DecoderCache:
 
     layers: list[tuple[AttentionCache, AttentionCache]]
     length: int = 0  # target positions already decoded (the next position's index)
+
+    def advance(self, n: int) -> int:
+        """Count `n` new positions; return the index of the first of them."""
+        self.length += n
+        return self.length - n
 
     def index_select(self, index: Tensor) -> None:
         """Keep/reorder batch rows of every cached tensor."""

@@ -15,18 +15,3 @@ def padding_mask(ids: Tensor, pad: int) -> Tensor:
     """(B, 1, S) boolean mask from (B, S) ids: every query may attend to the non-padding positions."""
     return (ids != pad).unsqueeze(-2)
 
-
-def local_mask(queries: int, keys: int, window: int, start: int = 0, causal: bool = False,
-               device: torch.device | str | None = None) -> Tensor:
-    """(1, queries, keys) boolean band: the query at position start+i may attend to keys within +/- window.
-
-    `causal` keeps only the keys at or before the query (the decoder's self-attention, where the
-    subsequent mask already removes the future). The query's own position is always inside the band,
-    so a row that padding empties elsewhere still keeps itself (no all-masked row, no NaN).
-    """
-    q = torch.arange(start, start + queries, device=device).unsqueeze(1)  # (queries, 1)
-    k = torch.arange(keys, device=device).unsqueeze(0)  # (1, keys)
-    band = (k - q).abs() <= window
-    if causal:
-        band &= k <= q
-    return band.unsqueeze(0)  # (1, queries, keys)

@@ -1,49 +1,28 @@
 """The Transformer of "Attention Is All You Need", with the notebook's names, top to bottom.
 
-Shapes: B batch, S source length, T target length, d = d_model, h heads,
-d_k = d / h, V vocabulary size. Masks are boolean with True = "may attend",
-as in the notebook: `src_mask` is (B, 1, S), `tgt_mask` is (B, T, T).
+Shapes: B batch, S source length, T target length, d = d_model, h heads, d_k = d / h,
+V vocabulary size. Masks are boolean with True = "may attend", as in the notebook:
+`src_mask` is (B, 1, S), `tgt_mask` is (B, T, T).
 
-Two deliberate differences from the notebook, both documented where they live:
-  * `LayerNorm` is the standard layer normalisation (`nn.LayerNorm`: biased
-    variance, eps inside the square root). The notebook divides by the
-    unbiased standard deviation plus eps; the paper cites Ba et al. (2016),
-    which is the standard form.
-  * `norm_first` chooses where LayerNorm sits. Pre-norm (True, the notebook):
-    x + Sublayer(LayerNorm(x)), with a final LayerNorm after each stack.
-    Post-norm (False, the paper, Section 3.1): LayerNorm(x + Sublayer(x)),
-    no final LayerNorm. Pre-norm trains more stably without warm-up tuning;
-    post-norm is what the paper's numbers were measured with.
-
-Every dropout is `fast_dropout.Dropout`: nn.Dropout with a cheaper random mask on the CPU,
-the same module otherwise (a speed detail, kept in its own module).
-
-Attention (`attention`, `MultiHeadedAttention`) has its own module, `attention.py`, read first;
-both names are importable from here as in the notebook.
-
-One extension lives here because it changes the masks the stacks see: `local_window` > 0
-restricts self-attention (encoder, and the decoder's causal self-attention) to +/- that many
-positions (`masks.local_mask`); encoder-decoder attention stays full. Token merging and
-pruning (`extensions/token_merging.py`) hook into the encoder: `encode_memory` returns the shorter memory
-and the mask the decoder reads it with. The training-loss extensions are in `extensions/`.
+`norm_first` chooses where LayerNorm sits: pre-norm (True, the notebook) x + Sublayer(LayerNorm(x)),
+with a final LayerNorm after each stack; post-norm (False, the paper, Section 3.1)
+LayerNorm(x + Sublayer(x)). Attention is `attention.py`, read first. Every dropout is
+`fast_dropout.Dropout`: nn.Dropout with a cheaper mask on the CPU. The extensions (`extensions/`)
+subclass these classes or hook into attention; nothing here knows of them.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadedAttention, attention  # noqa: F401 - equation 1 and Section 3.2.2
-from .extensions.token_merging import TokenMerger
 from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
 from .kv_cache import AttentionCache, DecoderCache
-from .masks import local_mask
 from .masks import subsequent_mask  # noqa: F401 - the decoder's mask, public here as in the notebook
 
 
@@ -108,12 +87,9 @@ class EncoderLayer(nn.Module):
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first, eps), 2)
         self.size = size
 
-    def forward(self, x: Tensor, mask: Tensor, merge: TokenMerger | None = None) -> Tensor:
-        """x (B, S, d), mask (B, 1, S) -> (B, S, d); with `merge`, (B, S', d): fewer tokens after the attention
-        (merged or pruned)."""
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, d), mask (B, 1, S) -> (B, S, d)."""
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
-        if merge is not None:
-            x = merge(x, self.self_attn)  # (B, S', d): reads the attention's keys or probabilities
         return self.sublayer[1](x, self.feed_forward)
 
 
@@ -125,13 +101,10 @@ class Encoder(nn.Module):
         self.layers = clones(layer, N)
         self.norm = LayerNorm(layer.size, eps=eps) if norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, mask: Tensor, merger: TokenMerger | None = None) -> Tensor:
-        """x (B, S, d), mask (B, 1, S) -> memory (B, S, d); a `merger` shortens it in its layers (its .mask follows)."""
-        for i, layer in enumerate(self.layers):
-            merging = merger is not None and i in merger.layers
-            x = layer(x, mask, merger if merging else None)
-            if merging:
-                mask = merger.mask  # (B, 1, S'): log sizes (proportional attention) or the survivors
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        """x (B, S, d), mask (B, 1, S) -> memory (B, S, d)."""
+        for layer in self.layers:
+            x = layer(x, mask)
         return self.norm(x)
 
 
@@ -154,7 +127,7 @@ class DecoderLayer(nn.Module):
         self_cache, src_cache = cache if cache is not None else (None, None)
         m = memory
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, self_cache))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask, src_cache))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask, src_cache))  # keys/values: the memory
         return self.sublayer[2](x, self.feed_forward)
 
 
@@ -207,15 +180,10 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         """(B, L, d) -> (B, L, d), positions start..start+L-1."""
         L = x.size(1)
-        if start + L > self.max_len:
+        if start + L > self.pe.size(1):
             raise ValueError(f"sequence of {start + L} positions exceeds the positional table "
-                             f"({self.max_len}); raise model.max_positions")
+                             f"({self.pe.size(1)}); raise model.max_positions")
         return self.dropout(x + self.pe[:, start:start + L])
-
-    @property
-    def max_len(self) -> int:
-        """Positions in the table: the longest sequence this layer encodes."""
-        return self.pe.size(1)
 
 
 class Generator(nn.Module):
@@ -245,52 +213,13 @@ class EncoderDecoder(nn.Module):
         self.src_embed = src_embed  # Sequential(Embeddings, PositionalEncoding)
         self.tgt_embed = tgt_embed
         self.generator = generator
-        self.local_window = 0  # > 0: self-attention sees only +/- this many positions (model.local_window)
-        self.merge_ratio = 0.0  # > 0: token merging (or pruning, with .prune) in the encoder (extensions.token_merging)
-        self.prune = False  # True: the least attended tokens leave instead of merging (model.prune_ratio)
-        self.merge_layers: set[int] = set()
-        self.proportional_attention = True
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         """src (B, S), tgt (B, T), masks -> decoder output (B, T, d); apply `generator` for log-probs."""
-        memory, memory_mask = self.encode_memory(src, src_mask)
-        return self.decode(memory, memory_mask, tgt, tgt_mask)
-
-    def encode_memory(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """The memory and the mask the decoder attends to it with: `encode`, or with token merging
-        (model.merge_ratio > 0) a shorter memory (B, S', d) and its mask (B, 1, S')."""
-        if not self.merge_ratio:
-            return self.encode(src, src_mask), src_mask
-        merger = self.merger(src_mask)
-        return self.encoder(self.src_embed(src), src_mask, merger), merger.mask
-
-    def set_token_merging(self, ratio: float, layers: Iterable[int] = (), proportional: bool = True,
-                          prune: bool = False) -> None:
-        """Merge (or with `prune`, drop) `ratio` of each sentence's tokens after the self-attention of `layers`
-        (all when empty); 0 turns it off. Works on a trained model too (at inference only)."""
-        self.merge_ratio, self.merge_layers, self.proportional_attention = ratio, set(layers), proportional
-        self.prune = prune
-        chosen = self.merging_layers()
-        for i, layer in enumerate(self.encoder.layers):
-            on = bool(ratio) and i in chosen
-            layer.self_attn.keep_keys = on and not prune  # matching reads the keys
-            layer.self_attn.keep_probs = on and prune  # pruning reads the attention each token receives
-
-    def merging_layers(self) -> set[int]:
-        """The encoder layers that merge: model.merge_layers, or every layer when it is empty."""
-        return self.merge_layers or set(range(len(self.encoder.layers)))
-
-    def merger(self, src_mask: Tensor) -> TokenMerger:
-        """A fresh merging state for one encoder pass (model.merge_ratio or prune_ratio, merge_layers,
-        proportional_attention)."""
-        return TokenMerger(src_mask, self.merge_ratio, self.merging_layers(), self.proportional_attention, self.prune)
+        return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        """src (B, S) -> memory (B, S, d), every source token kept (`encode_memory` applies token merging)."""
-        if self.local_window:
-            S = src.size(1)
-            band = local_mask(S, S, self.local_window, device=src.device)  # (1, S, S)
-            src_mask = (src_mask & band) | torch.eye(S, dtype=torch.bool, device=src.device)  # (B, S, S)
+        """src (B, S) -> memory (B, S, d)."""
         return self.encoder(self.src_embed(src), src_mask)
 
     def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor | None,
@@ -300,44 +229,24 @@ class EncoderDecoder(nn.Module):
         With a `cache`, `tgt` holds only the new positions (usually one, (B, 1)), which
         attend to themselves and to everything cached; `tgt_mask` may then be None.
         """
-        start = 0
-        if cache is not None:
-            start = cache.length
-            cache.length += tgt.size(1)
-        if self.local_window:
-            L = tgt.size(1)
-            band = local_mask(L, start + L, self.local_window, start, causal=True, device=tgt.device)  # (1, L, start+L)
-            itself = local_mask(L, start + L, 0, start, device=tgt.device)  # kept even where padding masks it
-            tgt_mask = band if tgt_mask is None else (tgt_mask & band) | itself  # (B, L, start+L)
-        emb, pos = self.tgt_embed[0], self.tgt_embed[1]
-        x = pos(emb(tgt), start=start)  # (B, T, d)
+        start = cache.advance(tgt.size(1)) if cache is not None else 0
+        x = self.tgt_embed[1](self.tgt_embed[0](tgt), start=start)  # (B, T, d): embeddings, then positions
         return self.decoder(x, memory, src_mask, tgt_mask, cache)
 
-    @property
-    def max_positions(self) -> int:
-        """The longest target this model decodes: the length of its positional table (`model.max_positions`)."""
-        return self.tgt_embed[1].max_len
+    def encode_memory(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """What the decoders in decoding.py call: the memory and the mask to read it with, here `encode`'s memory
+        and `src_mask`. A model whose encoder shortens the memory (extensions/token_merging.py) overrides it."""
+        return self.encode(src, src_mask), src_mask
 
     def init_cache(self) -> DecoderCache:
         """An empty cache for incremental decoding with `decode(..., cache=...)`."""
         return DecoderCache([(AttentionCache(static=False), AttentionCache(static=True))
                              for _ in self.decoder.layers])
 
-    def attention_modules(self) -> Iterator[MultiHeadedAttention]:
-        """Every MultiHeadedAttention in the model."""
-        return (m for m in self.modules() if isinstance(m, MultiHeadedAttention))
-
-    @contextmanager
-    def keep_attention(self) -> Iterator[EncoderDecoder]:
-        """Within this block every attention layer stores its probabilities in `.attn` (B, h, T, S)."""
-        modules = list(self.attention_modules())
-        for m in modules:
-            m.keep_attn = True
-        try:
-            yield self
-        finally:
-            for m in modules:
-                m.keep_attn = False
+    @property
+    def max_positions(self) -> int:
+        """The longest target this model decodes: the length of its positional table (`model.max_positions`)."""
+        return self.tgt_embed[1].pe.size(1)
 
     def num_parameters(self) -> int:
         """Distinct trainable parameters (a tied matrix counts once)."""
@@ -346,19 +255,19 @@ class EncoderDecoder(nn.Module):
 
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
                dropout: float = 0.1, norm_first: bool = True, tie_embeddings: bool = False,
-               attention: str = "sdpa", max_positions: int = 5000, layer_norm_eps: float = 1e-6,
-               N_dec: int | None = None, local_window: int = 0) -> EncoderDecoder:
+               fused_attention: bool = True, max_positions: int = 5000, layer_norm_eps: float = 1e-6,
+               N_dec: int | None = None) -> EncoderDecoder:
     """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
 
     N layers in the encoder and `N_dec` (default N, as in the paper) in the decoder.
     `tie_embeddings` shares one (V, d) matrix between the source embedding, the target embedding
     and the generator's projection (Section 3.4); it needs src_vocab == tgt_vocab.
-    `local_window` > 0 restricts self-attention to +/- that many positions (0: full attention).
+    `fused_attention` runs attention through PyTorch's fused kernel (False: the explicit equation 1).
     """
     if tie_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"tied embeddings need one shared vocabulary, got {src_vocab} and {tgt_vocab}")
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, dropout, impl=attention)
+    attn = MultiHeadedAttention(h, d_model, dropout, fused=fused_attention)
     ff = PositionwiseFeedForward(d_model, d_ff, dropout)
     position = PositionalEncoding(d_model, dropout, max_positions)
     eps = layer_norm_eps
@@ -372,23 +281,9 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
     for p in model.parameters():
         if p.dim() > 1:
             nn.init.xavier_uniform_(p)
-    model.local_window = local_window
     if tie_embeddings:
         shared = model.src_embed[0].lut.weight
         model.tgt_embed[0].lut.weight = shared
         model.generator.proj.weight = shared
     return model
 
-
-def make_model_from_config(model_cfg, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
-    """`make_model` with the fields of a `ModelConfig`."""
-    model = make_model(
-        src_vocab, tgt_vocab, N=model_cfg.N, d_model=model_cfg.d_model, d_ff=model_cfg.d_ff, h=model_cfg.h,
-        dropout=model_cfg.dropout, norm_first=model_cfg.norm_first, tie_embeddings=model_cfg.tie_embeddings,
-        attention=model_cfg.attention, max_positions=model_cfg.max_positions,
-        layer_norm_eps=model_cfg.layer_norm_eps, N_dec=model_cfg.N_dec or None, local_window=model_cfg.local_window,
-    )
-    ratio = model_cfg.merge_ratio or model_cfg.prune_ratio  # validate() allows one of the two
-    model.set_token_merging(ratio, model_cfg.merge_layers, model_cfg.proportional_attention,
-                            prune=bool(model_cfg.prune_ratio))
-    return model

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from annotated_transformer import greedy_decode, make_model
-from annotated_transformer.decoding import beam_search, decode_batch, length_penalty
+from annotated_transformer.beam_search import beam_search, length_penalty
+from annotated_transformer.inference import decode_batch
 from annotated_transformer.model import subsequent_mask
 
 BOS, EOS, PAD = 0, 1, 2

@@ -26,10 +26,10 @@ def forward_flops(model, S: int, T: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention", ["naive", "sdpa"])
-def test_train_step_flops_matches_pytorchs_flop_counter(attention):
+@pytest.mark.parametrize("fused", [False, True])
+def test_train_step_flops_matches_pytorchs_flop_counter(fused):
     N, d, d_ff = 2, 32, 96
-    model = make_model(50, 60, N=N, d_model=d, d_ff=d_ff, h=4, dropout=0.0, attention=attention).eval()
+    model = make_model(50, 60, N=N, d_model=d, d_ff=d_ff, h=4, dropout=0.0, fused_attention=fused).eval()
     pairs = [(7, 5), (12, 19)]
     counted = sum(forward_flops(model, S, T) for S, T in pairs)
     ours = train_step_flops(d, d_ff, N, 60, [S for S, _ in pairs], [T for _, T in pairs])
@@ -56,7 +56,7 @@ def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path, 
     t, d = result["train"], result["decode"]
     assert t["ratio"] == pytest.approx(t["fast_tokens_per_s"] / t["notebook_tokens_per_s"])
     assert 0 < t["mfu"] < 1 and 0 < t["notebook_mfu"] < 1
-    assert t["notebook"]["attention"] == "naive" and t["fast"]["attention"] == "sdpa"
+    assert t["notebook"]["attention"] == "explicit" and t["fast"]["attention"] == "fused"
     assert t["notebook"]["loss_finite"] and t["fast"]["loss_finite"]
     assert t["notebook"]["steps"] == t["fast"]["steps"] == 2
     # the notebook side really is the notebook's batching: 32 sentences, so a few hundred target tokens

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from annotated_transformer import Translator
-from annotated_transformer.decoding import beam_search, greedy_decode, greedy_decode_naive
+from annotated_transformer.beam_search import beam_search
+from annotated_transformer.decoding import greedy_decode
+from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
-from annotated_transformer.model import make_model_from_config
+from annotated_transformer.extensions.builder import build_model
 from annotated_transformer.deploy.translator import set_token_reduction
 
 SENTENCES = [
@@ -110,7 +112,7 @@ def test_translate_reads_a_file_and_beam(tiny_checkpoint, translator, tmp_path, 
 def test_translate_prunes_or_merges_tokens_as_the_translator_does(tiny_checkpoint, command):
     pruned = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
     set_token_reduction(pruned, None, 0.4)
-    assert pruned.model.prune and pruned.model.merge_ratio == 0.4
+    assert (pruned.model.mode, pruned.model.ratio) == ("prune", 0.4)
     stdin = "\n".join(SENTENCES[:4]).encode("utf-8") + b"\n"
     code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "--prune-ratio",
                                    "0.4", stdin=stdin)
@@ -203,7 +205,7 @@ def test_evaluate_merges_tokens_at_inference_only(tiny_checkpoint, multi30k_dir,
     reference = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
     set_token_reduction(reference, 0.4, None)
     assert merged == reference.translate(_val_sources(multi30k_dir, 30))  # the merging translator's outputs
-    assert load_checkpoint(tiny_checkpoint)["config"]["model"]["merge_ratio"] == 0.0  # the checkpoint unchanged
+    assert load_checkpoint(tiny_checkpoint)["config"]["token_merging"]["merge_ratio"] == 0.0  # the checkpoint unchanged
     code, _, stderr = command("evaluate", *common, "--merge-ratio", "0.9")
     assert code == 2 and stderr.decode() == "error: --merge-ratio must be in [0, 0.5], got 0.9\n"
 
@@ -239,8 +241,8 @@ def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_p
     cfg["model"]["d_ff"] *= 2
     from annotated_transformer.config_loading import config_from_dict
 
-    other = make_model_from_config(config_from_dict(cfg).model, payload["model"]["src_embed.0.lut.weight"].shape[0],
-                                   payload["model"]["tgt_embed.0.lut.weight"].shape[0])
+    other = build_model(config_from_dict(cfg), payload["model"]["src_embed.0.lut.weight"].shape[0],
+                        payload["model"]["tgt_embed.0.lut.weight"].shape[0])
     save_checkpoint(dict(payload, config=cfg, model=other.state_dict()), tmp_path / "wide.pt")
     out = tmp_path / "avg.pt"
     code, _, stderr = command("average", tiny_checkpoint, tmp_path / "wide.pt", "--output", out)

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.config import ModelConfig
+from annotated_transformer.config import Config, ModelConfig
+from annotated_transformer.config_loading import load_config
 from annotated_transformer.errors import ExportError
 from annotated_transformer.masks import subsequent_mask
-from annotated_transformer.model import make_model_from_config
+from annotated_transformer.model import make_model
 
 ct2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is in the dev group: uv sync installs it")
 
@@ -29,7 +30,9 @@ def random_model(norm_first: bool, tie: bool, vocab: int = 40):
     cfg = ModelConfig(N=2, N_dec=1, d_model=32, d_ff=48, h=4, dropout=0.0, norm_first=norm_first,
                       tie_embeddings=tie, max_positions=64)
     torch.manual_seed(0)
-    model = make_model_from_config(cfg, vocab, vocab if tie else vocab + 7)
+    model = make_model(vocab, vocab if tie else vocab + 7, N=cfg.N, d_model=cfg.d_model, d_ff=cfg.d_ff, h=cfg.h,
+                       dropout=0.0, norm_first=norm_first, tie_embeddings=tie, max_positions=cfg.max_positions,
+                       N_dec=cfg.N_dec)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -43,7 +46,7 @@ def vocab_tokens(n: int, prefix: str) -> list[str]:
 def load_engine(model, cfg, tmp_path: Path):
     src_itos = vocab_tokens(model.src_embed[0].lut.num_embeddings, "s")
     tgt_itos = src_itos if cfg.tie_embeddings else vocab_tokens(model.tgt_embed[0].lut.num_embeddings, "t")
-    spec = build_spec(model, cfg, src_itos, tgt_itos)
+    spec = build_spec(model, Config(model=cfg), src_itos, tgt_itos)
     spec.validate()
     spec.optimize(quantization="float32")
     spec.save(str(tmp_path))
@@ -86,11 +89,18 @@ def test_engine_greedy_equals_our_greedy(tmp_path, norm_first):
 
 
 def test_a_switch_without_an_equivalent_is_refused():
-    with_window = dataclasses.make_dataclass("WithWindow", [("local_window", int, dataclasses.field(default=0))],
+    with_switch = dataclasses.make_dataclass("WithSwitch", [("new_switch", int, dataclasses.field(default=0))],
                                              bases=(ModelConfig,))
-    check_exportable(with_window(N=1))  # left at its default: nothing to convert
-    with pytest.raises(ExportError, match=r"model.local_window=4 has no CTranslate2 equivalent"):
-        check_exportable(with_window(N=1, local_window=4))
+    cfg = Config(model=with_switch(N=1))
+    check_exportable(cfg)  # left at its default: nothing to convert
+    cfg.model.new_switch = 4
+    with pytest.raises(ExportError, match=r"^model.new_switch=4 has no CTranslate2 equivalent"):
+        check_exportable(cfg)
+    for key, value in (("local_attention.window", 4), ("token_merging.merge_ratio", 0.25),
+                       ("token_merging.prune_ratio", 0.25)):
+        with pytest.raises(ExportError, match=rf"^{key}={value} has no CTranslate2 equivalent"):
+            check_exportable(load_config("tiny", [f"{key}={value}"]))
+    check_exportable(load_config("tiny", ["scheduled_sampling.rate=0.3", "guided_attention.weight=0.5"]))  # training only
 
 
 def test_missing_ctranslate2_is_one_line(monkeypatch):

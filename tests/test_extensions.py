@@ -10,30 +10,48 @@ import pytest
 import torch
 
 from annotated_transformer.cli import run
-from annotated_transformer.config import ObjectiveConfig
+from annotated_transformer.config import GuidedAttentionConfig, ScheduledSamplingConfig
 from annotated_transformer.config_loading import load_config
 from annotated_transformer.data.batch import Batch
-from annotated_transformer.decoding import beam_search, greedy_decode, greedy_decode_naive
+from annotated_transformer.beam_search import beam_search
+from annotated_transformer.decoding import greedy_decode
+from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
 from annotated_transformer.errors import ConfigError
 from annotated_transformer.extensions.guided_attention import guide_weights, guided_attention_penalty
 from annotated_transformer.extensions.objective import TrainingObjective, build_objective
 from annotated_transformer.extensions.scheduled_sampling import mix_inputs, replace_probability
-from annotated_transformer.extensions.token_merging import TokenMerger, merged_groups, merged_groups_by_layer
+from annotated_transformer.extensions.guided_attention import ProbsForLoss
+from annotated_transformer.extensions.local_attention import local_mask, with_local_attention
+from annotated_transformer.extensions.token_merging import (
+    SeenByAttention,
+    TokenMerger,
+    TokenMergingModel,
+    merged_groups,
+    merged_groups_by_layer,
+    with_token_merging,
+)
 from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
-from annotated_transformer.masks import local_mask
-from annotated_transformer.model import attention, make_model
+from annotated_transformer.model import EncoderDecoder, attention, make_model
+from annotated_transformer.visualization import keep_attention
 
 PAD, BOS, EOS, V = 2, 0, 1, 23
 
 
 def kept(**tensors) -> SimpleNamespace:
-    """What a merging layer's MultiHeadedAttention keeps for the merger: .keys (merging) or .attn (pruning)."""
+    """What a merging layer's attention hook keeps for the merger: .keys (merging) or .probs (pruning)."""
     return SimpleNamespace(**tensors)
+
+
+def objective(model, pad: int = PAD, **switches) -> TrainingObjective:
+    """A TrainingObjective from `ss_*` and `guide_*` keywords (the two config sections' fields)."""
+    ss = {k[3:]: v for k, v in switches.items() if k.startswith("ss_")}
+    ga = {k[6:]: v for k, v in switches.items() if k.startswith("guide_")}
+    return TrainingObjective(ScheduledSamplingConfig(**ss), GuidedAttentionConfig(**ga), model, pad)
 
 
 def tiny(window: int = 0, N: int = 2, seed: int = 0):
     torch.manual_seed(seed)
-    return make_model(V, V, N=N, d_model=32, d_ff=64, h=4, dropout=0.0, local_window=window).eval()
+    return with_local_attention(make_model(V, V, N=N, d_model=32, d_ff=64, h=4, dropout=0.0), window).eval()
 
 
 def padded_batch(seed: int = 1) -> Batch:
@@ -76,7 +94,7 @@ def test_a_small_window_limits_what_a_position_sees_and_padding_gives_no_nan():
     mask = (src != PAD).unsqueeze(1)
     a, b = model.encode(src, mask), model.encode(changed, mask)
     assert a.isfinite().all()
-    with model.keep_attention():
+    with keep_attention(model):
         model.encode(src, mask)
     p = model.encoder.layers[0].self_attn.attn[0, 0]  # (S, S)
     assert p[8].equal(torch.eye(9)[8]) and p[2, 4:].eq(0).all()  # a padding query keeps itself; the band holds
@@ -149,13 +167,14 @@ def _loss_and_grads(model, b, objective, step):
 def test_scheduled_sampling_at_p_0_is_the_teacher_forced_loss_and_gradient():
     model, b = tiny().train(), padded_batch()
     plain = _loss_and_grads(model, b, None, 0)
-    objective = TrainingObjective(ObjectiveConfig(ss_rate=0.5, ss_start=10), model, PAD)
-    before_start = _loss_and_grads(model, b, objective, 5)
-    assert objective.last_p == 0.0 and plain[0].equal(before_start[0])
+    objective_ = objective(model, ss_rate=0.5, ss_start=10)
+    before_start = _loss_and_grads(model, b, objective_, 5)
+    assert objective_.last_p == 0.0 and plain[0].equal(before_start[0])
     assert all(g.equal(h) for g, h in zip(plain[1], before_start[1]))
-    mixing = _loss_and_grads(model, b, objective, 10_000)
-    assert objective.last_p == 0.5 and not mixing[0].equal(plain[0])  # the second pass saw other inputs
-    assert build_objective(ObjectiveConfig(), model, PAD) is None  # both switches off: the plain step
+    mixing = _loss_and_grads(model, b, objective_, 10_000)
+    assert objective_.last_p == 0.5 and not mixing[0].equal(plain[0])  # the second pass saw other inputs
+    off = build_objective(ScheduledSamplingConfig(), GuidedAttentionConfig(), model, PAD)
+    assert off is None  # both switches off: the plain step
 
 
 def test_scheduled_sampling_feeds_the_first_pass_argmax(monkeypatch):
@@ -163,9 +182,9 @@ def test_scheduled_sampling_feeds_the_first_pass_argmax(monkeypatch):
     seen = []
     original = model.forward
     monkeypatch.setattr(model, "forward", lambda src, tgt, *a: seen.append(tgt.clone()) or original(src, tgt, *a))
-    objective = TrainingObjective(ObjectiveConfig(ss_rate=1.0, ss_schedule="constant"), model, PAD)
+    sampling = objective(model, ss_rate=1.0, ss_schedule="constant")
     loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, PAD, 0.1))
-    objective(model, b, loss_compute, b.ntokens, 0)
+    sampling(model, b, loss_compute, b.ntokens, 0)
     with torch.no_grad():
         guess = model.generator.logits(original(b.src, b.tgt, b.src_mask, b.tgt_mask)).argmax(-1)
     assert seen[0].equal(b.tgt)  # the first pass is teacher-forced
@@ -189,28 +208,29 @@ def test_a_diagonal_square_map_costs_nothing_and_padding_costs_nothing():
 def test_the_penalty_trains_the_guided_heads_only_and_is_off_at_weight_0():
     model, b = tiny().train(), padded_batch()
     plain = _loss_and_grads(model, b, None, 0)
-    cfg = ObjectiveConfig(guide_weight=1.0, guide_layers=[1], guide_heads=[0, 2], guide_decay_steps=100)
-    objective = TrainingObjective(cfg, model, PAD)
+    guide = objective(model, guide_weight=1.0, guide_layers=[1], guide_heads=[0, 2], guide_decay_steps=100)
     attn = model.decoder.layers
-    assert attn[1].src_attn.probs_for_loss and not attn[0].src_attn.probs_for_loss  # the rest keep the fused kernel
-    guided = _loss_and_grads(model, b, objective, 0)
-    assert objective.figures()["guide_penalty"] > 0 and guided[0] > plain[0]
+    hook = attn[1].src_attn.hooks[0]
+    assert isinstance(hook, ProbsForLoss) and attn[0].src_attn.hooks == []  # the rest keep the fused kernel
+    assert hook.needs_probs(attn[1].src_attn)  # in training: explicit attention, probabilities with their gradient
+    guided = _loss_and_grads(model, b, guide, 0)
+    assert guide.figures()["guide_penalty"] > 0 and guided[0] > plain[0]
     assert not guided[1][0].equal(plain[1][0])
-    decayed = _loss_and_grads(model, b, objective, 100)  # the weight has fallen to 0
+    decayed = _loss_and_grads(model, b, guide, 100)  # the weight has fallen to 0
     assert torch.allclose(decayed[0], plain[0], atol=1e-6)  # explicit attention vs the fused kernel: rounding only
-    assert build_objective(ObjectiveConfig(guide_weight=0.0), model, PAD) is None
+    assert build_objective(ScheduledSamplingConfig(), GuidedAttentionConfig(weight=0.0), model, PAD) is None
     model.eval()
     model(b.src, b.tgt, b.src_mask, b.tgt_mask)
-    assert attn[1].src_attn.probs is None  # evaluation and decoding keep the fused kernel
+    assert hook.probs is None and not hook.needs_probs(attn[1].src_attn)  # evaluation and decoding stay fused
 
 
 def test_the_penalty_reads_probabilities_before_dropout():
     torch.manual_seed(0)
     model = make_model(V, V, N=1, d_model=32, d_ff=64, h=4, dropout=0.5).train()
     b = padded_batch()
-    TrainingObjective(ObjectiveConfig(guide_weight=1.0), model, PAD)
+    guide = objective(model, guide_weight=1.0)
     model(b.src, b.tgt, b.src_mask, b.tgt_mask)
-    probs = model.decoder.layers[0].src_attn.probs  # (B, h, T, S)
+    probs = guide.guided[0].probs  # (B, h, T, S)
     assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[:-1]), atol=1e-5)  # rows of a softmax, not dropped
 
 
@@ -221,7 +241,7 @@ def test_merging_averages_the_most_similar_pair_by_size_and_keeps_padding_out():
     x = torch.tensor([[[1.0, 0.0], [3.0, 2.0], [5.0, 5.0], [7.0, 1.0], [1e6, 1e6], [1e6, 1e6]]])  # (1, 6, 2)
     keys = torch.tensor([[[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 0, 0], [1.0, 0, 0]]])
     mask = torch.tensor([[[True] * 4 + [False] * 2]])  # (1, 1, 6): two padding tokens with token 0's key
-    merger = TokenMerger(mask, ratio=0.25, layers={0})
+    merger = TokenMerger(mask, ratio=0.25)
     out = merger(x, kept(keys=keys.unsqueeze(1)))  # keys (B, h=1, S, d_k)
     assert out.shape == (1, 3, 2)  # one merge (0.25 x 4), and the padding left the sequence
     assert out[0].tolist() == [[2.0, 1.0], [5.0, 5.0], [7.0, 1.0]]  # tokens 0 and 1 averaged, the rest as they were
@@ -234,7 +254,7 @@ def test_merged_sizes_always_sum_to_the_real_length():
     torch.manual_seed(0)
     lengths = torch.tensor([9, 4, 1, 7])
     mask = (torch.arange(9).unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1)  # (4, 1, 9)
-    merger = TokenMerger(mask, ratio=0.5, layers={0, 1})
+    merger = TokenMerger(mask, ratio=0.5)
     x = torch.randn(4, 9, 8)
     for _ in range(3):  # three merging layers in a row
         n_before = (merger.size > 0).sum(1)
@@ -261,19 +281,22 @@ def test_merging_ratio_0_is_exact_and_merging_shortens_the_memory():
     model = tiny()
     memory, mask = model.encode_memory(b.src, b.src_mask)
     assert memory.equal(model.encode(b.src, b.src_mask)) and mask is b.src_mask
-    model.set_token_merging(0.5)
-    assert all(layer.self_attn.keep_keys for layer in model.encoder.layers)
-    merged, merged_mask = model.encode_memory(b.src, b.src_mask)
+    assert with_token_merging(model, 0.0) is model  # ratio 0: the model itself
+    merging = with_token_merging(model, 0.5)
+    assert isinstance(merging, TokenMergingModel) and merging.layers == [0, 1]
+    assert all(isinstance(layer.self_attn.hooks[0], SeenByAttention) for layer in model.encoder.layers)
+    assert merging.state_dict().keys() == model.state_dict().keys()  # the same weights, checkpoints alike
+    merged, merged_mask = merging.encode_memory(b.src, b.src_mask)
     assert merged.size(1) < b.src.size(1) and merged_mask.dtype == torch.float32
-    model.set_token_merging(0.0)
-    assert model.encode_memory(b.src, b.src_mask)[0].equal(memory)
-    assert not any(layer.self_attn.keep_keys for layer in model.encoder.layers)
+    plain = with_token_merging(merging, 0.0)  # merging off again
+    assert type(plain) is EncoderDecoder and plain.encode_memory(b.src, b.src_mask)[0].equal(memory)
+    assert not any(layer.self_attn.hooks for layer in model.encoder.layers)
 
 
 @pytest.mark.parametrize("proportional", [True, False])
 def test_decoding_with_a_merged_memory_agrees_between_cache_and_full_prefix(proportional):
-    model, b = tiny(), padded_batch()
-    model.set_token_merging(0.4, layers=[0], proportional=proportional)
+    b = padded_batch()
+    model = with_token_merging(tiny(), 0.4, layers=(0,), proportional=proportional)
     cached = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
     assert cached.equal(greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
     beam1 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)
@@ -291,7 +314,7 @@ def test_merged_groups_cover_every_source_position_once():
     assert sorted(p for g in groups for p in g) == list(range(9)) and len(groups) < 9
     by_layer = merged_groups_by_layer(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5)
     assert len(by_layer) == 2 and by_layer[-1] == groups and len(by_layer[0]) > len(groups)  # fewer after each layer
-    assert model.merge_ratio == 0.0 and not model.encoder.layers[0].self_attn.keep_keys  # left as it was
+    assert not any(layer.self_attn.hooks for layer in model.encoder.layers)  # left as it was
 
 
 # --------------------------------------------------------------------------- token pruning
@@ -306,19 +329,19 @@ def test_pruning_drops_the_least_attended_tokens_and_keeps_padding_out():
     probs[:, 0, :, 3], probs[:, 1, :, 3] = 0.0, 0.2  # token 3 draws 0.1: the least
     probs[:, :, 4:, 3] = 9.0  # queries at the padding positions do not count
     mask = torch.tensor([[[True] * 4 + [False] * 2]])  # (1, 1, 6)
-    merger = TokenMerger(mask, ratio=0.25, layers={0}, prune=True)
-    out = merger(x, kept(attn=probs))
+    merger = TokenMerger(mask, ratio=0.25, mode="prune")
+    out = merger(x, kept(probs=probs))
     assert out[0].tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]  # token 3 and the padding left, the rest unchanged
     assert merger.size.tolist() == [[1.0, 1.0, 1.0]]
     assert merger.slot.tolist() == [[0, 1, 2, -1, -1, -1]]
-    merger = TokenMerger(mask, ratio=0.5, layers={0}, prune=True)
-    assert merger(x, kept(attn=probs))[0].tolist() == [[0.0, 1.0], [2.0, 3.0]]  # then token 2
+    merger = TokenMerger(mask, ratio=0.5, mode="prune")
+    assert merger(x, kept(probs=probs))[0].tolist() == [[0.0, 1.0], [2.0, 3.0]]  # then token 2
 
 
 def test_pruning_in_the_model_shortens_the_memory_and_decodes_alike_cached_and_not():
-    model, b = tiny(), padded_batch()
-    model.set_token_merging(0.4, prune=True)
-    assert all(layer.self_attn.keep_probs and not layer.self_attn.keep_keys for layer in model.encoder.layers)
+    base, b = tiny(), padded_batch()
+    model = with_token_merging(base, prune_ratio=0.4)
+    assert all(layer.self_attn.hooks[0].needs_probs(layer.self_attn) for layer in model.encoder.layers)
     memory, mask = model.encode_memory(b.src, b.src_mask)
     real = b.src_mask[:, 0].sum(1)  # (B,)
     left = (mask > float("-inf")).sum((1, 2)) if mask.dtype != torch.bool else mask.sum((1, 2))
@@ -327,16 +350,16 @@ def test_pruning_in_the_model_shortens_the_memory_and_decodes_alike_cached_and_n
     assert cached.equal(greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
     beam1 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)
     assert beam1[:, :cached.size(1)].equal(cached)
-    groups = merged_groups(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5, prune=True)
+    groups = merged_groups(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5, mode="prune")
     assert all(len(g) == 1 for g in groups) and 0 < len(groups) < 9  # survivors alone, the pruned in no group
-    model.set_token_merging(0.0)
-    assert not any(layer.self_attn.keep_probs for layer in model.encoder.layers)
+    with_token_merging(model, 0.0)
+    assert not any(layer.self_attn.hooks for layer in base.encoder.layers)  # the fused kernel again
 
 
 @pytest.mark.parametrize("prune", [False, True])
 def test_a_model_trains_through_the_merging(prune):
-    model, b = tiny().train(), padded_batch()
-    model.set_token_merging(0.5, prune=prune)
+    b = padded_batch()
+    model = with_token_merging(tiny(), *((0.0, 0.5) if prune else (0.5, 0.0))).train()
     loss = _loss_and_grads(model, b, None, 0)
     assert loss[0].isfinite() and model.src_embed[0].lut.weight.grad.abs().sum() > 0
 
@@ -348,8 +371,9 @@ def test_a_model_trains_through_the_merging(prune):
 def test_the_switches_train_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--config", "copy.yaml", f"train.out_dir={out}", "train.epochs=3", "train.log_every=10",
-            "objective.ss_rate=0.25", "objective.ss_schedule=constant", "objective.ss_start=20",
-            "objective.guide_weight=0.5", "objective.guide_heads=[0]", "model.local_window=2", "train.progress=false"]
+            "scheduled_sampling.rate=0.25", "scheduled_sampling.schedule=constant", "scheduled_sampling.start=20",
+            "guided_attention.weight=0.5", "guided_attention.heads=[0]", "local_attention.window=2",
+            "train.progress=false"]
     with pytest.raises(SystemExit) as done:
         run("train", argv, "train.py")  # what scripts/train.py runs, in this process
     assert done.value.code == 0, capsys.readouterr().err[-2000:]
@@ -360,31 +384,33 @@ def test_the_switches_train_from_the_command_line(tmp_path, capsys):
     assert all(r["guide_penalty"] > 0 for r in train)
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert epochs[-1]["val_loss"] < epochs[0]["val_loss"] < 2.0  # it learns (the start is about ln 11 = 2.4)
-    assert "local_window: 2" in (out / "config.yaml").read_text()
+    assert "local_attention:\n  window: 2\n" in (out / "config.yaml").read_text()
 
 
 # --------------------------------------------------------------------------- config
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model.local_window=-1", "model.local_window"),
-    ("objective.ss_rate=1.5", "objective.ss_rate"),
-    ("objective.ss_steps=0", "objective.ss_steps"),
-    ("objective.guide_sigma=0", "objective.guide_sigma"),
-    ("objective.guide_layers=[5]", "objective.guide_layers"),
-    ("objective.guide_heads=[4]", "objective.guide_heads"),
-    ("objective.ss_schedule=cubic", "ss_schedule"),
-    ("model.merge_ratio=0.6", "model.merge_ratio"),
-    ("model.prune_ratio=-0.1", "model.prune_ratio"),
-    ("model.merge_layers=[2]", "model.merge_layers"),
+    ("local_attention.window=-1", "local_attention.window must be 0"),
+    ("scheduled_sampling.rate=1.5", "scheduled_sampling.rate must be in"),
+    ("scheduled_sampling.steps=0", "scheduled_sampling.steps must be at least 1"),
+    ("guided_attention.sigma=0", "guided_attention.sigma must be positive"),
+    ("guided_attention.layers=[5]", r"guided_attention.layers \[5\] names a layer"),
+    ("guided_attention.heads=[4]", r"guided_attention.heads \[4\] names a head"),
+    ("scheduled_sampling.schedule=cubic", "scheduled_sampling.schedule must be one of"),
+    ("token_merging.merge_ratio=0.6", r"token_merging.merge_ratio must be in \[0, 0.5\]"),
+    ("token_merging.prune_ratio=-0.1", r"token_merging.prune_ratio must be in \[0, 0.5\]"),
+    ("token_merging.layers=[2]", r"token_merging.layers \[2\] names a layer"),
+    ("model.local_window=-1", "local_attention.window must be 0"),  # the old names still read, under the new
+    ("objective.guide_heads=[4]", r"guided_attention.heads \[4\] names a head"),
 ])
 def test_bad_extension_settings_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config("copy.yaml", [override, "model.h=4", "model.N=2"]).validate()
-    with pytest.raises(ConfigError, match="model.local_window is on with token merging or pruning"):
-        load_config("copy.yaml", ["model.prune_ratio=0.2", "model.local_window=2"])
-    with pytest.raises(ConfigError, match="model.merge_ratio and model.prune_ratio are both on"):
-        load_config("copy.yaml", ["model.merge_ratio=0.2", "model.prune_ratio=0.2"])
+    with pytest.raises(ConfigError, match="local_attention.window is on with token merging or pruning"):
+        load_config("copy.yaml", ["token_merging.prune_ratio=0.2", "local_attention.window=2"])
+    with pytest.raises(ConfigError, match="token_merging.merge_ratio and token_merging.prune_ratio are both on"):
+        load_config("copy.yaml", ["token_merging.merge_ratio=0.2", "token_merging.prune_ratio=0.2"])
 
 
 # --------------------------------------------------------------------------- the cost benchmark
@@ -393,8 +419,8 @@ def test_bad_extension_settings_are_one_line_errors(override, message):
 def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
     from annotated_transformer.lab.extension_benchmark import measure_extensions
 
-    arms = {"plain": (), "window 1": ("model.local_window=1",), "guided": ("objective.guide_weight=1.0",),
-            "pruning": ("model.prune_ratio=0.25",)}
+    arms = {"plain": (), "window 1": ("local_attention.window=1",), "guided": ("guided_attention.weight=1.0",),
+            "pruning": ("token_merging.prune_ratio=0.25",)}
     result = measure_extensions(tiny_config(), arms, steps=1, rounds=1, sentences=4, length=5, log=lambda _: None)
     assert list(result["arms"]) == list(arms) and result["arms"]["plain"]["train_ratio"] == 1.0
     plain = result["arms"]["plain"]
@@ -402,7 +428,7 @@ def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
         assert row["train_tokens_per_s"] > 0 and row["decode_sentences_per_s"] > 0
         assert row["train_ratio"] == pytest.approx(row["train_tokens_per_s"] / plain["train_tokens_per_s"])
         assert row["decode_ratio"] == pytest.approx(row["decode_sentences_per_s"] / plain["decode_sentences_per_s"])
-    assert result["arms"]["window 1"]["overrides"] == ["model.local_window=1"]
+    assert result["arms"]["window 1"]["overrides"] == ["local_attention.window=1"]
     copy_cfg = load_config("copy.yaml")
     with pytest.raises(ConfigError, match="data.dataset=copy"):
         measure_extensions(copy_cfg, arms)
@@ -413,6 +439,6 @@ def test_the_benchmark_arms_can_be_chosen_and_plain_always_comes_first():
 
     assert select_arms(None) == ARMS
     assert list(select_arms(["token pruning r=0.25"])) == ["plain", "token pruning r=0.25"]
-    assert select_arms(["token pruning r=0.25"])["token pruning r=0.25"] == ("model.prune_ratio=0.25",)
+    assert select_arms(["token pruning r=0.25"])["token pruning r=0.25"] == ("token_merging.prune_ratio=0.25",)
     with pytest.raises(ConfigError, match="--arms: unknown \\['pruning'\\]"):
         select_arms(["pruning"])

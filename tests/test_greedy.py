@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from annotated_transformer import greedy_decode, make_model
-from annotated_transformer.decoding import greedy_decode_naive, strip_special
+from annotated_transformer.decoding import strip_special
+from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
 
 BOS, EOS, PAD = 0, 1, 2
 

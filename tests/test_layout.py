@@ -42,13 +42,14 @@ def test_layout_doc_matches_the_tree():
 # Lower layers never import higher ones; data and model, on one layer, never import each other.
 # Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
 LAYERS = {
-    "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0, "kv_cache": 0, "attention": 1,
-    "config": 1, "config_loading": 1, "device": 1,
+    "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0, "kv_cache": 0, "fused_loss": 0, "attention": 1,
+    "config": 1, "config_loading": 1, "device": 1, "loss_meter": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
-    "loop": 3, "decoding": 3,
-    "extensions.token_merging": 1, "extensions.scheduled_sampling": 1, "extensions.guided_attention": 1,
-    "extensions.objective": 4,
+    "loop": 3, "decoding": 3, "beam_search": 3, "inference": 3,
+    "extensions.scheduled_sampling": 1, "extensions.guided_attention": 2, "extensions.local_attention": 3,
+    "extensions.token_merging": 3, "extensions.objective": 4, "extensions.builder": 5,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
+    "harness.schedules": 4, "lab.notebook_decoding": 4,
     "evaluation": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
@@ -158,10 +159,16 @@ def test_importing_the_package_loads_the_core_only():
     assert before_a_chart == "[]" and after_a_chart == "['altair']"
 
 
+def reading_order() -> tuple[list[list[str]], str]:
+    """The README's reading-order table (rows of cells) and the command under it that counts its lines."""
+    section = ROOT.joinpath("README.md").read_text(encoding="utf-8").split("## Reading order", 1)[1]
+    table = section.split("\n\n")[2]
+    command = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    return [line.split("|") for line in table.splitlines()[2:]], command
+
+
 def test_reading_order_names_core_files_with_their_line_counts():
-    text = ROOT.joinpath("README.md").read_text(encoding="utf-8")
-    table = text.split("## Reading order", 1)[1].split("\n\n")[2]
-    rows = [line.split("|") for line in table.splitlines()[2:]]
+    rows, _ = reading_order()
     assert len(rows) >= 7
     assert rows[-1][1].strip() == "`examples/copy_task.py`"  # the notebook's example_simple_model comes last
     for row in rows:
@@ -170,3 +177,13 @@ def test_reading_order_names_core_files_with_their_line_counts():
         assert module in CORE or path == "examples/copy_task.py", path
         actual = len(ROOT.joinpath(path).read_text(encoding="utf-8").splitlines())
         assert abs(actual - lines) <= 0.1 * actual, f"{path}: the README says {lines} lines, it has {actual}"
+
+
+def test_the_reading_order_is_under_1000_lines_by_the_readmes_own_command():
+    rows, command = reading_order()
+    assert command.startswith("wc -l ")
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    counted = {line.split()[1]: int(line.split()[0]) for line in out.splitlines() if line.split()[1] != "total"}
+    assert list(counted) == [row[1].strip().strip("`") for row in rows]  # the command counts the table's files
+    total = int(out.splitlines()[-1].split()[0])
+    assert total == sum(counted.values()) <= 1000, f"the reading order has {total} lines; keep it under 1,000"

@@ -5,7 +5,8 @@ import torch
 
 from annotated_transformer import Generator, LabelSmoothing, SimpleLossCompute, rate
 from annotated_transformer import loss as loss_module
-from annotated_transformer.optim import build_optimizer, build_scheduler
+from annotated_transformer.harness.schedules import build_scheduler
+from annotated_transformer.optim import build_optimizer
 
 
 def explicit_kl(x: torch.Tensor, target: torch.Tensor, size: int, pad: int, smoothing: float) -> torch.Tensor:

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from annotated_transformer import Batch, PositionalEncoding, make_model, subsequent_mask
-from annotated_transformer.model import attention
+from annotated_transformer.model import MultiHeadedAttention, attention
+from annotated_transformer.visualization import keep_attention
 
 
 def tiny(**kw):
@@ -149,12 +150,12 @@ def copy_into_torch_transformer(model, norm_first: bool, d_model: int, h: int, d
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor")
 @pytest.mark.parametrize("norm_first", [True, False])
-@pytest.mark.parametrize("impl", ["sdpa", "naive"])
-def test_matches_torch_nn_transformer_with_copied_weights(norm_first, impl):
+@pytest.mark.parametrize("fused", [True, False])
+def test_matches_torch_nn_transformer_with_copied_weights(norm_first, fused):
     d_model, h, d_ff, N = 32, 4, 64, 2
     torch.manual_seed(3)
     model = make_model(11, 13, N=N, d_model=d_model, d_ff=d_ff, h=h, dropout=0.0, norm_first=norm_first,
-                       attention=impl)
+                       fused_attention=fused)
     # non-trivial LayerNorm gains/biases, so a mix-up of norms would show
     with torch.no_grad():
         for m in model.modules():
@@ -188,8 +189,9 @@ def test_attention_probabilities_only_when_asked():
     tgt = torch.randint(4, 13, (2, 4))
     b = Batch(src, tgt, pad=2)
     plain = model(b.src, b.tgt, b.src_mask, b.tgt_mask)
-    assert all(m.attn is None for m in model.attention_modules())
-    with model.keep_attention():
+    attention = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
+    assert all(m.attn is None for m in attention)
+    with keep_attention(model):
         kept = model(b.src, b.tgt, b.src_mask, b.tgt_mask)
     assert torch.allclose(plain, kept, atol=1e-5)  # the explicit path computes the same thing
     enc = model.encoder.layers[0].self_attn.attn
@@ -200,9 +202,10 @@ def test_attention_probabilities_only_when_asked():
         assert torch.allclose(a.sum(-1), torch.ones(a.shape[:-1]), atol=1e-5)
     assert torch.all(src_[1, :, :, 3:] == 0)  # padding receives no attention
     assert torch.all(self_.triu(1) == 0)  # no attention to the future
-    # outside the block nothing is stored any more
+    # outside the block the hooks are gone and nothing new is stored
+    model.encoder.layers[0].self_attn.attn = None
     model(b.src, b.tgt, b.src_mask, b.tgt_mask)
-    assert all(not m.keep_attn for m in model.attention_modules())
+    assert all(m.hooks == [] for m in attention) and model.encoder.layers[0].self_attn.attn is None
 
 
 def test_attention_function_is_softmax_qk_v():

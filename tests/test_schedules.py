@@ -9,7 +9,8 @@ import torch
 
 from annotated_transformer.config_loading import load_config
 from annotated_transformer.errors import ConfigError
-from annotated_transformer.optim import budget_rate, build_optimizer, build_scheduler, peak_rate, rate
+from annotated_transformer.harness.schedules import budget_rate, build_scheduler, peak_rate
+from annotated_transformer.optim import build_optimizer, rate
 
 
 @pytest.mark.parametrize("shape", ["linear", "cosine"])
@@ -100,10 +101,11 @@ def test_epoch_records_carry_the_training_clock_and_the_target(tiny_config, tmp_
 
 def test_decoder_depth_can_differ_from_the_encoder_depth():
     from annotated_transformer.lab.hardware import train_step_flops
-    from annotated_transformer.model import make_model, make_model_from_config
+    from annotated_transformer.extensions.builder import build_model
+    from annotated_transformer.model import make_model
 
     cfg = load_config("tiny", ["model.N=3", "model.N_dec=1"])
-    model = make_model_from_config(cfg.model, 50, 50)
+    model = build_model(cfg, 50, 50)
     assert len(model.encoder.layers) == 3 and len(model.decoder.layers) == 1
     assert len(make_model(50, 50, N=2, d_model=16, d_ff=32, h=2).decoder.layers) == 2  # the paper: N for both
     same, shallow = (train_step_flops(64, 128, 3, 100, [10], [12], n) for n in (None, 1))

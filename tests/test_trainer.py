@@ -22,8 +22,9 @@ from annotated_transformer.harness.checkpointing import load_checkpoint, save_ch
 from annotated_transformer.harness.distributed import DistInfo
 from annotated_transformer.harness.resume import RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
-from annotated_transformer.loop import LossMeter
-from annotated_transformer.optim import build_optimizer, build_scheduler
+from annotated_transformer.loss_meter import LossMeter
+from annotated_transformer.harness.schedules import build_scheduler
+from annotated_transformer.optim import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ["train.progress=false", "train.device=cpu"]

@@ -20,7 +20,7 @@ import torch
 from annotated_transformer import visualization as viz
 from annotated_transformer.errors import UserError
 from annotated_transformer.harness.run_dir import RunDir, read_metrics
-from annotated_transformer.model import make_model
+from annotated_transformer.model import MultiHeadedAttention, make_model
 from annotated_transformer.optim import rate
 
 
@@ -177,7 +177,7 @@ def test_collect_attention_returns_every_layer_in_eval_mode(tiny_model):
     tgt = torch.tensor([1, 6, 7])
     maps = viz.collect_attention(tiny_model, src, src_mask, tgt)
     assert tiny_model.training  # mode restored
-    assert not any(m.keep_attn for m in tiny_model.attention_modules())
+    assert not any(m.hooks for m in tiny_model.modules() if isinstance(m, MultiHeadedAttention))  # hooks removed
     assert sorted(maps) == ["encoder", "self", "src"]
     for kind, shape in {"encoder": (4, 5, 5), "self": (4, 3, 3), "src": (4, 3, 5)}.items():
         assert len(maps[kind]) == 2

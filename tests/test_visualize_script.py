@@ -169,14 +169,14 @@ ENGLISH = ["a dog runs in the park", "two men play football", "a woman reads a b
 def make_translator(text, seed: int = 0):
     """A random 2-layer model around `text`, outputs capped at source length + 4 tokens."""
     from annotated_transformer.config import Config
-    from annotated_transformer.model import make_model_from_config
     from annotated_transformer.deploy.translator import Translator
+    from annotated_transformer.extensions.builder import build_model
 
     cfg = Config()
     cfg.model.N, cfg.model.d_model, cfg.model.d_ff, cfg.model.h = 2, 16, 32, 2
     cfg.decode.max_len_a = 4
     torch.manual_seed(seed)
-    model = make_model_from_config(cfg.model, len(text.src_vocab), len(text.tgt_vocab))
+    model = build_model(cfg, len(text.src_vocab), len(text.tgt_vocab))
     return Translator(model, text, cfg, "cpu")
 
 
@@ -208,13 +208,15 @@ def test_subword_labels_drop_the_word_marker():
 
 @pytest.mark.parametrize("prune", [False, True])
 def test_a_merging_model_labels_each_map_with_the_tokens_it_shows(prune):
+    from annotated_transformer.extensions.token_merging import with_token_merging
     from annotated_transformer.data.text import TextPipeline
     from annotated_transformer.visualization import sentence_attention
 
     text = TextPipeline.for_words([s.split() for s in GERMAN], [s.split() for s in ENGLISH], src_lang="de",
                                   tgt_lang="en", min_freq=1)
     translator = make_translator(text)
-    translator.model.set_token_merging(0.5, layers=[0], prune=prune)  # after layer 1 of 2: about half the tokens leave
+    ratios = (0.0, 0.5) if prune else (0.5, 0.0)  # after layer 1 of 2: about half the tokens leave
+    translator.model = with_token_merging(translator.model, *ratios, layers=(0,))
     sa = sentence_attention(translator, "ein Hund läuft im Park")
     assert sa.layer_src_tokens[0] == sa.src_tokens  # layer 1 attends before its own merge
     merged = sa.layer_src_tokens[1]

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import Config, ModelConfig
+from ..config import Config
 from ..errors import ExportError
 from ..model import EncoderDecoder, MultiHeadedAttention
 
@@ -41,7 +41,9 @@ TEXT_FOLDER = "vocab"
 # Every ModelConfig field the export reproduces. A new model switch is refused (unless left at its
 # default) until the export learns it: a wrong model is worse than no model.
 EXPORTED_FIELDS = frozenset({"N", "N_dec", "d_model", "d_ff", "h", "dropout", "norm_first", "tie_embeddings",
-                             "attention", "max_positions", "layer_norm_eps"})
+                             "attention_kernel", "max_positions", "layer_norm_eps"})
+# The extensions that change the model itself (the training-only ones export like the plain model).
+MODEL_EXTENSIONS = ("local_attention", "token_merging")
 
 
 def import_ctranslate2() -> Any:
@@ -54,14 +56,17 @@ def import_ctranslate2() -> Any:
     return ctranslate2
 
 
-def check_exportable(model_cfg: ModelConfig) -> None:
+def check_exportable(cfg: Config) -> None:
     """Refuse, in one line, a model with a switch CTranslate2 has no equivalent for."""
-    for field in dataclasses.fields(model_cfg):
-        value = getattr(model_cfg, field.name)
-        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-        if field.name not in EXPORTED_FIELDS and value != default:
-            raise ExportError(f"model.{field.name}={value!r} has no CTranslate2 equivalent; "
-                              "export a model trained without it")
+    sections = [("model", cfg.model, EXPORTED_FIELDS)] + [(name, getattr(cfg, name), frozenset())
+                                                          for name in MODEL_EXTENSIONS]
+    for section, values, exported in sections:
+        for field in dataclasses.fields(values):
+            value = getattr(values, field.name)
+            default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+            if field.name not in exported and value != default:
+                raise ExportError(f"{section}.{field.name}={value!r} has no CTranslate2 equivalent; "
+                                  "export a model trained without it")
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -103,11 +108,12 @@ def _set_embeddings(table: Any, positions: Any, embed: torch.nn.Sequential) -> N
     positions.encodings = _array(embed[1].pe[0])  # (max_positions, d)
 
 
-def build_spec(model: EncoderDecoder, model_cfg: ModelConfig, src_itos: list[str], tgt_itos: list[str]) -> Any:
-    """A CTranslate2 `TransformerSpec` holding `model`'s weights and vocabularies."""
+def build_spec(model: EncoderDecoder, cfg: Config, src_itos: list[str], tgt_itos: list[str]) -> Any:
+    """A CTranslate2 `TransformerSpec` holding `model`'s weights and vocabularies (`cfg`: its training config)."""
     ct2 = import_ctranslate2()
     specs = ct2.specs
-    check_exportable(model_cfg)
+    check_exportable(cfg)
+    model_cfg = cfg.model
     pre_norm, h = model_cfg.norm_first, model_cfg.h
     enc_layers, dec_layers = model.encoder.layers, model.decoder.layers
     encoder = specs.TransformerEncoderSpec(len(enc_layers), h, pre_norm=pre_norm)
@@ -148,7 +154,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     out = Path(out_dir)
     if out.exists() and not force:
         raise ExportError(f"{out} already exists; choose another --out or pass --force to replace it")
-    spec = build_spec(model, config.model, text.src_vocab.itos, text.tgt_vocab.itos)
+    spec = build_spec(model, config, text.src_vocab.itos, text.tgt_vocab.itos)
     spec.validate()
     spec.optimize(quantization=quantization)
     try:

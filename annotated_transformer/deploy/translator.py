@@ -21,12 +21,15 @@ import torch
 
 from ..config import Config
 from ..config_loading import config_from_dict
-from ..decoding import translate_ids
+from ..inference import translate_ids
 from ..device import configure_backends, native_bf16, select_device
 from ..errors import CheckpointError, ConfigError
 from ..harness.checkpointing import load_checkpoint
 from ..harness.run_dir import RunDir, read_metrics
-from ..model import EncoderDecoder, make_model_from_config
+from ..extensions.builder import build_model
+from ..extensions.local_attention import LocalAttentionModel
+from ..extensions.token_merging import with_token_merging
+from ..model import EncoderDecoder
 from .ct2_translator import CT2Translator
 from .text_translator import TextTranslator
 
@@ -46,14 +49,14 @@ def set_token_reduction(translator: Any, merge_ratio: float | None, prune_ratio:
     if merge_ratio and prune_ratio:
         raise ConfigError("--merge-ratio and --prune-ratio: use one of them")
     model = getattr(translator, "model", None)
-    if not hasattr(model, "set_token_merging"):
+    if not isinstance(model, EncoderDecoder):
         raise ConfigError("--merge-ratio and --prune-ratio need --engine torch (an exported model has neither)")
-    if model.local_window:
-        raise ConfigError("--merge-ratio/--prune-ratio: this model was trained with model.local_window, which "
+    if isinstance(model, LocalAttentionModel):
+        raise ConfigError("--merge-ratio/--prune-ratio: this model was trained with local_attention.window, which "
                           "fewer tokens cannot keep")
-    prune = bool(prune_ratio)
-    model.set_token_merging(prune_ratio if prune else (merge_ratio or 0.0), model.merge_layers,
-                            model.proportional_attention, prune=prune)
+    trained = translator.config.token_merging  # its layers and proportional attention, as trained
+    translator.model = with_token_merging(model, merge_ratio or 0.0, prune_ratio or 0.0, tuple(trained.layers),
+                                          trained.proportional_attention)
 
 
 def chosen_weights(run: RunDir) -> Path:
@@ -145,7 +148,7 @@ class Translator(TextTranslator):
 
         cfg = config_from_dict(payload["config"])
         text = TextPipeline.from_state_dict(payload["text"])
-        model = make_model_from_config(cfg.model, len(text.src_vocab), len(text.tgt_vocab))
+        model = build_model(cfg, len(text.src_vocab), len(text.tgt_vocab))
         try:
             model.load_state_dict(payload["model"])
         except RuntimeError as exc:

@@ -1,9 +1,10 @@
-"""Extensions of the Transformer discussed beside the paper, each off by default and exact when off.
+"""Extensions of the Transformer discussed beside the paper: each has its own config section, is off by
+default and exact when off, and reaches the paper's classes only as a subclass or an attention hook.
 
+    local_attention.py     self-attention within a window of positions (LocalAttentionModel)
+    token_merging.py       fewer source tokens after chosen encoder layers: merged or pruned (TokenMergingModel)
     scheduled_sampling.py  train on the model's own predictions in a second decoder pass
-    guided_attention.py    a loss that keeps encoder-decoder attention near the diagonal
-    objective.py           the training step's loss with either switched on (objective.* in the config)
-    token_merging.py       fewer source tokens after chosen encoder layers (model.merge_ratio)
-
-Local attention changes only masks, so it is `model.local_window` (model.py, masks.local_mask).
+    guided_attention.py    a loss that keeps encoder-decoder attention near the diagonal (an attention hook)
+    objective.py           the training step's loss with either of the last two switched on
+    builder.py             a Config -> model, loss, objective, optimizer, with the switches that are on
 """

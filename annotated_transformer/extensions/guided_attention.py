@@ -13,6 +13,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..attention import MultiHeadedAttention
+
+
+class ProbsForLoss:
+    """An attention hook: in training, the layer's latest probabilities with their gradient, for the penalty."""
+
+    def __init__(self) -> None:
+        self.probs: Tensor | None = None  # (B, h, T, S), before dropout
+
+    def needs_probs(self, attn: MultiHeadedAttention) -> bool:
+        """In training only: evaluation and decoding keep the fused kernel."""
+        return attn.training
+
+    def __call__(self, attn: MultiHeadedAttention, keys: Tensor, probs: Tensor | None) -> None:
+        self.probs = probs if attn.training else None
+
 
 def guide_weights(src_len: Tensor, tgt_len: Tensor, S: int, T: int, sigma: float) -> Tensor:
     """(B,) real lengths -> W (B, T, S): 1 - exp(-(s/S_b - t/T_b)^2 / (2 sigma^2)), 0 outside the real lengths."""

@@ -13,30 +13,51 @@ Proportional attention: a merged token's keys get log(size) added to their logit
 as much attention as the tokens it replaced would have together; log(0) = -inf also masks
 padding. r is a ratio of each sentence's real length, at most half of it.
 
-Token pruning (model.prune_ratio) shares the machinery: instead of merging, the r real tokens that
+Token pruning (token_merging.prune_ratio) shares the machinery: instead of merging, the r real tokens that
 receive the least attention in that layer (averaged over heads, summed over queries) leave the
 sequence (Kim et al. 2021 learn a threshold per layer; here r is a fixed ratio, like merging's).
 The pruning layers compute explicit attention to have the probabilities.
+
+`TokenMergingModel` is the paper's `EncoderDecoder` on the same weights, with an encoder pass that
+merges; it reads each merging layer's keys (or probabilities) through an attention hook.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from ..attention import MultiHeadedAttention
+from ..attention import MultiHeadedAttention
+from ..model import EncoderDecoder
+
+MODES = ("merge", "prune")
+
+
+class SeenByAttention:
+    """An attention hook: the latest keys, or (for pruning) the latest probabilities, of one attention layer."""
+
+    def __init__(self, probs: bool) -> None:
+        self.want_probs = probs
+        self.keys: Tensor | None = None  # (B, h, S, d_k)
+        self.probs: Tensor | None = None  # (B, h, S, S), detached
+
+    def needs_probs(self, attn: MultiHeadedAttention) -> bool:
+        """Pruning ranks tokens by the attention they receive, so it needs the probabilities."""
+        return self.want_probs
+
+    def __call__(self, attn: MultiHeadedAttention, keys: Tensor, probs: Tensor | None) -> None:
+        self.keys = keys
+        self.probs = probs.detach() if probs is not None else None
 
 
 class TokenMerger:
     """One encoder pass's merging state: token sizes, the attention mask, and where each source token went."""
 
-    def __init__(self, src_mask: Tensor, ratio: float, layers: set[int], proportional: bool = True,
-                 prune: bool = False) -> None:
-        self.ratio, self.layers, self.proportional, self.prune = ratio, layers, proportional, prune
+    def __init__(self, src_mask: Tensor, ratio: float, mode: str = "merge", proportional: bool = True) -> None:
+        if mode not in MODES:
+            raise ValueError(f"token merging mode must be one of {MODES}, got {mode!r}")
+        self.ratio, self.mode, self.proportional = ratio, mode, proportional  # ratio: of each sentence's tokens
         self.size = src_mask[:, 0].float()  # (B, S) 1 for a real token, 0 for padding
         self.mask: Tensor = src_mask  # (B, 1, S) bool; after a merge: the log-size bias or the survivors
         S = self.size.size(1)
@@ -45,22 +66,22 @@ class TokenMerger:
         self.slot = torch.where(real, torch.arange(S, device=real.device), -1)
         self.history: list[Tensor] = []  # the slots after each merging layer, in order (merged_groups_by_layer)
 
-    def __call__(self, x: Tensor, attn: MultiHeadedAttention) -> Tensor:
-        """x (B, S, d) after a layer's self-attention `attn` (its keys or probabilities kept) -> (B, S', d)."""
-        x = self._reduce(x, attn)
+    def __call__(self, x: Tensor, seen: SeenByAttention) -> Tensor:
+        """x (B, S, d) after a layer's self-attention, `seen` its keys or probabilities -> (B, S', d)."""
+        x = self._reduce(x, seen)
         self.history.append(self.slot)
         return x
 
-    def _reduce(self, x: Tensor, attn: MultiHeadedAttention) -> Tensor:
+    def _reduce(self, x: Tensor, seen: SeenByAttention) -> Tensor:
         """Merge or prune one layer's tokens."""
         if x.size(1) < 2:
             return x
-        if self.prune:
-            drop = self.least_attended(attn.attn)  # (B, S)
+        if self.mode == "prune":
+            drop = self.least_attended(seen.probs)  # (B, S)
             moved_to = torch.arange(x.size(1), device=x.device).expand_as(drop)  # nothing moves; dropped tokens leave
             return self._compact(x.float() * self.size.unsqueeze(-1), self.size * ~drop, moved_to, x.dtype)
         B, S, d = x.shape
-        merge, partner = self.match(attn.keys)  # (B, Na) which A tokens merge, and into which B token
+        merge, partner = self.match(seen.keys)  # (B, Na) which A tokens merge, and into which B token
         dst = 2 * partner + 1  # (B, Na) the partner's position in x
         w = self.size[:, 0::2] * merge  # (B, Na) sizes moved
         xs = x.float() * self.size.unsqueeze(-1)  # (B, S, d) size-weighted sums
@@ -126,26 +147,88 @@ class TokenMerger:
         return (self.size > 0).unsqueeze(1)  # (B, 1, S') bool
 
 
-def merged_groups(model, src_ids: list[int], ratio: float, layers: tuple[int, ...] = (),
-                  prune: bool = False) -> list[list[int]]:
-    """Which source positions end up as one token when `model` (an EncoderDecoder) merges `ratio` of them
-    in `layers` (all when empty): one list of positions per surviving token, in order. With `prune`,
-    the tokens dropped are in no list. The model's own merging setting is left as it was."""
-    return merged_groups_by_layer(model, src_ids, ratio, layers, prune)[-1]
+class TokenMergingModel(EncoderDecoder):
+    """An EncoderDecoder that merges (or prunes) source tokens in its encoder; the same parameters as `model`.
+
+    `encode_memory` (what training and the decoders call) returns the shorter memory and the mask the
+    decoder reads it with; `encode` keeps the paper's pass, every token kept.
+    """
+
+    def __init__(self, model: EncoderDecoder, ratio: float, mode: str = "merge", layers: tuple[int, ...] = (),
+                 proportional: bool = True) -> None:
+        super().__init__(model.encoder, model.decoder, model.src_embed, model.tgt_embed, model.generator)
+        self.ratio, self.mode, self.proportional = ratio, mode, proportional
+        self.layers = sorted(set(layers) or range(len(self.encoder.layers)))  # the merging layers
+        self.seen = {i: SeenByAttention(probs=mode == "prune") for i in self.layers}
+        for i, hook in self.seen.items():
+            self.encoder.layers[i].self_attn.hooks.append(hook)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
+        """`EncoderDecoder.forward` on the merged memory."""
+        memory, memory_mask = self.encode_memory(src, src_mask)  # (B, S', d), (B, 1, S')
+        return self.decode(memory, memory_mask, tgt, tgt_mask)
+
+    def encode_memory(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """src (B, S) -> the merged memory (B, S', d) and its mask (B, 1, S'): log sizes, or the survivors."""
+        merger = TokenMerger(src_mask, self.ratio, self.mode, self.proportional)
+        return self.encode_merging(src, merger), merger.mask
+
+    def encode_merging(self, src: Tensor, merger: TokenMerger) -> Tensor:
+        """The encoder pass with `merger` applied after the self-attention of each merging layer."""
+        x, mask = self.src_embed(src), merger.mask  # (B, S, d), (B, 1, S)
+        for i, layer in enumerate(self.encoder.layers):
+            if i not in self.seen:
+                x = layer(x, mask)
+                continue
+            x = layer.sublayer[0](x, lambda x, attn=layer.self_attn, mask=mask: attn(x, x, x, mask))
+            x = merger(x, self.seen[i])  # (B, S', d): fewer tokens
+            mask = merger.mask  # (B, 1, S')
+            x = layer.sublayer[1](x, layer.feed_forward)
+        return self.encoder.norm(x)
+
+    def plain(self) -> EncoderDecoder:
+        """The model without merging (its hooks removed): the paper's EncoderDecoder on the same parameters."""
+        for i, hook in self.seen.items():
+            self.encoder.layers[i].self_attn.hooks.remove(hook)
+        self.seen = {}
+        return EncoderDecoder(self.encoder, self.decoder, self.src_embed, self.tgt_embed, self.generator)
+
+
+def with_token_merging(model: EncoderDecoder, merge_ratio: float = 0.0, prune_ratio: float = 0.0,
+                       layers: tuple[int, ...] = (), proportional: bool = True) -> EncoderDecoder:
+    """`model` merging `merge_ratio` or pruning `prune_ratio` of the tokens in `layers` (both 0: `model` itself).
+
+    A model that already merges is first made plain, so this also changes or removes merging."""
+    if isinstance(model, TokenMergingModel):
+        model = model.plain()
+    if merge_ratio and prune_ratio:
+        raise ValueError("merge_ratio and prune_ratio are both set: use one of them")
+    if not (merge_ratio or prune_ratio):
+        return model
+    mode = "prune" if prune_ratio else "merge"
+    return TokenMergingModel(model, merge_ratio or prune_ratio, mode, tuple(layers), proportional)
+
+
+def merged_groups(model: EncoderDecoder, src_ids: list[int], ratio: float, layers: tuple[int, ...] = (),
+                  mode: str = "merge") -> list[list[int]]:
+    """Which source positions end up as one token when `model` merges `ratio` of them in `layers` (all when
+    empty): one list of positions per surviving token, in order. Pruned tokens are in no list."""
+    return merged_groups_by_layer(model, src_ids, ratio, layers, mode)[-1]
 
 
 @torch.no_grad()
-def merged_groups_by_layer(model, src_ids: list[int], ratio: float, layers: tuple[int, ...] = (),
-                           prune: bool = False) -> list[list[list[int]]]:
-    """`merged_groups` after each merging layer in turn (one encoder pass), the first merging layer first."""
-    saved = (model.merge_ratio, model.merge_layers, model.proportional_attention, model.prune)
-    model.set_token_merging(ratio, layers, model.proportional_attention, prune)
+def merged_groups_by_layer(model: EncoderDecoder, src_ids: list[int], ratio: float, layers: tuple[int, ...] = (),
+                           mode: str = "merge") -> list[list[list[int]]]:
+    """`merged_groups` after each merging layer in turn (one encoder pass), the first merging layer first.
+    `model` itself is left as it was."""
+    proportional = model.proportional if isinstance(model, TokenMergingModel) else True
+    merging = TokenMergingModel(model, ratio, mode, layers, proportional)
     try:
         src = torch.tensor([src_ids], device=next(model.parameters()).device)  # (1, S)
-        merger = model.merger(torch.ones_like(src, dtype=torch.bool).unsqueeze(1))  # (1, 1, S) mask
-        model.encoder(model.src_embed(src), merger.mask, merger)
+        merger = TokenMerger(torch.ones_like(src, dtype=torch.bool).unsqueeze(1), ratio, mode, proportional)
+        merging.encode_merging(src, merger)
     finally:
-        model.set_token_merging(*saved)
+        merging.plain()
     return [_groups(slot[0].tolist()) for slot in merger.history]
 
 

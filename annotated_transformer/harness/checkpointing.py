@@ -28,9 +28,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..config import Config
+from ..config_loading import apply_dict
 from ..errors import CheckpointError, ConfigError, TrainingDiverged
 from ..files import atomic_write, run_dir_error, writing
-from ..loop import Log, unwrap_model, weights_finite, world_size
+from ..loop import Log, unwrap_model
+from ..loss_meter import weights_finite, world_size
 
 if TYPE_CHECKING:  # run_dir and resume import this module
     from .distributed import DistInfo
@@ -180,6 +183,16 @@ def model_payload(model: nn.Module, config: dict[str, Any], text_state: dict[str
             "train_state": train_state or {}}
 
 
+# The config sections that shape the model (the training-only extensions do not).
+ARCHITECTURE_SECTIONS = ("model", "local_attention", "token_merging")
+
+
+def _architecture(config: dict[str, Any]) -> list[Any]:
+    """A checkpoint config's model-shaping sections, read as today's Config (older checkpoints compare alike)."""
+    cfg = apply_dict(Config(), config, source="checkpoint config")
+    return [getattr(cfg, section) for section in ARCHITECTURE_SECTIONS]
+
+
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """Average the model parameters of several checkpoints of one architecture and vocabulary.
 
@@ -188,13 +201,13 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     if len(paths) < 1:
         raise CheckpointError("no checkpoints given to average")
     first = load_checkpoint(paths[0])
-    ref_model_cfg = first["config"].get("model")
+    ref_model_cfg = _architecture(first["config"])
     ref_text = first.get("text")
     summed = {k: v.clone().double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
     last = first
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
-        if ckpt["config"].get("model") != ref_model_cfg:
+        if _architecture(ckpt["config"]) != ref_model_cfg:
             raise CheckpointError(f"{path} has a different architecture from {paths[0]} (config 'model' differs); "
                                   "only checkpoints of one run can be averaged")
         if not _same_text(ckpt.get("text"), ref_text):

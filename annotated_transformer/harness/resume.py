@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import CheckpointError
-from ..loop import LossMeter, TrainState, unwrap_model, world_size
+from ..loop import TrainState, unwrap_model
+from ..loss_meter import LossMeter, world_size
 from .distributed import host_group
 
 

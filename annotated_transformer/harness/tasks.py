@@ -16,8 +16,10 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..data.batch import Batch
-from ..data.copy_task import COPY_PAD, COPY_START, CopyLoader, copy_validation_batches
-from ..decoding import greedy_decode, translate_ids
+from ..data.copy_loader import CopyLoader, copy_validation_batches
+from ..data.copy_task import COPY_PAD, COPY_START
+from ..decoding import greedy_decode
+from ..inference import translate_ids
 from ..masks import padding_mask
 from .distributed import DistInfo
 

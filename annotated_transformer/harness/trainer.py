@@ -22,13 +22,11 @@ from tqdm import tqdm
 
 from ..config import Config
 from ..config_loading import config_to_dict
-from ..device import resolve_amp_dtype
 from ..errors import DistributedError, TrainingDiverged, UserError
-from ..extensions.objective import build_objective
-from ..loop import LossMeter, TrainState, evaluate_loss, train_loop
-from ..loss import LabelSmoothing, SimpleLossCompute
-from ..model import make_model_from_config
-from ..optim import build_optimizer, build_scheduler
+from ..extensions.builder import build_training
+from ..loop import TrainState, evaluate_loss, train_loop
+from ..loss_meter import LossMeter
+from .schedules import build_scheduler
 from . import report
 from .checkpointing import Checkpointer, improves
 from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
@@ -51,18 +49,6 @@ def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: 
     if info.distributed:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
     return wrapped
-
-
-def build_training(cfg: Config, task: Any, device: torch.device) -> tuple[nn.Module, SimpleLossCompute, Any,
-                                                                         torch.optim.Optimizer, torch.dtype | None]:
-    """Model, loss, training objective, optimizer and precision from the config (the schedule needs the
-    loader's length, so the Trainer builds it)."""
-    t = cfg.train
-    model = make_model_from_config(cfg.model, task.src_vocab_size, task.tgt_vocab_size).to(device)
-    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(task.tgt_vocab_size, task.pad, t.label_smoothing))
-    objective = build_objective(cfg.objective, model, task.pad)
-    optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
-    return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
 
 
 class Trainer:
@@ -89,7 +75,7 @@ class Trainer:
         if info.is_main and self.task.text is not None:
             self.run.save_text(self.task.text)
         self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype = build_training(
-            cfg, self.task, device)
+            cfg, self.task.src_vocab_size, self.task.tgt_vocab_size, self.task.pad, device)
         if info.rank:  # dropout draws differ between ranks; the weights above were drawn alike on every rank
             torch.manual_seed(cfg.train.seed + info.rank)
         self.loader = self.task.train_loader(pin_memory=device.type == "cuda")

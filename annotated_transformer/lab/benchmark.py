@@ -5,7 +5,7 @@ peak memory is its own):
 
 * notebook: the notebook's pipeline. Raw sentence pairs in batches of 32, spaCy tokenisation and
   padding to 72 inside the DataLoader's collate for every batch, fp32, explicit softmax attention
-  (`model.attention=naive`), PyTorch's own nn.Dropout and default Adam implementation, and the loss
+  (`model.attention_kernel=explicit`), PyTorch's own nn.Dropout and default Adam implementation, and the loss
   on log-probabilities (log-softmax, then label smoothing).
 * fast: this project's path. Tokenised once and cached, length-bucketed batches of about
   `data.batch_tokens` tokens, fused scaled_dot_product_attention, bf16 autocast where the hardware
@@ -71,30 +71,31 @@ def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> d
     """One side's model, loader, loss, optimizer and precision: the notebook's ('notebook') or ours ('fast')."""
     from ..data.notebook_pipeline import notebook_dataloader
     from ..loss import LabelSmoothing, SimpleLossCompute
-    from ..model import make_model_from_config
-    from ..optim import build_optimizer, build_scheduler
+    from ..extensions.builder import build_model
+    from ..harness.schedules import build_scheduler
+    from ..optim import build_optimizer
 
     text = data.text
     notebook = side == "notebook"
     if notebook:
-        model_cfg = replace(cfg.model, attention="naive")
+        run_cfg = replace(cfg, model=replace(cfg.model, attention_kernel="explicit"))
         amp_dtype = None
         loader = notebook_dataloader(data.splits["train"].pairs(), text, seed=cfg.train.seed)
     else:
-        model_cfg = cfg.model
+        run_cfg = cfg
         amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
         loader = data.train_loader(cfg.train.seed, pin_memory=device.type == "cuda")
-    model = make_model_from_config(model_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device)
+    model = build_model(run_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device)
     if notebook:
         notebook_dropout(model)
     criterion = LabelSmoothing(len(text.tgt_vocab), text.pad_id, cfg.train.label_smoothing)
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
                                 fused=False if notebook else None)
-    scheduler = build_scheduler(optimizer, model_cfg.d_model, cfg.train.lr_factor, cfg.train.warmup)
+    scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
     train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not notebook) else model
     # The notebook side keeps its order: log-softmax, then the divergence on log-probabilities.
     loss_compute = SimpleLossCompute(model.generator, criterion, fused=not notebook)
-    return dict(model_cfg=model_cfg, amp_dtype=amp_dtype, loader=loader, model=model, train_model=train_model,
+    return dict(side_cfg=run_cfg, amp_dtype=amp_dtype, loader=loader, model=model, train_model=train_model,
                 loss_compute=loss_compute, optimizer=optimizer, scheduler=scheduler)
 
 
@@ -109,7 +110,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     data = load_translation_data(cfg, log=None)
     text = data.text
     p = _training_side(side, cfg, data, device)
-    model_cfg, amp_dtype, loader, model = p["model_cfg"], p["amp_dtype"], p["loader"], p["model"]
+    side_cfg, amp_dtype, loader, model = p["side_cfg"], p["amp_dtype"], p["loader"], p["model"]
     peak = matmul_peak(device, amp_dtype or torch.float32)  # measured again after the steps: the best counts
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -131,8 +132,8 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         if i < warmup:
             continue
         src_lens, tgt_lens = batch_lengths(batch, text.pad_id)
-        flops = train_step_flops(model_cfg.d_model, model_cfg.d_ff, model_cfg.N, len(text.tgt_vocab),
-                                 src_lens, tgt_lens, model_cfg.N_dec or None)
+        m = side_cfg.model
+        flops = train_step_flops(m.d_model, m.d_ff, m.N, len(text.tgt_vocab), src_lens, tgt_lens, m.N_dec or None)
         rates.append(sum(tgt_lens) / dt)
         step_times.append(dt)
         flops_rates.append(flops / dt)
@@ -144,7 +145,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         "flop_per_s": statistics.median(flops_rates), "peak_flop_per_s": peak,
         "mfu": statistics.median(flops_rates) / peak, "precision": "bf16" if amp_dtype else "fp32",
         "datasheet_peak_flop_per_s": datasheet_peak(device) if amp_dtype else None,
-        "attention": model_cfg.attention, "peak_mem_gb": process_peak_memory_gb(device),
+        "attention": side_cfg.model.attention_kernel, "peak_mem_gb": process_peak_memory_gb(device),
         "loss_finite": all(math.isfinite(x) for x in losses), "steps": steps, "warmup": warmup,
     }
 
@@ -165,19 +166,19 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     `one_sentence_limit` of them, evenly spread, because it is slow.
     """
     from ..data import load_translation_data
-    from ..model import make_model_from_config
-    from ..decoding import translate_ids
+    from ..inference import translate_ids
+    from ..extensions.builder import build_model
     from ..deploy.translator import Translator, decode_amp_dtype
 
     if checkpoint:
         tr = Translator.from_checkpoint(checkpoint, device=device)
-        model, text, dcfg, model_cfg = tr.model, tr.text, tr.config.decode, tr.config.model
+        model, text, dcfg, run_cfg = tr.model, tr.text, tr.config.decode, tr.config
         sources = [tr.text.text_to_ids(s, "src") for s in _test_sources(cfg, tr)]
     else:
         data = load_translation_data(cfg, log=None)
-        text, dcfg, model_cfg = data.text, cfg.decode, cfg.model
+        text, dcfg, run_cfg = data.text, cfg.decode, cfg
         torch.manual_seed(cfg.train.seed)
-        model = make_model_from_config(model_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device).eval()
+        model = build_model(run_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device).eval()
         sources = [ids.tolist() for ids in data.splits["test"].src]
     sources = sources[:limit] if limit else sources
     amp_dtype = decode_amp_dtype(device)  # what Translator, evaluate.py and translate.py use
@@ -189,7 +190,7 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     _, t_beam = _timed(device, lambda: translate_ids(model, sources, beam_size=beam, alpha=dcfg.alpha, **common))
     stride = max(1, len(sources) // max(one_sentence_limit, 1))
     subset = list(range(0, len(sources), stride))[:one_sentence_limit]
-    single, t_single = _timed(device, lambda: _one_by_one(model, model_cfg, text, [sources[i] for i in subset],
+    single, t_single = _timed(device, lambda: _one_by_one(model, run_cfg, text, [sources[i] for i in subset],
                                                           dcfg.max_len_a, device))
     agree = sum(single[j] == greedy[i] for j, i in enumerate(subset)) / len(subset)
     return {
@@ -213,15 +214,16 @@ def _timed(device: torch.device, fn: Any) -> tuple[Any, float]:
 
 
 @torch.no_grad()
-def _one_by_one(model: Any, model_cfg: Any, text: Any, sources: list[list[int]], max_len_a: int,
+def _one_by_one(model: Any, run_cfg: Any, text: Any, sources: list[list[int]], max_len_a: int,
                 device: torch.device) -> list[list[int]]:
     """The notebook's decoder on `model`'s weights: explicit attention, fp32, one sentence at a time, the whole
     prefix every step."""
-    from ..decoding import greedy_decode_naive, strip_special
-    from ..model import make_model_from_config
+    from ..decoding import strip_special
+    from .notebook_decoding import greedy_decode_naive
+    from ..extensions.builder import build_model
 
-    ref_model = make_model_from_config(replace(model_cfg, attention="naive"), len(text.src_vocab),
-                                       len(text.tgt_vocab)).to(device).eval()
+    explicit = replace(run_cfg, model=replace(run_cfg.model, attention_kernel="explicit"))
+    ref_model = build_model(explicit, len(text.src_vocab), len(text.tgt_vocab)).to(device).eval()
     ref_model.load_state_dict(model.state_dict())
     outs = []
     for ids in sources:

@@ -23,24 +23,22 @@ from ..config import Config
 from ..config_loading import apply_override, config_from_dict, config_to_dict
 from ..data.buckets import pad_rows
 from ..decoding import greedy_decode
-from ..device import amp_context, resolve_amp_dtype, select_device
+from ..device import amp_context, select_device
 from ..errors import ConfigError
-from ..extensions.objective import build_objective
+from ..extensions.builder import build_training
 from ..loop import Log, train_step
-from ..loss import LabelSmoothing, SimpleLossCompute
 from ..masks import padding_mask
-from ..model import make_model_from_config
-from ..optim import build_optimizer, build_scheduler
+from ..harness.schedules import build_scheduler
 
 # The settings measured in docs/extensions.md's table, each against "plain".
 ARMS: dict[str, tuple[str, ...]] = {
     "plain": (),
-    "scheduled sampling": ("objective.ss_rate=0.3", "objective.ss_schedule=constant"),
-    "guided attention": ("objective.guide_weight=0.5", "objective.guide_heads=[0,1]"),
-    "local attention w=2": ("model.local_window=2",),
-    "token merging r=0.25": ("model.merge_ratio=0.25",),
-    "token merging r=0.5": ("model.merge_ratio=0.5",),
-    "token pruning r=0.25": ("model.prune_ratio=0.25",),
+    "scheduled sampling": ("scheduled_sampling.rate=0.3", "scheduled_sampling.schedule=constant"),
+    "guided attention": ("guided_attention.weight=0.5", "guided_attention.heads=[0,1]"),
+    "local attention w=2": ("local_attention.window=2",),
+    "token merging r=0.25": ("token_merging.merge_ratio=0.25",),
+    "token merging r=0.5": ("token_merging.merge_ratio=0.5",),
+    "token pruning r=0.25": ("token_merging.prune_ratio=0.25",),
 }
 
 
@@ -59,13 +57,9 @@ class _Arm:
 
     def __init__(self, cfg: Config, vocab: tuple[int, int], pad: int, device: torch.device) -> None:
         torch.manual_seed(cfg.train.seed)
-        self.model = make_model_from_config(cfg.model, *vocab).to(device)
-        criterion = LabelSmoothing(vocab[1], pad, cfg.train.label_smoothing)
-        self.loss_compute = SimpleLossCompute(self.model.generator, criterion)
-        self.optimizer = build_optimizer(self.model, tuple(cfg.train.adam_betas), cfg.train.adam_eps)
+        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype = build_training(
+            cfg, *vocab, pad, device)
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
-        self.objective = build_objective(cfg.objective, self.model, pad)
-        self.amp_dtype = resolve_amp_dtype(cfg.train.precision, device)
         self.step = 0
 
     def train(self, batches: list[Any]) -> float:

@@ -13,8 +13,9 @@ from ..data.batch import Batch
 from ..device import select_device, synchronize
 from ..loop import Log, run_epoch
 from ..loss import LabelSmoothing, SimpleLossCompute
-from ..model import make_model_from_config
-from ..optim import build_optimizer, build_scheduler
+from ..extensions.builder import build_model
+from ..harness.schedules import build_scheduler
+from ..optim import build_optimizer
 
 
 def shape_sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps: int, log: Log = print) -> list[dict]:
@@ -23,7 +24,7 @@ def shape_sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps:
     amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
     V = 8000
     torch.manual_seed(cfg.train.seed)
-    model = make_model_from_config(cfg.model, V, V).to(device)
+    model = build_model(cfg, V, V).to(device)
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps)
     scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
     loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, 2, cfg.train.label_smoothing))

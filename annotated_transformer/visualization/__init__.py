@@ -29,7 +29,7 @@ _EXPORTS = {
                  "mask_chart", "positional_encoding_chart", "teaching_charts"),
     "attention": ("ATTENTION_KINDS", "AttentionKind", "SPM_SPACE", "SentenceAttention", "attention_chart",
                   "attention_charts", "attention_grid", "attention_maps_grid", "collect_attention", "display_token",
-                  "layer_indices", "sentence_attention"),
+                  "keep_attention", "layer_indices", "sentence_attention"),
     "training_curves": ("training_curves_chart",),
     "export": ("FORMATS", "chart_html", "chart_png", "enable_notebook_charts", "png_size", "save_chart"),
     "report": ("Visualization", "visualize_checkpoint", "visualize_sentence", "write_index"),
@@ -41,7 +41,7 @@ __all__ = [
     "ATTENTION_KINDS", "CELL_PX", "FORMATS", "NOTEBOOK_LR_SETTINGS", "SPM_SPACE", "AttentionKind",
     "SentenceAttention", "Visualization", "attention_chart", "attention_charts", "attention_grid",
     "attention_maps_grid", "chart_html", "chart_png", "collect_attention", "display_token", "enable_notebook_charts",
-    "label_smoothing_chart", "layer_indices", "loss_penalty_chart", "lr_schedule_chart", "mask_chart", "png_size",
+    "keep_attention", "label_smoothing_chart", "layer_indices", "loss_penalty_chart", "lr_schedule_chart", "mask_chart", "png_size",
     "positional_encoding_chart", "save_chart", "sentence_attention", "teaching_charts", "training_curves_chart",
     "visualize_checkpoint", "visualize_sentence", "write_index",
 ]
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         attention_maps_grid,
         collect_attention,
         display_token,
+        keep_attention,
         layer_indices,
         sentence_attention,
     )

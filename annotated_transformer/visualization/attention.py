@@ -24,18 +24,19 @@ paper and the notebook do ("layer 1" is `layers[0]`), and so do the layer number
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 import altair as alt
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..decoding import translate_ids
+from ..inference import translate_ids
 from ..deploy.translator import Translator
 from ..errors import UserError
-from ..extensions.token_merging import merged_groups_by_layer
+from ..extensions.token_merging import TokenMergingModel, merged_groups_by_layer
 from ..model import EncoderDecoder, MultiHeadedAttention, subsequent_mask
 from .heatmap import CELL_PX, heatmap
 
@@ -121,6 +122,31 @@ def attention_chart(attn: Tensor, row_tokens: Sequence[str], col_tokens: Sequenc
     )
 
 
+class _KeepProbs:
+    """An attention hook that stores each call's probabilities in the layer's `.attn`, as the notebook's layers do."""
+
+    def needs_probs(self, attn: MultiHeadedAttention) -> bool:
+        """Always: the maps are the probabilities."""
+        return True
+
+    def __call__(self, attn: MultiHeadedAttention, keys: Tensor, probs: Tensor | None) -> None:
+        attn.attn = probs.detach()  # (B, h, T, S)
+
+
+@contextmanager
+def keep_attention(model: nn.Module) -> Iterator[nn.Module]:
+    """Within this block every attention layer of `model` keeps its latest probabilities in `.attn` (B, h, T, S)."""
+    modules = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
+    hook = _KeepProbs()
+    for m in modules:
+        m.hooks.append(hook)
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.hooks.remove(hook)
+
+
 def _attention_modules(model: EncoderDecoder, kind: str) -> list[MultiHeadedAttention]:
     """The attention sublayers of one kind, one per layer."""
     kind_info(kind)
@@ -153,7 +179,7 @@ def collect_attention(model: EncoderDecoder, src: Tensor, src_mask: Tensor | Non
     was_training = model.training
     model.eval()
     try:
-        with model.keep_attention():
+        with keep_attention(model):
             memory, memory_mask = model.encode_memory(src, src_mask)
             model.decode(memory, memory_mask, tgt, subsequent_mask(tgt.size(1), device=device))
     finally:
@@ -184,14 +210,14 @@ def attention_grid(model: EncoderDecoder, layer: int, kind: AttentionKind, src_t
 
     kind: "encoder" (source x source), "self" (target x target, the decoder's masked
     self-attention) or "src" (target x source, the decoder attending to the encoder's output).
-    Reads the maps stored in `.attn` by the last forward pass run inside `model.keep_attention()`
+    Reads the maps stored in `.attn` by the last forward pass run inside `keep_attention(model)`
     (see `collect_attention`) and shows the first sentence of that batch.
     """
     modules = _attention_modules(model, kind)
     layer = layer_index(layer, len(modules))
     attn = modules[layer].attn
     if attn is None:
-        raise ValueError("no attention stored: run a forward pass inside model.keep_attention() first "
+        raise ValueError("no attention stored: run a forward pass inside keep_attention(model) first "
                          "(collect_attention does that)")
     return _heads_grid(attn[0], kind, layer, len(modules), src_tokens, tgt_tokens, heads, columns)
 
@@ -270,10 +296,10 @@ def merged_source_tokens(model: EncoderDecoder, src_ids: list[int],
                          tokens: list[str]) -> tuple[list[list[str]], list[str]] | tuple[None, None]:
     """With token merging or pruning on: the source labels each encoder layer's maps show (a merged token's
     parts joined by '+', pruned tokens gone) and the memory's; (None, None) when the model keeps every token."""
-    if not model.merge_ratio:
+    if not isinstance(model, TokenMergingModel):
         return None, None
-    merging = sorted(model.merging_layers())
-    by_layer = merged_groups_by_layer(model, src_ids, model.merge_ratio, tuple(merging), prune=model.prune)
+    merging = model.layers
+    by_layer = merged_groups_by_layer(model, src_ids, model.ratio, tuple(merging), model.mode)
     labels = [list(tokens)] + [["+".join(tokens[p] for p in group) for group in groups] for groups in by_layer]
     # Layer i's attention runs before its own merge: it sees the tokens left by the merging layers below it.
     per_layer = [labels[sum(m < i for m in merging)] for i in range(len(model.encoder.layers))]

@@ -1,0 +1,45 @@
+"""From a Config to the model, its loss, its training objective and its optimizer, the extensions that are on
+installed: the one place where a config's switches reach the code.
+
+    model = build_model(cfg, src_vocab, tgt_vocab)   # make_model, then local attention / token merging if on
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import Config
+from ..device import resolve_amp_dtype
+from ..loss import LabelSmoothing, SimpleLossCompute
+from ..model import EncoderDecoder, make_model
+from ..optim import build_optimizer
+from .local_attention import with_local_attention
+from .objective import TrainingObjective, build_objective
+from .token_merging import with_token_merging
+
+
+def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
+    """`make_model` with the `model` section's fields, then the model extensions the config switches on."""
+    m = cfg.model
+    model = make_model(src_vocab, tgt_vocab, N=m.N, d_model=m.d_model, d_ff=m.d_ff, h=m.h, dropout=m.dropout,
+                       norm_first=m.norm_first, tie_embeddings=m.tie_embeddings,
+                       fused_attention=m.attention_kernel == "fused", max_positions=m.max_positions,
+                       layer_norm_eps=m.layer_norm_eps, N_dec=m.N_dec or None)
+    model = with_local_attention(model, cfg.local_attention.window)
+    tm = cfg.token_merging
+    return with_token_merging(model, tm.merge_ratio, tm.prune_ratio, tuple(tm.layers), tm.proportional_attention)
+
+
+def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device
+                   ) -> tuple[EncoderDecoder, SimpleLossCompute, TrainingObjective | None, torch.optim.Optimizer,
+                              torch.dtype | None]:
+    """Model (on `device`), loss, training objective (None: teacher forcing), optimizer and autocast dtype.
+
+    The schedule needs the loader's length, so the Trainer builds it."""
+    t = cfg.train
+    model = build_model(cfg, src_vocab, tgt_vocab).to(device)
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
+    objective = build_objective(cfg.scheduled_sampling, cfg.guided_attention, model, pad)
+    optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
+

@@ -1,0 +1,54 @@
+"""Decoding many sentences: greedy or beam search on a batch (`decode_batch`), and id sequences of any number
+decoded in length-sorted batches (`translate_ids`), as training's BLEU, the Translator and the charts do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .beam_search import beam_search
+from .data.buckets import pad_rows
+from .decoding import greedy_decode, strip_special
+from .device import amp_context
+from .masks import padding_mask
+from .model import EncoderDecoder
+
+
+def decode_batch(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,
+                 start_symbol: int, end_symbol: int, beam_size: int = 1, alpha: float = 0.6,
+                 pad_symbol: int | None = None) -> Tensor:
+    """Greedy search for beam_size 1, beam search otherwise; same arguments and output format."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    if beam_size == 1:
+        return greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol, pad_symbol)
+    return beam_search(model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha, pad_symbol)
+
+
+def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pad: int, bos: int, eos: int,
+                  device: torch.device, beam_size: int = 1, alpha: float = 0.6, max_len_a: int = 50,
+                  batch_size: int = 128, amp_dtype: torch.dtype | None = None) -> list[list[int]]:
+    """Decode id sequences (each <s> ... </s>) in length-sorted batches; return output ids in input order.
+
+    Each output starts after <s> and stops before </s> (both removed). The longest output of a
+    sentence is its source length + `max_len_a` tokens, capped by the positional table.
+    """
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results: list[list[int]] = [[] for _ in sources]
+    cap = model.max_positions
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        src = pad_rows([sources[i] for i in idx], pad).to(device)  # (B, S)
+        lengths = torch.tensor([len(sources[i]) for i in idx])
+        max_len = (lengths + max_len_a).clamp(max=cap)
+        with torch.no_grad(), amp_context(device, amp_dtype):
+            out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
+                               beam_size=beam_size, alpha=alpha, pad_symbol=pad)
+        for row, i in enumerate(out.tolist()):
+            results[idx[row]] = strip_special(i, bos, eos, pad)
+    model.train(was_training)
+    return results
