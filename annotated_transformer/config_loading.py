@@ -130,7 +130,8 @@ def upgrade_config_dict(data: dict[str, Any]) -> dict[str, Any]:
         for key, value in keys.items():
             new_key, value = renamed(f"{section}.{key}", value)
             new_section, _, name = new_key.partition(".")
-            if name in out.get(new_section, {}) or (new_key != f"{section}.{key}" and name in keys):
+            given_there = data.get(new_section) if isinstance(data.get(new_section), dict) else {}
+            if name in out.get(new_section, {}) or (new_key != f"{section}.{key}" and name in given_there):
                 raise ConfigError(f"{section}.{key} and {new_key} are one setting (its old and new name); "
                                   f"keep {new_key}")
             out.setdefault(new_section, {})[name] = value

@@ -192,3 +192,36 @@ def test_an_old_value_name_still_loads_under_its_new_name():
     both = {"data": {"max_len": 40, "max_sentence_len": 41}}
     with pytest.raises(ConfigError, match="saved config: data.max_len and data.max_sentence_len are one setting"):
         config_from_dict(both)
+
+
+def test_the_extension_keys_before_their_sections_still_load():
+    """Configs, command lines and checkpoints from before 2026-11-25 name the extensions under model/objective."""
+    old = {"model": {"N": 2, "h": 4, "attention": "naive", "local_window": 0, "merge_ratio": 0.25, "prune_ratio": 0.0,
+                     "merge_layers": [1], "proportional_attention": False},
+           "objective": {"ss_rate": 0.3, "ss_schedule": "constant", "ss_start": 5, "ss_steps": 50, "ss_sample": True,
+                         "guide_weight": 0.5, "guide_sigma": 0.3, "guide_layers": [0], "guide_heads": [1],
+                         "guide_decay_steps": 9}}
+    cfg = config_from_dict(old)
+    assert cfg.model.attention_kernel == "explicit"
+    assert (cfg.token_merging.merge_ratio, cfg.token_merging.layers, cfg.token_merging.proportional_attention) == (
+        0.25, [1], False)
+    s, g = cfg.scheduled_sampling, cfg.guided_attention
+    assert (s.rate, s.schedule, s.start, s.steps, s.sample) == (0.3, "constant", 5, 50, True)
+    assert (g.weight, g.sigma, g.layers, g.heads, g.decay_steps) == (0.5, 0.3, [0], [1], 9)
+    assert "objective" in old and old["model"]["merge_ratio"] == 0.25  # the saved dict itself is left as it was
+    line = load_config("copy.yaml", ["model.local_window=3", "objective.guide_weight=0.2", "model.attention=sdpa"])
+    assert (line.local_attention.window, line.guided_attention.weight, line.model.attention_kernel) == (3, 0.2, "fused")
+    with pytest.raises(ConfigError, match="model.merge_ratio and token_merging.merge_ratio are one setting"):
+        config_from_dict({"model": {"merge_ratio": 0.2}, "token_merging": {"merge_ratio": 0.3}})
+
+
+def test_an_older_run_resumes_only_with_the_same_model_extensions():
+    from annotated_transformer.harness.run_dir import check_same_settings
+
+    saved = config_to_dict(load_config("copy.yaml"))
+    saved["model"]["local_window"] = saved.pop("local_attention")["window"]  # as a run from before the sections
+    check_same_settings(saved, load_config("copy.yaml"), Path("runs/old"))
+    with pytest.raises(ConfigError, match=r"its local_attention settings differ \(window\)"):
+        check_same_settings(saved, load_config("copy.yaml", ["local_attention.window=2"]), Path("runs/old"))
+    with pytest.raises(ConfigError, match=r"its token_merging settings differ \(merge_ratio\)"):
+        check_same_settings(saved, load_config("copy.yaml", ["token_merging.merge_ratio=0.2"]), Path("runs/old"))

@@ -30,7 +30,7 @@ except ImportError:  # Windows has no flock: there a second training on a live r
     fcntl = None  # type: ignore[assignment]
 
 from ..config import Config
-from ..config_loading import config_to_dict, config_yaml, upgrade_config_dict
+from ..config_loading import apply_dict, config_to_dict, config_yaml
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, run_dir_error, writing
 from .checkpointing import load_checkpoint
@@ -75,8 +75,9 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
 
     Where the data lives (`data.root`, `data.cache_dir`) and how many workers read it may change.
     """
-    now, saved = config_to_dict(cfg), upgrade_config_dict(saved)  # older names read as the current ones
-    for section in ("model", "data"):
+    # older names read as the current ones, keys an older run did not have at their defaults
+    now, saved = config_to_dict(cfg), config_to_dict(apply_dict(Config(), saved, source="the saved config"))
+    for section in ("model", "local_attention", "token_merging", "data"):  # what shapes the model and its data
         skip = NOT_SETTINGS.get(section, set())
         old = {k: v for k, v in saved.get(section, {}).items() if k not in skip}
         new = {k: v for k, v in now[section].items() if k not in skip}
