@@ -50,11 +50,11 @@ LAYERS = {
     "extensions.token_merging": 3, "extensions.objective": 4, "extensions.builder": 5,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
     "harness.schedules": 4, "lab.notebook_decoding": 4,
-    "evaluation": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
+    "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
-    "harness.report": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7, "lab.extension_benchmark": 7,
-    "lab.shape_benchmark": 7, "lab.sweep_report": 7,
+    "harness.progress": 7, "harness.run_end": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7,
+    "lab.extension_benchmark": 7, "lab.shape_benchmark": 7, "lab.seed_statistics": 7,
     "harness.trainer": 8, "lab.sweep": 8,
     "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from annotated_transformer.config_loading import load_config
-from annotated_transformer.harness import report
+from annotated_transformer.harness import progress, run_end
 from annotated_transformer.harness import trainer as trainer_module
-from annotated_transformer.harness.report import (format_duration, quicker_config, run_length, seconds_left,
-                                                  slow_run_warning, time_left, translate_command)
+from annotated_transformer.harness.progress import (format_duration, quicker_config, run_length, seconds_left,
+                                                    slow_run_warning, time_left)
+from annotated_transformer.harness.run_end import translate_command
 from annotated_transformer.harness.trainer import train_worker
 from annotated_transformer.loop import TrainState
 
@@ -25,7 +26,7 @@ SMALL = ["model.d_model=32", "model.d_ff=64", "model.N=1", "data.copy_batch_size
 @pytest.fixture()
 def no_charts(monkeypatch):
     """The end of a run without its charts (drawing them takes seconds; they are not what these tests check)."""
-    monkeypatch.setattr(report, "write_charts", lambda run, log: None)
+    monkeypatch.setattr(run_end, "write_charts", lambda run, log: None)
 
 
 def test_seconds_left_is_the_remaining_steps_at_the_speed_so_far():
@@ -72,7 +73,7 @@ def test_the_warning_fires_above_the_threshold_only(monkeypatch):
     assert slow_run_warning(seconds_left(20, 400, 160.0), **kwargs) is None
     assert slow_run_warning(None, **kwargs) is None
     assert slow_run_warning(100.0, **kwargs, threshold=99.0) is not None
-    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 3000.0)  # the default threshold is read at each call
+    monkeypatch.setattr(progress, "SLOW_RUN_SECONDS", 3000.0)  # the default threshold is read at each call
     assert slow_run_warning(seconds_left(20, 400, 160.0), **kwargs) is not None
 
 
@@ -90,8 +91,8 @@ def test_the_advice_names_the_cpu_config_only_where_it_is_quicker():
 def test_a_run_prints_the_time_left_on_every_epoch_line_and_the_warning_once(tmp_path, monkeypatch, capsys,
                                                                               no_charts):
     # A threshold of 0 s: any run is "long", so the warning shows on this seconds-long run.
-    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
-    monkeypatch.setattr(report, "SPEED_AFTER_STEPS", 5)
+    monkeypatch.setattr(progress, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "SPEED_AFTER_STEPS", 5)
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=3", "data.copy_batches=10",
                                "train.log_every=5", "train.final_eval=false", *SMALL, *QUIET])
     train_worker(cfg)
@@ -123,7 +124,7 @@ def looks(monkeypatch):
     seen = []
 
     def looking(tr, at_epoch_end):
-        line = report.speed_warning(tr, at_epoch_end)
+        line = progress.speed_warning(tr, at_epoch_end)
         seen.append((at_epoch_end, tr.train_state.step, line is not None))
         return line
 
@@ -132,8 +133,8 @@ def looks(monkeypatch):
 
 
 def test_without_log_lines_the_first_epoch_end_decides(tmp_path, monkeypatch, capsys, no_charts, looks):
-    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
-    monkeypatch.setattr(report, "SPEED_AFTER_SECONDS", 1e9)  # no look between log lines
+    monkeypatch.setattr(progress, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "SPEED_AFTER_SECONDS", 1e9)  # no look between log lines
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=4",
                                "train.log_every=100", "train.final_eval=false", *SMALL, *QUIET])
     train_worker(cfg)
@@ -144,8 +145,8 @@ def test_without_log_lines_the_first_epoch_end_decides(tmp_path, monkeypatch, ca
 
 
 def test_slow_steps_between_log_lines_are_looked_at_after_a_while(tmp_path, monkeypatch, capsys, no_charts, looks):
-    monkeypatch.setattr(report, "SLOW_RUN_SECONDS", 0.0)
-    monkeypatch.setattr(report, "SPEED_AFTER_SECONDS", 0.0)  # "a minute" has passed after every step
+    monkeypatch.setattr(progress, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(progress, "SPEED_AFTER_SECONDS", 0.0)  # "a minute" has passed after every step
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=6",
                                "train.log_every=100", "train.final_eval=false", *SMALL, *QUIET])
     train_worker(cfg)

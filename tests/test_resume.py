@@ -148,9 +148,9 @@ def test_atomic_save_leaves_the_old_file_on_failure(tmp_path):
 # --------------------------------------------------------------------------- train.resume=auto
 
 
-def plan_of(out, *overrides):
+def start_mode_of(out, *overrides):
     cfg = load_config("copy", [*SHORT, f"train.out_dir={out}", *overrides])
-    return RunDir(out).plan(cfg)[0]
+    return RunDir(out).start_mode(cfg)[0]
 
 
 def test_resume_setting_takes_auto_true_and_false_only():
@@ -163,22 +163,22 @@ def test_resume_setting_takes_auto_true_and_false_only():
 
 def test_auto_resume_decides_from_what_the_folder_holds(stopped, tmp_path):
     fresh = tmp_path / "fresh"
-    assert plan_of(fresh) == "start"  # absent
+    assert start_mode_of(fresh) == "start"  # absent
     fresh.mkdir()
-    assert plan_of(fresh) == "start"  # empty
+    assert start_mode_of(fresh) == "start"  # empty
     (fresh / "config.yaml").write_text("x")
     (fresh / "metrics.jsonl").write_text("")
-    assert plan_of(fresh) == "start"  # died before its first checkpoint: starts again
+    assert start_mode_of(fresh) == "start"  # died before its first checkpoint: starts again
 
     out = stopped  # one of three epochs done
-    assert plan_of(out) == "resume"
-    assert plan_of(out, "train.epochs=1") == "finished"
-    assert plan_of(out, "train.epochs=1", "train.resume=true") == "resume"  # true keeps its meaning
-    assert plan_of(out, "train.overwrite=true") == "start"
+    assert start_mode_of(out) == "resume"
+    assert start_mode_of(out, "train.epochs=1") == "finished"
+    assert start_mode_of(out, "train.epochs=1", "train.resume=true") == "resume"  # true keeps its meaning
+    assert start_mode_of(out, "train.overwrite=true") == "start"
     with pytest.raises(ConfigError, match="already holds a run"):
-        plan_of(out, "train.resume=false")
+        start_mode_of(out, "train.resume=false")
     with pytest.raises(ConfigError, match=r"its model settings differ \(d_ff\)"):
-        plan_of(out, "model.d_ff=64")
+        start_mode_of(out, "model.d_ff=64")
     (out / "last.pt").unlink()
     with pytest.raises(ConfigError, match="holds files but no last.pt, so it cannot be continued"):
-        plan_of(out)
+        start_mode_of(out)

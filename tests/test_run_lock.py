@@ -87,7 +87,7 @@ def test_a_held_folder_is_refused_with_its_holder_named(tmp_path):
     with pytest.raises(RunDirError) as refused:
         second.lock()
     assert str(refused.value) == in_use(tmp_path / "run", os.getpid())
-    assert not first.has_run() and first.plan(load_config("copy", [f"train.out_dir={first.path}"]))[0] == "start"
+    assert not first.has_run() and first.start_mode(load_config("copy", [f"train.out_dir={first.path}"]))[0] == "start"
     first.unlock()
     assert not (tmp_path / "run").exists()  # lock() made the folder, nothing was written: nothing is left
     second.lock()
@@ -123,7 +123,7 @@ class FakeTrainer:
 
     fail: BaseException | None = None
 
-    def __init__(self, cfg, info, device, plan, last) -> None:
+    def __init__(self, cfg, info, device, start_mode, last) -> None:
         self.path = cfg.run_dir()
 
     def fit(self) -> dict:
@@ -148,7 +148,7 @@ def test_train_worker_holds_the_folder_while_it_runs_and_releases_it_after(tmp_p
     run.unlock()
 
 
-def test_a_refused_plan_releases_the_folder_and_leaves_no_folder(tmp_path):
+def test_a_refused_start_releases_the_folder_and_leaves_no_folder(tmp_path):
     cfg = load_config("copy", [f"train.out_dir={tmp_path / 'run'}", "train.resume=true", *QUIET])
     with pytest.raises(ConfigError, match="train.resume=true but"):
         train_worker(cfg)

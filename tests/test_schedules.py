@@ -126,13 +126,13 @@ def test_stop_at_target_ends_the_run_at_the_first_epoch_that_reaches_it(tiny_con
     results = train_worker(tiny_config(*overrides))
     assert results["target_epoch"] == 1
     assert [e for e, _ in RunDir(tmp_path).epoch_files()] == [1]  # epochs 2 and 3 never ran
-    assert RunDir(tmp_path).plan(tiny_config(*overrides))[0] == "finished"  # and a resume leaves it so
-    assert RunDir(tmp_path).plan(tiny_config(*overrides[:-4], "train.stop_at_target=false"))[0] == "resume"
+    assert RunDir(tmp_path).start_mode(tiny_config(*overrides))[0] == "finished"  # and a resume leaves it so
+    assert RunDir(tmp_path).start_mode(tiny_config(*overrides[:-4], "train.stop_at_target=false"))[0] == "resume"
     # A new target is timed afresh: an unreached one continues the run, a lower one is found in the metrics.
-    plan, last = RunDir(tmp_path).plan(tiny_config(*overrides[:-5], "train.target_bleu=1000", *overrides[-4:]))
-    assert plan == "resume" and last["train_state"]["target_epoch"] is None
-    plan, last = RunDir(tmp_path).plan(tiny_config(*overrides[:-5], "train.target_bleu=1e-7", *overrides[-4:]))
-    assert plan == "finished" and last["train_state"]["target_epoch"] == 1
+    mode, last = RunDir(tmp_path).start_mode(tiny_config(*overrides[:-5], "train.target_bleu=1000", *overrides[-4:]))
+    assert mode == "resume" and last["train_state"]["target_epoch"] is None
+    mode, last = RunDir(tmp_path).start_mode(tiny_config(*overrides[:-5], "train.target_bleu=1e-7", *overrides[-4:]))
+    assert mode == "finished" and last["train_state"]["target_epoch"] == 1
     assert last["train_state"]["target_seconds"] == results["target_seconds"]
     with pytest.raises(ConfigError, match="needs train.target_bleu"):
         tiny_config("train.stop_at_target=true")

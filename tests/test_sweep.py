@@ -1,4 +1,4 @@
-"""scripts/sweep.py: grids, the runs it plans, the figures it reports, and a real sweep killed and restarted."""
+"""scripts/sweep.py: grids, the runs it lists, the figures it reports, and a real sweep killed and restarted."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from annotated_transformer.errors import ConfigError
 from annotated_transformer.harness.checkpointing import load_checkpoint
 from annotated_transformer.harness.run_dir import read_metrics
-from annotated_transformer.lab.sweep import Launcher, Run, check_settings, parse_grid, plan_runs, read_grid
-from annotated_transformer.lab.sweep_report import RunResult, curve_points, mean_sd, read_result, summary_markdown
+from annotated_transformer.lab.sweep import Launcher, Run, check_settings, parse_grid, grid_runs, read_grid
+from annotated_transformer.lab.seed_statistics import RunResult, curve_points, mean_sd, read_result, summary_markdown
 
 
 
@@ -61,12 +61,12 @@ def test_every_setting_is_validated_before_anything_runs():
     assert check_settings("tiny", ("train.bleu_every=1",), [("train.target_bleu=3",), ()]) == 3
 
 
-def test_runs_are_planned_setting_by_setting_with_their_own_folders(tmp_path):
-    runs = plan_runs([("train.lr_factor=1",), ()], [1, 2], tmp_path)
+def test_runs_are_listed_setting_by_setting_with_their_own_folders(tmp_path):
+    runs = grid_runs([("train.lr_factor=1",), ()], [1, 2], tmp_path)
     assert [(r.setting, r.seed) for r in runs] == [("train.lr_factor=1", 1), ("train.lr_factor=1", 2),
                                                     ("base", 1), ("base", 2)]
     assert runs[1].path == tmp_path / "train.lr_factor=1" / "seed2"
-    assert runs[1].log == tmp_path / "train.lr_factor=1" / "seed2.log"
+    assert runs[1].log_file == tmp_path / "train.lr_factor=1" / "seed2.log"
 
 
 def test_the_seed_and_run_folder_come_last_so_they_win(tmp_path):
@@ -122,10 +122,10 @@ HOLD_AT, MAX_STEPS = 5, 30  # the first sweep's runs hold after step HOLD_AT; ev
 QUICK_TRAIN = textwrap.dedent("""
     import os, sys, time
     from annotated_transformer.cli import main
-    from annotated_transformer.harness import report
+    from annotated_transformer.harness import run_end
     from annotated_transformer.harness.trainer import Trainer
 
-    report.write_charts = lambda run, log: None
+    run_end.write_charts = lambda run, log: None
     hold_at = int(os.environ.get("HOLD_AT", "0"))
     real_should_stop = Trainer._should_stop
 
@@ -250,7 +250,7 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
 
 
 def test_a_comparison_times_every_run_to_the_target_it_names():
-    from annotated_transformer.lab.sweep_report import RunResult, summary_markdown, timed_to
+    from annotated_transformer.lab.seed_statistics import RunResult, summary_markdown, timed_to
 
     own = RunResult("a", 1, True, curve=((1.0, 30.0), (2.0, 37.0), (3.0, 41.0)), target_seconds=120.0)  # timed to 36.5
     never = RunResult("b", 1, True, curve=((1.0, 20.0), (2.0, 39.9)), target_seconds=None)
@@ -284,7 +284,7 @@ def test_a_run_that_has_not_finished_an_epoch_adds_no_figures(tmp_path):
 def test_a_run_still_trained_by_an_earlier_sweep_is_not_started_twice(tmp_path):
     from annotated_transformer.errors import RunDirError
 
-    run = plan_runs([()], [1], tmp_path)[0]
+    run = grid_runs([()], [1], tmp_path)[0]
     run.path.parent.mkdir(parents=True)
     # A live process whose command line names this run's folder, as an orphaned training's would. It says
     # "ready" once it runs (after exec, so /proc shows its command line) and lives until its stdin closes.

@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = build_parser(prog)
     args = check_required(parser, parser.parse_args(argv))
     from ..config_loading import check_decode_options
-    from ..evaluation import evaluate_translator
     from ..deploy.translator import load_translator, set_token_reduction
+    from ..scoring import score_translator
 
     check_decode_options(args.beam, args.alpha)
     translator = load_translator(args.checkpoint, args.engine, args.device, args.quantize)
@@ -40,6 +40,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     # An exported folder's hypotheses go inside it (model.<split>.beam<k>.txt), a checkpoint's beside it.
     folder = getattr(translator, "folder", None)
     source = str(Path(folder) / "model.bin") if folder is not None else str(translator.checkpoint)
-    evaluate_translator(translator, source, args.split, beam=args.beam, alpha=args.alpha, output=args.out,
-                        show=args.show, as_json=args.json, data_root=args.data_root, limit=args.limit)
+    score_translator(translator, source, args.split, beam=args.beam, alpha=args.alpha, output=args.out,
+                     show=args.show, as_json=args.json, data_root=args.data_root, limit=args.limit)
     return 0

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train a grid (or only report on finished sweeps with --compare)."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    from ..lab.seed_statistics import compare_sweeps
     from ..lab.sweep import read_grid, sweep
-    from ..lab.sweep_report import compare_sweeps
 
     if args.compare:
         for path in compare_sweeps([Path(f) for f in args.compare], Path(args.out or "runs/sweep_compare"),

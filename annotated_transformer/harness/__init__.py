@@ -1,10 +1,11 @@
 """The harness: what makes training practical around the core's Transformer and loop.
 
-    trainer.py        Trainer (fit / train epoch / evaluate / save) and train_worker, the entry point
+    trainer.py        Trainer (fit / train epoch / validate / save) and train_worker, the entry point
     checkpointing.py  checkpoint files, the background writer, averaging, Checkpointer
     resume.py         RunState (everything last.pt holds), random states, StopSignal
-    report.py         the log lines of a run (time left, the slow-run warning) and its end: charts, scores
-    run_dir.py        the run directory: its lock, plan (start / resume / finished), metrics.jsonl, epoch files
+    progress.py       the log lines of a run: its first line, epoch lines with the time left, the slow-run warning
+    run_end.py        the end of a run: charts, final scores, example translations, the translate command
+    run_dir.py        the run directory: its lock, start mode (start / resume / finished), metrics.jsonl, epoch files
     distributed.py    torchrun set-up, print0, barrier
     tasks.py          Multi30k or the copy task behind one interface
     monitor.py        GPU utilisation and memory samples

@@ -289,8 +289,8 @@ class RunDir:
     def _not_a_folder(self) -> str:
         return f"train.out_dir {self.path} is a file, not a folder; choose another train.out_dir"
 
-    def plan(self, cfg: Config) -> tuple[str, dict[str, Any] | None]:
-        """What to do with this folder: ('start', None), ('resume', last.pt) or ('finished', last.pt).
+    def start_mode(self, cfg: Config) -> tuple[str, dict[str, Any] | None]:
+        """How a training begins in this folder: ('start', None), ('resume', last.pt) or ('finished', last.pt).
 
         `train.resume=auto` continues a run whose last.pt has the same model and data settings and
         leaves a finished one as it is; `true` insists on last.pt; `false` refuses any earlier run;
@@ -321,10 +321,11 @@ class RunDir:
         done = t.finished(state.get("epoch", 0), state.get("step", 0), state.get("target_epoch") is not None)
         return ("finished" if done and t.resume == "auto" else "resume"), last
 
-    def prepare(self, cfg: Config, plan: str) -> None:
+    def prepare(self, cfg: Config, start_mode: str) -> None:
         """Create the folder (emptied for a fresh start) and write the resolved config."""
         with writing(self.path, "create the run directory", run=self.path):
-            if plan == "start" and self.has_run():  # train.overwrite, or a run that died before its first checkpoint
+            # train.overwrite, or a run that died before its first checkpoint
+            if start_mode == "start" and self.has_run():
                 self._clear()
             self.path.mkdir(parents=True, exist_ok=True)
         with writing(self.config, run=self.path):

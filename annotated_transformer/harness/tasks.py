@@ -140,7 +140,7 @@ class TranslationTask:
     def score(self, model, device: torch.device, split: str = "val", beam_size: int = 1,
               amp_dtype: torch.dtype | None = None, limit: int | None = None) -> dict[str, Any]:
         """BLEU (headline form for the tokenisation mode), its signature, chrF; plus the hypotheses."""
-        from ..evaluation import score_translations
+        from ..scoring import score_translations
 
         hyps = self.translate_split(model, device, split, beam_size, amp_dtype, limit)
         sp = self.data.splits[split]

@@ -1,9 +1,10 @@
-"""The Trainer behind `train_worker`: one rank's run built from a config (fit / train epoch / evaluate / save).
+"""The Trainer behind `train_worker`: one rank's run built from a config (fit / train epoch / validate / save).
 
 The loop itself (`train_step`, `run_epoch`) is the core's (`annotated_transformer.loop`); the parts
 a practical run adds live beside this file: checkpointing.py (the files and the background
-writer), resume.py (the run state and signals), report.py (log lines, the end of a run), run_dir.py,
-distributed.py, tasks.py (Multi30k or the copy task), metrics.py (records, TensorBoard, GPU samples).
+writer), resume.py (the run state and signals), progress.py (the log lines, time left, the slow-run warning),
+run_end.py (charts, final scores, the translate command), run_dir.py, distributed.py, tasks.py (Multi30k or
+the copy task), metrics.py (records, TensorBoard, GPU samples).
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from ..errors import DistributedError, TrainingDiverged, UserError
 from ..extensions.builder import build_training
 from ..loop import TrainState, evaluate_loss, train_loop
 from ..loss_meter import LossMeter
-from .schedules import build_scheduler
-from . import report
+from . import progress
 from .checkpointing import Checkpointer, improves
 from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
 from .metrics import Metrics
-from .report import epoch_line, finish, speed_warning, start_line
+from .progress import epoch_line, speed_warning, start_line
 from .resume import RunState, StopSignal
 from .run_dir import RunDir
+from .run_end import finish
+from .schedules import build_scheduler
 from .tasks import build_task
 from .tensorboard_log import summary_writer_class
 
@@ -55,11 +57,11 @@ class Trainer:
     """One rank's training run: built from a config, then `fit()`.
 
     The loop reads like the paper's training section: for each epoch, `train_step` over its
-    batches (`train_loop`), then `evaluate` and `save`; at the end `finish` (averaging, final scores,
+    batches (`train_loop`), then `validate` and `save`; at the end `finish` (averaging, final scores,
     examples).
     """
 
-    def __init__(self, cfg: Config, info: DistInfo, device: torch.device, plan: str = "start",
+    def __init__(self, cfg: Config, info: DistInfo, device: torch.device, start_mode: str = "start",
                  last: dict[str, Any] | None = None) -> None:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
         self.t_start = time.perf_counter()
@@ -67,7 +69,7 @@ class Trainer:
         if cfg.train.tensorboard and info.is_main:
             summary_writer_class()  # a missing package is an error before anything is written
         if info.is_main:
-            self.run.prepare(cfg, plan)
+            self.run.prepare(cfg, start_mode)
         barrier()
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
@@ -89,7 +91,7 @@ class Trainer:
         text_state = self.task.text.state_dict() if self.task.text is not None else None
         common = {"config": config_to_dict(cfg), "text": text_state}  # what every checkpoint file carries
         self.checkpoints = Checkpointer(self.run, self.run_state, info, common)
-        self.mid_epoch = self.checkpoints.resume(last, self.log) if plan == "resume" else False
+        self.mid_epoch = self.checkpoints.resume(last, self.log) if start_mode == "resume" else False
         self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
         self.stopper = StopSignal()
         self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
@@ -124,7 +126,7 @@ class Trainer:
                 if self.stopping:
                     self.train_state.wall_seconds += time.perf_counter() - t_epoch
                     return self.stop(epoch)
-                record = self.evaluate(epoch, train_loss, time.perf_counter() - t_epoch)
+                record = self.validate(epoch, train_loss, time.perf_counter() - t_epoch)
                 self.save(record, t_epoch)
             self.stopper.restore()  # from here on Ctrl-C interrupts at once
             self.checkpoints.wait()  # best.pt on disk before finish reads it back
@@ -181,7 +183,7 @@ class Trainer:
 
     def _warn_if_slow(self, at_epoch_end: bool) -> None:
         """Rank 0, early in a run (at the log lines of its first epoch and once a minute between them, then at
-        that epoch's end): one warning line when training will take longer than report.SLOW_RUN_SECONDS, naming a
+        that epoch's end): one warning line when training will take longer than progress.SLOW_RUN_SECONDS, naming a
         quicker config where there is one."""
         if self.speed_checked:
             return
@@ -192,11 +194,11 @@ class Trainer:
         self._look_again(after=time.perf_counter())
 
     def _look_again(self, after: float) -> None:
-        """The next look between log lines: report.SPEED_AFTER_SECONDS after `after`, or never once settled."""
-        self.speed_due = math.inf if self.speed_checked else after + report.SPEED_AFTER_SECONDS
+        """The next look between log lines: progress.SPEED_AFTER_SECONDS after `after`, or never once settled."""
+        self.speed_due = math.inf if self.speed_checked else after + progress.SPEED_AFTER_SECONDS
 
     def stop(self, epoch: int) -> dict[str, Any]:
-        """A signal stopped training inside `epoch`: save last.pt with the data position, report, return."""
+        """A signal stopped training inside `epoch`: save last.pt with the data position, say so, return."""
         self.checkpoints.save(mid_epoch=True)
         self.checkpoints.wait()  # last.pt on disk ...
         barrier()  # ... before any rank exits: torchrun stops the others when the first one exits
@@ -205,7 +207,7 @@ class Trainer:
                  "run the same command again to continue (train.resume=auto)")
         return {"stopped_by": self.stopper.signum or signal.SIGTERM}
 
-    def evaluate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
+    def validate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
         """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record with its clocks."""
         t, s, t_eval = self.cfg.train, self.train_state, time.perf_counter()
         if not self.run_state.cut_short(t.max_steps):
@@ -245,14 +247,14 @@ class Trainer:
         self.log(epoch_line(record, s, t, self.total_steps) + self.metrics.gpu_line())
 
     def finish(self) -> dict[str, Any]:
-        """Charts, final scores and example translations (report.finish)."""
+        """Charts, final scores and example translations (run_end.finish)."""
         return finish(self)
 
 
 def train_worker(cfg: Config) -> dict[str, Any]:
     """Train one rank (of one or many, under torchrun) from a validated config; return the final figures.
 
-    Builds data, model, loss, optimizer and schedule; trains epoch by epoch; evaluates validation
+    Builds data, model, loss, optimizer and schedule; trains epoch by epoch; computes validation
     loss every epoch and validation BLEU every `train.bleu_every` epochs; keeps `best.pt`,
     `last.pt` and `epoch_NN.pt`; finally scores the test split with the best weights and shows a
     few translations (or, for the copy task, counts exact copies).
@@ -260,14 +262,15 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     info, device = init_distributed(cfg.train.device)
     run = RunDir(cfg.run_dir())
     try:
-        plan, last = agree_on_plan(run, cfg, info)  # every rank decides (or fails) alike before rank 0 writes
-        if plan == "finished":
+        # every rank decides (or fails) alike before rank 0 writes
+        start_mode, last = agree_on_start_mode(run, cfg, info)
+        if start_mode == "finished":
             s = last["train_state"]
             print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
                    "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
                    "train.out_dir, or raise train.epochs to continue it")
             return {"finished": True, "steps": s["step"]}
-        return Trainer(cfg, info, device, plan, last).fit()
+        return Trainer(cfg, info, device, start_mode, last).fit()
     except RuntimeError as exc:
         if info.distributed and _lost_a_rank(exc):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -280,8 +283,8 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         cleanup()
 
 
-def agree_on_plan(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[str, Any] | None]:
-    """The run directory's plan (start, resume or finished), the same on every rank or an error on every rank.
+def agree_on_start_mode(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[str, Any] | None]:
+    """The run directory's start mode (start, resume or finished), alike on every rank or an error on all.
 
     Rank 0 first locks the folder (`RunDir.lock`), so a second training on a live run's folder is
     refused on every rank. Each rank reads the folder itself; under torchrun the ranks compare what they
@@ -291,14 +294,14 @@ def agree_on_plan(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[s
     try:
         if info.is_main:
             run.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
-        plan, last = run.plan(cfg)
-        mine: tuple[Any, ...] = (plan, (last or {}).get("train_state", {}).get("step", 0), "")
+        start_mode, last = run.start_mode(cfg)
+        mine: tuple[Any, ...] = (start_mode, (last or {}).get("train_state", {}).get("step", 0), "")
     except UserError as exc:
         if not info.distributed:
             raise
         failure, mine = exc, ("", 0, str(exc))
     if not info.distributed:
-        return plan, last
+        return start_mode, last
     seen: list[Any] = [None] * info.world_size
     dist.all_gather_object(seen, mine)  # a barrier too: nobody writes before everybody has looked
     if mine[2]:
@@ -306,12 +309,12 @@ def agree_on_plan(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[s
     failed = [(rank, msg) for rank, (_, _, msg) in enumerate(seen) if msg]
     if failed:
         raise DistributedError(f"rank {failed[0][0]} could not use {run.path}: {failed[0][1]}")
-    if len({(p, step) for p, step, _ in seen}) > 1:
+    if len({(mode, step) for mode, step, _ in seen}) > 1:
         what = {"start": "start afresh", "resume": "resume", "finished": "find a finished run"}
-        views = ", ".join(f"rank {rank} would {what[p]} at step {step}" for rank, (p, step, _) in enumerate(seen))
+        views = ", ".join(f"rank {rank} would {what[mode]} at step {step}" for rank, (mode, step, _) in enumerate(seen))
         raise DistributedError(f"the ranks see {run.path} differently ({views}); train.out_dir must be one folder "
                                "that every node reads and writes (a shared filesystem)")
-    return plan, last
+    return start_mode, last
 
 
 def _lost_a_rank(exc: RuntimeError) -> bool:

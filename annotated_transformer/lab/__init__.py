@@ -6,7 +6,7 @@
     extension_benchmark.py  what each extension switch costs, in interleaved rounds
     hardware.py             what the benchmarks measure against: matmul peak, step FLOPs, peak memory
     sweep.py                a grid of overrides x seeds, each run a training of its own, resumable
-    sweep_report.py         a sweep's figures: mean +/- sd per setting, time to target, its report
+    seed_statistics.py      a sweep's figures: mean +/- sd over seeds per setting, time to target, sweep.md/.csv
 
 Nothing is imported here, so `import annotated_transformer.lab.sweep` loads only what it needs.
 """

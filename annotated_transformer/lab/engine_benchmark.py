@@ -75,7 +75,7 @@ def compare_engines(checkpoint: str, engines: tuple[str, ...] = ENGINES, beam: i
     from ..deploy.ct2_export import export_ctranslate2
     from ..deploy.translator import Translator
     from ..device import native_bf16
-    from ..evaluation import score_translations
+    from ..scoring import score_translations
     from .hardware import in_fresh_process
 
     tr = Translator.from_checkpoint(checkpoint, device="cpu")

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from ..config_loading import load_config
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, writing
 from ..harness.run_dir import read_metrics
-from .sweep_report import TEST_SCORES, collect_results, read_result, write_report
+from .seed_statistics import TEST_SCORES, collect_results, read_result, write_report
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,8 @@ class Run:
     path: Path  # the run directory
 
     @property
-    def log(self) -> Path:
+    def log_file(self) -> Path:
+        """The training's output (stdout and stderr), beside its run directory."""
         return self.path.with_name(f"{self.path.name}.log")
 
     @property
@@ -112,7 +114,7 @@ def read_grid(path: str | Path) -> list[tuple[str, ...]]:
     return parse_grid(grid, str(path))
 
 
-def plan_runs(settings: list[tuple[str, ...]], seeds: list[int], out: Path) -> list[Run]:
+def grid_runs(settings: list[tuple[str, ...]], seeds: list[int], out: Path) -> list[Run]:
     """Every (setting, seed) pair, setting by setting, as a Run with its directory under `out`."""
     return [Run(_setting_name(s), s, seed, out / _setting_name(s) / f"seed{seed}") for s in settings for seed in seeds]
 
@@ -148,12 +150,12 @@ class Launcher:
                               f"for it or stop it (kill {pid}), then start the sweep again")
         threads = max(1, (os.cpu_count() or 1) // self.parallel)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        with writing(run.log, "create the run's folder"):
+        with writing(run.log_file, "create the run's folder"):
             run.path.parent.mkdir(parents=True, exist_ok=True)
-            log = run.log.open("a", encoding="utf-8")
-        with log:
+            output = run.log_file.open("a", encoding="utf-8")
+        with output:
             # A session of its own: a Ctrl-C in the terminal reaches the sweep alone, which passes one SIGTERM on.
-            self.running[run] = subprocess.Popen(self.command(run), stdout=log, stderr=subprocess.STDOUT, env=env,
+            self.running[run] = subprocess.Popen(self.command(run), stdout=output, stderr=subprocess.STDOUT, env=env,
                                                  start_new_session=True)
         with writing(run.pid_file):
             atomic_write(run.pid_file, lambda f: f.write(str(self.running[run].pid).encode()))
@@ -180,7 +182,8 @@ class Launcher:
         self.running.clear()
 
 
-def run_sweep(runs: list[Run], launcher: Launcher, after_each=lambda: None) -> list[tuple[Run, int]]:
+def run_sweep(runs: list[Run], launcher: Launcher,
+              after_each: Callable[[], None] = lambda: None) -> list[tuple[Run, int]]:
     """Train every unfinished run, `launcher.parallel` at a time, calling `after_each` when one ends;
     the (run, exit code) of those that failed."""
     todo = [r for r in runs if not is_finished(r)]
@@ -191,14 +194,14 @@ def run_sweep(runs: list[Run], launcher: Launcher, after_each=lambda: None) -> l
     while queue or launcher.running:
         while queue and len(launcher.running) < launcher.parallel:
             run = queue.pop(0)
-            launcher.log(f"start {run.setting} seed {run.seed} -> {run.log}")
+            launcher.log(f"start {run.setting} seed {run.seed} -> {run.log_file}")
             launcher.start(run)
         run, code = launcher.wait_one()
         if code != 0:
             failed.append((run, code))
             why = (f"stopped by signal {code - 128}" if code > 128 else f"killed by signal {-code}" if code < 0
                    else f"FAILED with exit code {code}")
-            launcher.log(f"{why}: {run.setting} seed {run.seed}; its log: {run.log}")
+            launcher.log(f"{why}: {run.setting} seed {run.seed}; its log: {run.log_file}")
         else:
             launcher.log(f"done  {run.setting} seed {run.seed}")
         after_each()
@@ -212,17 +215,17 @@ def final_record(run: Run) -> dict[str, Any]:
 
 def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
     """Score a finished run's chosen weights on test (greedy, and beam when its config decodes with a beam)
-    with the evaluation script's scorer; the figures go to <run>/test_scores.json."""
-    from ..evaluation import evaluate_translator
+    with the evaluate command's scorer; the figures go to <run>/test_scores.json."""
     from ..deploy.translator import Translator
+    from ..scoring import score_translator
 
     checkpoint = run.path / final_record(run).get("checkpoint_file", "best.pt")
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     scores: dict[str, Any] = {"checkpoint": checkpoint.name}
     beams = [1] + ([translator.config.decode.beam_size] if translator.config.decode.beam_size > 1 else [])
     for beam, key in zip(beams, ("greedy", "beam")):
-        out = evaluate_translator(translator, str(checkpoint), "test", beam=beam, data_root=data_root,
-                                  output=str(run.path / f"test.beam{beam}.txt"))
+        out = score_translator(translator, str(checkpoint), "test", beam=beam, data_root=data_root,
+                               output=str(run.path / f"test.beam{beam}.txt"))
         scores[key], scores[f"{key}_signature"], scores[f"{key}_beam_size"] = out["bleu"], out["signature"], beam
     path = run.path / TEST_SCORES
     with writing(path):
@@ -244,15 +247,16 @@ def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str
 
 def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: Path, train_command: tuple[str, ...],
           extra: tuple[str, ...] = (), parallel: int = 1, score_tests: bool = False,
-          data_root: str | None = None, log=print) -> int:
+          data_root: str | None = None, log: Callable[[str], None] = print) -> int:
     """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
     target = check_settings(config, extra, settings)
-    runs = plan_runs(settings, seeds, out)
+    runs = grid_runs(settings, seeds, out)
     launcher = Launcher(train_command, config, extra, parallel, log)
 
-    def report() -> None:  # this sweep's runs first, then any others already in the folder (earlier grids)
-        planned = {r.path for r in runs}
-        others = [r for r in collect_results([out]) if out / r.setting / f"seed{r.seed}" not in planned]
+    def report() -> None:
+        """sweep.md/.csv and the chart: this sweep's runs first, then any others in the folder (earlier grids)."""
+        this_grid = {r.path for r in runs}
+        others = [r for r in collect_results([out]) if out / r.setting / f"seed{r.seed}" not in this_grid]
         write_report(out, [read_result(r.path, r.setting, r.seed) for r in runs] + others, f"sweep of {config}",
                      target)
 

@@ -6,8 +6,8 @@ One module per thing drawn:
                      learning-rate schedules, label smoothing and its loss penalty
     attention        attention maps of a sentence: translate it, keep every map, one chart per head
     training_curves  loss, learning rate and BLEU of a run, from its metrics.jsonl
-    export           offline HTML (the Vega JavaScript inlined) and PNG, as files and in Jupyter
-    report           scripts/visualize.py's work: every chart of one sentence in a folder, with index.html
+    rendering        offline HTML (the Vega JavaScript inlined) and PNG, as files and in Jupyter
+    sentence_page    scripts/visualize.py's work: every chart of one sentence in a folder, with index.html
     heatmap          the matrix chart that the mask, label smoothing and attention maps share
 
     from annotated_transformer import visualization as viz
@@ -31,8 +31,8 @@ _EXPORTS = {
                   "attention_charts", "attention_grid", "attention_maps_grid", "collect_attention", "display_token",
                   "keep_attention", "layer_indices", "sentence_attention"),
     "training_curves": ("training_curves_chart",),
-    "export": ("FORMATS", "chart_html", "chart_png", "enable_notebook_charts", "png_size", "save_chart"),
-    "report": ("Visualization", "visualize_checkpoint", "visualize_sentence", "write_index"),
+    "rendering": ("FORMATS", "chart_html", "chart_png", "enable_notebook_charts", "png_size", "save_chart"),
+    "sentence_page": ("Visualization", "visualize_checkpoint", "visualize_sentence", "write_index"),
     "heatmap": ("CELL_PX",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
@@ -62,9 +62,9 @@ if TYPE_CHECKING:
         layer_indices,
         sentence_attention,
     )
-    from .export import FORMATS, chart_html, chart_png, enable_notebook_charts, png_size, save_chart
     from .heatmap import CELL_PX
-    from .report import Visualization, visualize_checkpoint, visualize_sentence, write_index
+    from .rendering import FORMATS, chart_html, chart_png, enable_notebook_charts, png_size, save_chart
+    from .sentence_page import Visualization, visualize_checkpoint, visualize_sentence, write_index
     from .teaching import (
         NOTEBOOK_LR_SETTINGS,
         label_smoothing_chart,

@@ -5,7 +5,7 @@ import math
 import pytest
 import sacrebleu
 
-from annotated_transformer.evaluation import Score, corpus_scores, format_scores, headline_key
+from annotated_transformer.scoring import Score, corpus_scores, format_scores, headline_key
 
 
 def test_identical_text_scores_100():

@@ -18,7 +18,7 @@ from ..deploy.translator import Translator
 from ..errors import UserError
 from ..files import atomic_write
 from .attention import SentenceAttention, attention_charts, layer_indices, sentence_attention
-from .export import FORMATS, png_size, save_chart
+from .rendering import FORMATS, png_size, save_chart
 from .teaching import teaching_charts
 from .training_curves import training_curves_chart
 

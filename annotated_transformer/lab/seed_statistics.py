@@ -1,4 +1,4 @@
-"""A sweep's figures: each run's results read back from its metrics.jsonl, the mean and spread per setting,
+"""A sweep's figures: each run's results read back from its metrics.jsonl, the mean and spread over seeds per setting,
 and the files a sweep writes (sweep.md, sweep.csv, the chart of val BLEU against training minutes)."""
 
 from __future__ import annotations

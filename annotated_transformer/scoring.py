@@ -22,11 +22,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
 from .data.text import MODES
+
+if TYPE_CHECKING:  # the translators of either engine (deploy/ sits above this module)
+    from .deploy.text_translator import TextTranslator
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,7 @@ def bleu_references(raw_refs: list[str], text, tokenised: list[str] | None = Non
 
 def score_translations(hyps: list[str], raw_refs: list[str], text,
                        tokenised: list[str] | None = None) -> tuple[Score, dict[str, Score]]:
-    """The one scorer of training's BLEU and scripts/evaluate.py: hypotheses against raw reference lines.
+    """The one scorer of training's BLEU and the evaluate command: hypotheses against raw reference lines.
 
     The references are put in the form `text`'s mode compares against (`bleu_references`); returns
     the headline score (`headline_key`) and every score of `corpus_scores` ("bleu", "bleu_lc", "chrf").
@@ -110,12 +113,15 @@ def score_translations(hyps: list[str], raw_refs: list[str], text,
     return scores[headline_key(text.mode)], scores
 
 
-def evaluate_translator(translator, checkpoint: str, split: str = "test", beam: int | None = None,
-                        alpha: float | None = None, output: str | None = None, show: int = 0,
-                        as_json: bool = False, data_root: str | None = None,
-                        limit: int | None = None) -> dict[str, Any]:
-    """scripts/evaluate.py: translate a Multi30k split with `translator` (loaded from `checkpoint`), write
-    the hypotheses, score them with sacreBLEU; print and return the figures."""
+def score_translator(translator: TextTranslator, checkpoint: str, split: str = "test", beam: int | None = None,
+                     alpha: float | None = None, output: str | None = None, show: int = 0,
+                     as_json: bool = False, data_root: str | None = None,
+                     limit: int | None = None) -> dict[str, Any]:
+    """The evaluate command's work: a Multi30k split translated, its hypotheses written and scored.
+
+    `translator` was loaded from `checkpoint` (which names the hypotheses file beside it unless `output`
+    does); the figures are printed (as one JSON object with `as_json`) and returned.
+    """
     from .data import read_split, resolve_multi30k_dir
     from .errors import ConfigError
     from .files import atomic_write

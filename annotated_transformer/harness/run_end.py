@@ -1,0 +1,125 @@
+"""The end of a run: its charts, the final scores of the chosen weights, example translations, and the
+command that translates with them."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..loop import Log
+from .run_dir import RunDir
+
+if TYPE_CHECKING:  # the trainer calls these
+    from .trainer import Trainer
+
+
+def finish(tr: Trainer) -> dict[str, Any]:
+    """Charts; the best (or averaged) weights scored; the run's figures as a dict and a last log line."""
+    t, s = tr.cfg.train, tr.train_state
+    if tr.info.is_main:
+        write_charts(tr.run, tr.log)
+    found_best = tr.checkpoints.load_weights(tr.model, tr.run.best)
+    averaged = tr.checkpoints.average_last(t.average_last, tr.log)
+    results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step,
+                               "train_seconds": s.train_seconds, "wall_seconds": s.wall_seconds}
+    if t.target_bleu:
+        results.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
+    chosen = f"best.pt (epoch {s.best_epoch})" if found_best else "the final weights"
+    chosen_file = tr.run.best if found_best else tr.run.last
+    if tr.task.name == "copy":
+        k = tr.task.score(tr.model, tr.device)["exact_copies"]
+        tr.log(f"exact copies: {k}/100")
+        results["exact_copies"] = k
+    elif t.final_eval:
+        chosen_file = final_scores(tr, results, chosen, chosen_file, averaged)
+    results["seconds"] = time.perf_counter() - tr.t_start
+    target = ""
+    if t.target_bleu:
+        target = (f"; val BLEU {t.target_bleu:g} reached at epoch {s.target_epoch} after "
+                  f"{s.target_seconds / 60:.1f} min of training" if s.target_epoch is not None else
+                  f"; val BLEU {t.target_bleu:g} not reached")
+    tr.log(f"done in {results['seconds']:.1f} s ({s.train_seconds / 60:.1f} min of training steps){target}; "
+           f"run directory {tr.run.path}")
+    if tr.task.name != "copy":  # the last line: how to use the model the run chose
+        tr.log(f"translate with it: {translate_command(chosen_file)}")
+    return results
+
+
+def translate_command(checkpoint: Path) -> str:
+    """The command that translates with `checkpoint`, spelt the way this training was started (a checkout's
+    scripts/ under uv or not, `python -m annotated_transformer`, or the console command)."""
+    launched = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if launched.name == "train.py" and launched.with_name("translate.py").is_file():
+        program = f"python {relative(launched.with_name('translate.py'))}"
+    elif launched.name == "annotated-transformer":
+        program = "annotated-transformer translate"
+    else:
+        program = "python -m annotated_transformer translate"
+    uv = "uv run " if os.environ.get("UV") and program.startswith("python") else ""  # started by `uv run`
+    return f"{uv}{program} --checkpoint {relative(checkpoint)}"
+
+
+def relative(path: Path) -> str:
+    """`path` as typed from the current folder: relative inside it, absolute elsewhere."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file: Path, averaged: Path | None) -> Path:
+    """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then greedy and beam
+    BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone).
+    Returns the file of the chosen weights."""
+    score, t, beam_size = tr.task.score, tr.cfg.train, tr.cfg.decode.beam_size
+    val = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
+    if averaged is not None:
+        kept = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
+        tr.checkpoints.load_weights(tr.model, averaged)
+        val_avg = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
+        tr.log(f"val BLEU: best.pt {val['bleu']:.2f} | {averaged.name} (last {t.average_last} "
+               f"epochs averaged) {val_avg['bleu']:.2f}")
+        if val_avg["bleu"] > val["bleu"]:
+            val, chosen, chosen_file = val_avg, averaged.name, averaged
+        else:
+            tr.model.load_state_dict(kept)
+    s = tr.train_state
+    record: dict[str, Any] = {"kind": "final", "step": s.step, "checkpoint": chosen,
+                              "checkpoint_file": chosen_file.name, "val_bleu": val["bleu"],
+                              "bleu_signature": val["bleu_signature"], "train_seconds": s.train_seconds,
+                              "target_epoch": s.target_epoch, "target_seconds": s.target_seconds}
+    shown = val
+    if t.score_test:
+        shown = test = score(tr.model, tr.device, "test", amp_dtype=tr.amp_dtype)
+        record["test_bleu"] = test["bleu"]
+    tr.log(f"{chosen}: val BLEU {val['bleu']:.2f}"
+           + (f" | test BLEU {record['test_bleu']:.2f}" if t.score_test else " (test not scored)")
+           + f" (greedy; {val['bleu_signature']})")
+    if beam_size > 1:
+        split = "test" if t.score_test else "val"
+        beam = score(tr.model, tr.device, split, beam_size=beam_size, amp_dtype=tr.amp_dtype)
+        record[f"{split}_bleu_beam{beam_size}"] = beam["bleu"]
+        tr.log(f"{chosen}: {split} BLEU {beam['bleu']:.2f} (beam {beam_size}, alpha {tr.cfg.decode.alpha})")
+    results.update({key: v for key, v in record.items() if key.endswith("bleu") or "_beam" in key},
+                   bleu_signature=val["bleu_signature"], final_checkpoint=chosen)
+    if tr.info.is_main:
+        from ..scoring import check_outputs
+
+        split = tr.task.data.splits["test" if t.score_test else "val"]
+        tr.log(check_outputs(split.src_text, split.tgt_text, shown["hypotheses"], n=3))
+        tr.metrics.record(record)
+    return chosen_file
+
+
+def write_charts(run: RunDir, log: Log) -> None:
+    """Loss / learning-rate / BLEU curves from metrics.jsonl, as HTML and PNG (best effort)."""
+    try:
+        from ..visualization import save_chart, training_curves_chart
+
+        chart = training_curves_chart(run.metrics)
+        save_chart(chart, run.charts / "training_curves")
+    except Exception as exc:  # charts are a convenience: never lose a finished run over them
+        log(f"warning: could not write charts ({type(exc).__name__}: {exc})")
