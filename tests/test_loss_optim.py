@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from annotated_transformer import Generator, LabelSmoothing, SimpleLossCompute, rate
-from annotated_transformer import loss as loss_module
+from annotated_transformer import fused_loss
 from annotated_transformer.harness.schedules import build_scheduler
 from annotated_transformer.optim import build_optimizer
 
@@ -95,7 +95,7 @@ def test_scheduler_drives_adam_with_the_paper_betas():
 @pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.4])
 def test_fused_from_logits_matches_log_softmax_then_divergence(smoothing, monkeypatch):
     # Small chunks so the row loop runs several times, with a ragged last chunk.
-    monkeypatch.setattr(loss_module, "_CPU_CHUNK_ELEMENTS", 5 * 13)
+    monkeypatch.setattr(fused_loss, "_CPU_CHUNK_ELEMENTS", 5 * 13)
     torch.manual_seed(3)
     V, pad = 13, 2
     logits = (3 * torch.randn(41, V)).requires_grad_()
