@@ -7,8 +7,7 @@ import loads the core only (model, masks and Batch, loss, rate, the loop, decodi
 
 from typing import Any
 
-from .config import Config
-from .config_loading import load_config
+from .config import Config, load_config
 from .data import Batch, data_gen
 from .beam_search import beam_search
 from .decoding import greedy_decode

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.config import Config
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 
 DEFAULT_MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
 

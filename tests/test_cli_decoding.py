@@ -239,7 +239,7 @@ def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_p
     payload = load_checkpoint(tiny_checkpoint)
     cfg = json.loads(json.dumps(payload["config"]))
     cfg["model"]["d_ff"] *= 2
-    from annotated_transformer.config_loading import config_from_dict
+    from annotated_transformer.config import config_from_dict
 
     other = build_model(config_from_dict(cfg), payload["model"]["src_embed.0.lut.weight"].shape[0],
                         payload["model"]["tgt_embed.0.lut.weight"].shape[0])

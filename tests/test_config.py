@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.config import Config, all_keys, describe
-from annotated_transformer.config_loading import (
+from annotated_transformer.config import (
     config_from_dict,
     config_summary,
     config_to_dict,
@@ -159,7 +159,7 @@ def test_every_shipped_config_is_valid(path):
 
 
 def test_config_help_lists_every_shipped_config_smallest_first():
-    from annotated_transformer.config_loading import CONFIG_LADDER, config_parser
+    from annotated_transformer.config import CONFIG_LADDER, config_parser
 
     text = config_parser("x").format_help()
     shipped = shipped_configs()
@@ -171,7 +171,7 @@ def test_config_help_lists_every_shipped_config_smallest_first():
 
 
 def test_an_old_value_name_still_loads_under_its_new_name():
-    from annotated_transformer.config_loading import config_from_dict, config_to_dict, load_config
+    from annotated_transformer.config import config_from_dict, config_to_dict, load_config
 
     cfg = load_config("base.yaml", ["data.batching=reference", "data.max_len=40"])  # the names before 2026-11-25
     assert cfg.data.batching == "notebook" and cfg.data.max_sentence_len == 40

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.data import (
     BOS,
     EOS,

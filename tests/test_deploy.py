@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from annotated_transformer.config import Config, ModelConfig
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.errors import ExportError
 from annotated_transformer.masks import subsequent_mask
 from annotated_transformer.model import make_model

@@ -209,7 +209,7 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_next_step(tmp_path):
 DISAGREE = """
 import sys
 from pathlib import Path
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.errors import UserError
 from annotated_transformer.harness import run_dir, trainer
 from annotated_transformer.harness.distributed import init_distributed

@@ -11,7 +11,7 @@ import torch
 
 from annotated_transformer.cli import run
 from annotated_transformer.config import GuidedAttentionConfig, ScheduledSamplingConfig
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.data.batch import Batch
 from annotated_transformer.beam_search import beam_search
 from annotated_transformer.decoding import greedy_decode

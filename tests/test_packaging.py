@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.config_loading import load_config, resolve_config_path
+from annotated_transformer.config import load_config, resolve_config_path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "annotated_transformer"
@@ -86,7 +86,7 @@ def test_wheel_ships_every_module_and_config_and_trains_copy_outside_the_checkou
     run_dir = tmp_path / "run"
     done = _run([sys.executable, "-c", """if True:
         import json, runpy, sys, annotated_transformer
-        from annotated_transformer.config_loading import load_config, resolve_config_path
+        from annotated_transformer.config import load_config, resolve_config_path
         from annotated_transformer.errors import ConfigError
         try:
             load_config("nope")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.harness import progress, run_end
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.progress import (format_duration, quicker_config, run_length, seconds_left,

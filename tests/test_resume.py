@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from annotated_transformer.cli import run as run_command
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.errors import CheckpointError, ConfigError
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.harness.run_dir import RunDir

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.errors import ConfigError, RunDirError
 from annotated_transformer.harness import checkpointing
 from annotated_transformer.harness import trainer as trainer_module
@@ -205,7 +205,7 @@ def test_the_train_command_refuses_a_held_folder_and_writes_nothing(tmp_path, tr
 TORCHRUN_WORKER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from annotated_transformer.config_loading import load_config
+    from annotated_transformer.config import load_config
     from annotated_transformer.errors import UserError
     from annotated_transformer.harness import trainer
     from annotated_transformer.harness.distributed import init_distributed

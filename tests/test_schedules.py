@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.errors import ConfigError
 from annotated_transformer.harness.schedules import budget_rate, build_scheduler, peak_rate
 from annotated_transformer.optim import build_optimizer, rate

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, TrainState, make_model, run_epoch, train_step
-from annotated_transformer.config_loading import load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint

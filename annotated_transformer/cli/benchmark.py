@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config_loading import config_parser, load_config
+from ..config import config_parser, load_config
 from ..errors import ConfigError
 from .options import add_checkpoint, add_device, add_limit, add_out
 

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Score a model (a run, a .pt file or an exported folder) on val or test; BLEU with its signature."""
     parser = build_parser(prog)
     args = check_required(parser, parser.parse_args(argv))
-    from ..config_loading import check_decode_options
+    from ..config import check_decode_options
     from ..deploy.translator import load_translator, set_token_reduction
     from ..scoring import score_translator
 

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ..config_loading import config_parser, load_config
+from ..config import config_parser, load_config
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

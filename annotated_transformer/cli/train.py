@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config_loading import config_parser, load_config
+from ..config import config_parser, load_config
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:

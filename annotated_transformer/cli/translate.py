@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def load(args: argparse.Namespace) -> Any:
     """The translator --checkpoint names, with the decoding options checked first."""
-    from ..config_loading import check_decode_options
+    from ..config import check_decode_options
     from ..deploy.translator import load_translator, set_token_reduction
 
     check_decode_options(args.beam, args.alpha)

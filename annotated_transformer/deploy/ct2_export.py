@@ -146,7 +146,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     The folder is built beside `out_dir` and renamed into place, so a failed export leaves
     whatever was there before (with `force`) or nothing.
     """
-    from ..config_loading import config_yaml
+    from ..config import config_yaml
     from ..files import give_default_permissions
 
     if quantization not in QUANTIZATIONS:

@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from ..config import Config
-from ..config_loading import config_from_dict, read_yaml
+from ..config import Config, config_from_dict, read_yaml
 from ..errors import ExportError
 from .ct2_export import CONFIG_FILE, TEXT_FOLDER, import_ctranslate2
 from .text_translator import TextTranslator

@@ -6,7 +6,7 @@
 
 Sentences are encoded with the run's own TextPipeline (saved in the checkpoint), sorted by
 length so each batch holds sentences of similar length, decoded with the cached batched
-greedy search or beam search (`decoding.translate_ids`), and returned in input order.
+greedy search or beam search (`inference.translate_ids`), and returned in input order.
 
 What a command's --checkpoint names is resolved here too (`resolve_checkpoint`): a run directory
 or .pt file gives this Translator, an exported folder `CT2Translator` (`load_translator`).
@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from ..config import Config
-from ..config_loading import config_from_dict
+from ..config import Config, config_from_dict
 from ..inference import translate_ids
 from ..device import configure_backends, native_bf16, select_device
 from ..errors import CheckpointError, ConfigError

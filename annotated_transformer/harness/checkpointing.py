@@ -28,8 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import Config
-from ..config_loading import apply_dict
+from ..config import Config, apply_dict
 from ..errors import CheckpointError, ConfigError, TrainingDiverged
 from ..files import atomic_write, run_dir_error, writing
 from ..loop import Log, unwrap_model

@@ -29,8 +29,7 @@ try:
 except ImportError:  # Windows has no flock: there a second training on a live run's folder goes undetected
     fcntl = None  # type: ignore[assignment]
 
-from ..config import Config
-from ..config_loading import apply_dict, config_to_dict, config_yaml
+from ..config import Config, apply_dict, config_to_dict, config_yaml
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, run_dir_error, writing
 from .checkpointing import load_checkpoint

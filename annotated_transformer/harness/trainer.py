@@ -21,8 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from ..config import Config
-from ..config_loading import config_to_dict
+from ..config import Config, config_to_dict
 from ..errors import DistributedError, TrainingDiverged, UserError
 from ..extensions.builder import build_training
 from ..loop import TrainState, evaluate_loss, train_loop

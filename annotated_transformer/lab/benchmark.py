@@ -39,8 +39,7 @@ from typing import Any
 
 import torch
 
-from ..config import Config
-from ..config_loading import config_from_dict, config_to_dict
+from ..config import Config, config_from_dict, config_to_dict
 from ..device import device_name, native_bf16, select_device, synchronize
 from ..errors import ConfigError
 from ..loop import Log

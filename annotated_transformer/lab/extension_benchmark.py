@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from ..config import Config
-from ..config_loading import apply_override, config_from_dict, config_to_dict
+from ..config import Config, apply_override, config_from_dict, config_to_dict
 from ..data.buckets import pad_rows
 from ..decoding import greedy_decode
 from ..device import amp_context, select_device

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from ..config_loading import load_config
+from ..config import load_config
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, writing
 from ..harness.run_dir import read_metrics

@@ -1,11 +1,11 @@
 """Typed configuration: the dataclasses of a run with a help text per field, one validate(), and the
-documentation (`uv run python -m annotated_transformer.config > docs/config.md`).
+documentation (`uv run python -m annotated_transformer.config > docs/config.md`, config/__main__.py).
 
 A run is described by one `Config`: the sections `model`, `data`, `train` and `decode`, then one
 section per extension (`local_attention`, `token_merging`, `scheduled_sampling`,
 `guided_attention`), each off by default. Every field carries a one-line help
 text (`param(...)`), so listings and the docs come from the same place as the code. Reading
-YAML files and dotted overrides is `config_loading.py`:
+YAML files and dotted overrides is `loading.py`, beside this file:
 
     cfg = load_config("copy.yaml", ["train.epochs=2", "model.d_model=64"])
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def param(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
@@ -328,7 +328,8 @@ class Config:
                            "guided_attention.weight": ga.weight}.items():
             if value < 0:
                 raise ConfigError(f"{key} must not be negative, got {value}")
-        for key, ratio in {"token_merging.merge_ratio": tm.merge_ratio, "token_merging.prune_ratio": tm.prune_ratio}.items():
+        ratios = {"token_merging.merge_ratio": tm.merge_ratio, "token_merging.prune_ratio": tm.prune_ratio}
+        for key, ratio in ratios.items():
             if not 0.0 <= ratio <= 0.5:
                 raise ConfigError(f"{key} must be in [0, 0.5] (at most half the tokens leave), got {ratio}")
         if tm.merge_ratio and tm.prune_ratio:
@@ -391,7 +392,7 @@ def config_markdown() -> str:
     """docs/config.md: every config key with its default and meaning, grouped by section."""
     lines = ["# Config keys", "",
              "Every key, its default and what it does; set any of them in a YAML file or as a dotted",
-             "override after `--config` (`train.epochs=2`). Generated from `annotated_transformer/config.py`",
+             "override after `--config` (`train.epochs=2`). Generated from `annotated_transformer/config/schema.py`",
              "by `uv run python -m annotated_transformer.config > docs/config.md` (a test keeps it in step).", ""]
     section = None
     for key, default, text in describe():
@@ -405,6 +406,3 @@ def config_markdown() -> str:
             lines.append("")
     return "\n".join(lines).replace("|\n## ", "|\n\n## ") + "\n"
 
-
-if __name__ == "__main__":  # uv run python -m annotated_transformer.config > docs/config.md
-    print(config_markdown(), end="")

@@ -16,12 +16,12 @@ from typing import Any
 
 import yaml
 
-from .config import Config, field_types, all_keys
-from .errors import ConfigError
+from ..errors import ConfigError
+from .schema import Config, all_keys, field_types
 
 # The shipped configs live in `configs/` at the top of a checkout; the wheel carries the same files
 # as package data in `annotated_transformer/configs/` (setup.py maps the one onto the other).
-CHECKOUT_CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CHECKOUT_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 # The shipped configs from the quickest to the largest: the order --help and the README list them in.
 CONFIG_LADDER = ("copy", "tiny", "cpu_15min", "cpu_45min", "base", "base_spm")
 
