@@ -54,7 +54,7 @@ LAYERS = {
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
     "harness.progress": 7, "harness.run_end": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7,
-    "lab.extension_benchmark": 7, "lab.shape_benchmark": 7, "lab.seed_statistics": 7,
+    "lab.extension_benchmark": 7, "lab.shape_benchmark": 7, "lab.step_profile": 7, "lab.seed_statistics": 7,
     "harness.trainer": 8, "lab.sweep": 8,
     "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }

@@ -5,6 +5,7 @@
     benchmark --config base.yaml --skip-decode --shape-sweep --out runs/benchmark
     benchmark --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min
     benchmark --config cpu_15min.yaml --extensions --rounds 5
+    benchmark --config cpu_15min.yaml --profile --steps 20
 
 What each side does is described in annotated_transformer/lab/benchmark.py. With --json, stdout is one
 JSON object and progress goes to stderr.
@@ -52,6 +53,8 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
                         "int8) on --checkpoint's weights, each engine in its own process (needs ctranslate2)")
     parser.add_argument("--extensions", action="store_true", help="instead: the cost of each extension switch "
                         "(training tokens/s, decoding sentences/s) against the plain model, interleaved rounds")
+    parser.add_argument("--profile", action="store_true", help="instead: where a training step's time goes "
+                        "(matmul, attention, elementwise, loss, optimizer, overhead), torch.profiler over --steps steps")
     parser.add_argument("--rounds", type=int, default=5, help="--extensions: rounds of --steps steps per arm")
     parser.add_argument("--arms", default=None, help="--extensions: a comma-separated subset of the arms "
                         "(e.g. 'token pruning r=0.25'); plain is always measured")
@@ -71,6 +74,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return compare_engines(args, cfg, log)
     if args.extensions:
         return compare_extensions(args, cfg, log)
+    if args.profile:
+        return profile_step(args, cfg, log)
     from ..lab.benchmark import format_summary, run_benchmark
 
     result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
@@ -98,6 +103,16 @@ def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     result = measure(args.checkpoint, limit=args.limit, data_root=cfg.data.root or None, log=log)
     write_json(args.out, "engines.json", result)
     print(json.dumps(result) if args.json else format_engines(result))
+    return 0
+
+
+def profile_step(args: argparse.Namespace, cfg: Any, log: Any) -> int:
+    """--profile: the step's time by kind of work, profile.json in --out."""
+    from ..lab.step_profile import format_profile, profile_training_step
+
+    result = profile_training_step(cfg, steps=args.steps, warmup=args.warmup, log=log)
+    write_json(args.out, "profile.json", result)
+    print(json.dumps(result) if args.json else format_profile(result))
     return 0
 
 
