@@ -138,6 +138,7 @@ def test_best_metric_bleu_without_bleu_evaluations_is_refused(tiny_config):
         tiny_config("train.best_metric=bleu", "train.bleu_every=0")
 
 
+@pytest.mark.slow  # about 2.5 s: kept out of the one-minute fast tier
 def test_progress_total_equals_the_optimizer_steps(tmp_path, monkeypatch):
     bars = []
 
@@ -169,6 +170,7 @@ def test_progress_total_equals_the_optimizer_steps(tmp_path, monkeypatch):
     assert results["steps"] == 8
 
 
+@pytest.mark.slow  # about 3 s (a compile): kept out of the one-minute fast tier
 def test_accumulation_under_ddp_with_compile_all_reduces_once_per_step(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -356,6 +358,7 @@ def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, t
 # --------------------------------------------------------------------------- TensorBoard
 
 
+@pytest.mark.slow  # about 2.5 s: kept out of the one-minute fast tier
 def test_tensorboard_event_files_hold_the_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
