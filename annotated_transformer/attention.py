@@ -89,7 +89,7 @@ class MultiHeadedAttention(nn.Module):
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
             if mask.dtype != torch.bool:
                 mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
-        if not self.fused or any(hook.needs_probs(self) for hook in self.hooks):
+        if not self.fused or (self.hooks and any(hook.needs_probs(self) for hook in self.hooks)):
             x, probs = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k), (B, h, T, S)
         else:
             p = self.dropout.p if self.training else 0.0
