@@ -235,7 +235,7 @@ class EncoderDecoder(nn.Module):
 
     def encode_memory(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
         """What the decoders in decoding.py call: the memory and the mask to read it with, here `encode`'s memory
-        and `src_mask`. A model whose encoder shortens the memory (extensions/token_merging.py) overrides it."""
+        and `src_mask`. A subclass whose encoder shortens the memory overrides it."""
         return self.encode(src, src_mask), src_mask
 
     def init_cache(self) -> DecoderCache:

@@ -187,3 +187,11 @@ def test_the_reading_order_is_under_1000_lines_by_the_readmes_own_command():
     assert list(counted) == [row[1].strip().strip("`") for row in rows]  # the command counts the table's files
     total = int(out.splitlines()[-1].split()[0])
     assert total == sum(counted.values()) <= 1000, f"the reading order has {total} lines; keep it under 1,000"
+
+
+def test_the_papers_classes_name_no_extension():
+    """attention.py and model.py know the extensions only through their seam (hooks, subclasses)."""
+    names = ("merg", "prun", "guide", "local_window", "local attention", "scheduled", "token_")
+    for path in ("attention.py", "model.py"):
+        text = ROOT.joinpath("annotated_transformer", path).read_text(encoding="utf-8").lower()
+        assert [n for n in names if n in text] == [], path
