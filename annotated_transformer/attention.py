@@ -4,7 +4,11 @@ Shapes: B batch, T queries, S keys, d = d_model, h heads, d_k = d / h. Masks are
 True = "may attend", or a float bias added to the scores. `MultiHeadedAttention` runs equation 1
 through PyTorch's fused kernel, or explicitly (`attention`) when `fused=False` or when one of its
 `hooks` asks for the probabilities: the one place where attention maps and the extensions see
-inside attention.
+inside attention. `fused=None` (the default) takes the fused kernel on GPUs and the explicit product
+on the CPU, where it is the faster of the two: PyTorch's CPU kernel falls back to an unfused path
+with its own, slower dropout mask in training, and its flash kernel costs more than the explicit
+product for the decoder's one-position queries (on a 2-core AMD EPYC, Zen 5: training 1.05x, batched
+greedy decoding 1.07x; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class AttentionHook(Protocol):
 class MultiHeadedAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1, fused: bool = True) -> None:
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1, fused: bool | None = None) -> None:
         super().__init__()
         assert d_model % h == 0, "d_model must be divisible by h"
         self.d_k = d_model // h
@@ -63,7 +67,7 @@ class MultiHeadedAttention(nn.Module):
         linear = nn.Linear(d_model, d_model)
         self.linears = nn.ModuleList(copy.deepcopy(linear) for _ in range(4))  # W^Q, W^K, W^V, W^O (clones)
         self.dropout = Dropout(p=dropout)
-        self.fused = fused  # False: always the explicit `attention`
+        self.fused = fused  # False: always the explicit `attention`; None: fused except on the CPU
         self.attn: Tensor | None = None  # the notebook's: the latest probabilities, when a hook keeps them
         self.hooks: list[AttentionHook] = []
 
@@ -89,7 +93,8 @@ class MultiHeadedAttention(nn.Module):
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
             if mask.dtype != torch.bool:
                 mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
-        if not self.fused or (self.hooks and any(hook.needs_probs(self) for hook in self.hooks)):
+        fused = self.fused if self.fused is not None else q.device.type != "cpu"
+        if not fused or (self.hooks and any(hook.needs_probs(self) for hook in self.hooks)):
             x, probs = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k), (B, h, T, S)
         else:
             p = self.dropout.p if self.training else 0.0

@@ -255,14 +255,15 @@ class EncoderDecoder(nn.Module):
 
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
                dropout: float = 0.1, norm_first: bool = True, tie_embeddings: bool = False,
-               fused_attention: bool = True, max_positions: int = 5000, layer_norm_eps: float = 1e-6,
+               fused_attention: bool | None = None, max_positions: int = 5000, layer_norm_eps: float = 1e-6,
                N_dec: int | None = None) -> EncoderDecoder:
     """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
 
     N layers in the encoder and `N_dec` (default N, as in the paper) in the decoder.
     `tie_embeddings` shares one (V, d) matrix between the source embedding, the target embedding
     and the generator's projection (Section 3.4); it needs src_vocab == tgt_vocab.
-    `fused_attention` runs attention through PyTorch's fused kernel (False: the explicit equation 1).
+    `fused_attention` runs attention through PyTorch's fused kernel (False: the explicit equation 1;
+    None: fused on GPUs, explicit on the CPU, where that is faster).
     """
     if tie_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"tied embeddings need one shared vocabulary, got {src_vocab} and {tgt_vocab}")

@@ -52,7 +52,7 @@ def test_wrong_types_are_rejected():
         load_config("copy", ["train.epochs=two"])
     with pytest.raises(ConfigError, match="model.norm_first must be true or false"):
         load_config("copy", ["model.norm_first=1"])
-    with pytest.raises(ConfigError, match="model.attention_kernel must be one of 'fused', 'explicit'; got 'flash'"):
+    with pytest.raises(ConfigError, match="model.attention_kernel must be one of 'auto', 'fused', 'explicit'; got 'flash'"):
         load_config("copy", ["model.attention=flash"])  # its name before 2026-11-25, read under the new one
 
 

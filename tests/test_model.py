@@ -247,3 +247,20 @@ def test_cpu_dropout_keeps_the_right_fraction_and_scales(p):
     assert torch.equal(d(x), y)  # seeded: the same mask again
     assert torch.equal(d.eval()(x), x)  # evaluation: the identity
     assert d.train()(torch.ones(3, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("p, dtype", [(0.1, torch.bfloat16), (0.25, torch.float32), (0.5, torch.float32)])
+def test_cpu_dropout_mask_is_the_documented_threshold_on_16_bit_words(p, dtype):
+    """The integer-arithmetic mask keeps exactly the elements whose random word clears the threshold."""
+    from annotated_transformer.fast_dropout import Dropout
+
+    x = torch.randn(37, 53).to(dtype)
+    torch.manual_seed(5)
+    got = Dropout(p).train()(x)
+    torch.manual_seed(5)  # the same draw, by the rule the docstring states
+    bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-2**63, None)
+    words = bits.view(torch.int16)[:x.numel()].view(x.shape)
+    expected = torch.where(words >= round(p * 65536) - 32768, x, 0.0) * (1.0 / (1.0 - p))
+    assert got.dtype == dtype
+    assert torch.equal(got, expected.to(dtype))
+    assert 0 < int((got == 0).sum()) < x.numel()

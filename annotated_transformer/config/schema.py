@@ -52,8 +52,9 @@ class ModelConfig:
         False, "share one matrix between source/target embeddings and the generator (needs a shared vocabulary)"
     )
     attention_kernel: str = param(
-        "fused", "how attention is computed: 'fused' (PyTorch's scaled_dot_product_attention) or 'explicit' "
-        "(the notebook's softmax(Q K^T / sqrt(d_k)) V, step by step)", choices=("fused", "explicit"),
+        "auto", "how attention is computed: 'fused' (PyTorch's scaled_dot_product_attention), 'explicit' "
+        "(the notebook's softmax(Q K^T / sqrt(d_k)) V, step by step) or 'auto' (fused on GPUs, explicit on the "
+        "CPU, where it is faster)", choices=("auto", "fused", "explicit"),
     )
     max_positions: int = param(5000, "length of the sinusoidal positional-encoding table")
     layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm's square root")
