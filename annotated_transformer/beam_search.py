@@ -180,8 +180,12 @@ def _advance(beams: _Beams, live: Tensor, go_on: Tensor, val: Tensor, parent: Te
     p = parent[w, r]  # (n',) parent rows
     new_work = go_on.long().cumsum(0) - 1  # (b,) working index after dropping done sentences
     keep = go_on.nonzero().squeeze(1)  # (b',)
-    cache.index_select(p)
+    # Rows read their sentence's memory: when row i still belongs to the sentence it did (no hypothesis
+    # finished, no sentence done), the memory, its mask and its projections need no copy.
+    same = p.numel() == beams.work.numel() and torch.equal(beams.work.index_select(0, p), beams.work)
+    cache.index_select(p, memory=not same)
+    memory, mask = (beams.memory, beams.mask) if same else (beams.memory.index_select(0, p), beams.mask.index_select(0, p))
     return _Beams(sent=beams.sent.index_select(0, keep), budget=beams.budget.index_select(0, keep),
-                  memory=beams.memory.index_select(0, p), mask=beams.mask.index_select(0, p),
+                  memory=memory, mask=mask,
                   work=new_work[w], slot=r, score=val[w, r],
                   seq=torch.cat([beams.seq.index_select(0, p), token[w, r].unsqueeze(1)], dim=1))

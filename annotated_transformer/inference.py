@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .beam_search import beam_search
+from .cpu_linear import onednn_linears
 from .data.buckets import pad_rows
 from .decoding import greedy_decode, strip_special
 from .device import amp_context
@@ -40,15 +41,16 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[int]] = [[] for _ in sources]
     cap = model.max_positions
-    for start in range(0, len(order), batch_size):
-        idx = order[start:start + batch_size]
-        src = pad_rows([sources[i] for i in idx], pad).to(device)  # (B, S)
-        lengths = torch.tensor([len(sources[i]) for i in idx])
-        max_len = (lengths + max_len_a).clamp(max=cap)
-        with torch.no_grad(), amp_context(device, amp_dtype):
-            out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
-                               beam_size=beam_size, alpha=alpha, pad_symbol=pad)
-        for row, i in enumerate(out.tolist()):
-            results[idx[row]] = strip_special(i, bos, eos, pad)
+    with onednn_linears(model, enabled=None if device.type == "cpu" else False):  # MKL's or oneDNN's fp32 matmuls
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            src = pad_rows([sources[i] for i in idx], pad).to(device)  # (B, S)
+            lengths = torch.tensor([len(sources[i]) for i in idx])
+            max_len = (lengths + max_len_a).clamp(max=cap)
+            with torch.no_grad(), amp_context(device, amp_dtype):
+                out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
+                                   beam_size=beam_size, alpha=alpha, pad_symbol=pad)
+            for row, i in enumerate(out.tolist()):
+                results[idx[row]] = strip_special(i, bos, eos, pad)
     model.train(was_training)
     return results

@@ -47,8 +47,10 @@ class DecoderCache:
         self.length += n
         return self.length - n
 
-    def index_select(self, index: Tensor) -> None:
-        """Keep/reorder batch rows of every cached tensor."""
+    def index_select(self, index: Tensor, memory: bool = True) -> None:
+        """Keep/reorder batch rows of every cached tensor; `memory=False` leaves the projected memory as it is
+        (beam search, when every row still reads the same sentence's memory)."""
         for self_cache, src_cache in self.layers:
             self_cache.index_select(index)
-            src_cache.index_select(index)
+            if memory:
+                src_cache.index_select(index)

@@ -42,7 +42,8 @@ def test_layout_doc_matches_the_tree():
 # Lower layers never import higher ones; data and model, on one layer, never import each other.
 # Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
 LAYERS = {
-    "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0, "kv_cache": 0, "fused_loss": 0, "attention": 1,
+    "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0, "cpu_linear": 0, "kv_cache": 0, "fused_loss": 0,
+    "attention": 1,
     "config": 1, "device": 1, "loss_meter": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "loop": 3, "decoding": 3, "beam_search": 3, "inference": 3,
@@ -55,7 +56,7 @@ LAYERS = {
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
     "harness.progress": 7, "harness.run_end": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7,
     "lab.extension_benchmark": 7, "lab.shape_benchmark": 7, "lab.step_profile": 7, "lab.seed_statistics": 7,
-    "harness.trainer": 8, "lab.sweep": 8,
+    "harness.trainer": 8, "lab.sweep": 8, "lab.speed_report": 8,
     "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }
 CORE = {name for name, layer in LAYERS.items() if layer <= 3}

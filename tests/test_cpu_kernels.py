@@ -1,0 +1,125 @@
+"""CPU kernel choices: oneDNN fp32 linears while decoding (cpu_linear.py), explicit attention on the CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from annotated_transformer import cpu_linear
+from annotated_transformer.attention import MultiHeadedAttention
+from annotated_transformer.cpu_linear import ENV, MIN_MACS, OneDNNLinear, onednn_available, onednn_linears
+from annotated_transformer.inference import translate_ids
+from annotated_transformer.model import make_model
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch has no oneDNN linear")
+
+
+def ops_called(fn) -> set[str]:
+    """The names of the operators `fn()` runs."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+@needs_onednn
+def test_onednn_linear_matches_mkl_and_runs_in_onednn_for_large_products():
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 1024)
+    x = torch.randn(2, 40, 256)  # 80 rows x 256 x 1024 multiply-adds: above MIN_MACS
+    assert x.numel() * lin.out_features >= MIN_MACS
+    expected = lin(x)
+    with torch.no_grad(), onednn_linears(lin, enabled=True):
+        assert type(lin) is OneDNNLinear
+        got = lin(x)
+        names = ops_called(lambda: lin(x))
+    assert "mkldnn::_linear_pointwise" in names
+    assert got.shape == (2, 40, 1024)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert type(lin) is nn.Linear  # swapped back
+
+
+@needs_onednn
+def test_onednn_linear_leaves_small_products_training_and_autocast_to_mkl():
+    lin = nn.Linear(256, 256)
+    small = torch.randn(1, 256)  # one decoding row: oneDNN's fixed cost would be larger
+    large = torch.randn(64, 256)
+    with onednn_linears(lin, enabled=True):
+        with torch.no_grad():
+            assert "mkldnn::_linear_pointwise" not in ops_called(lambda: lin(small))
+        y = lin(large)  # gradients on: training keeps F.linear (oneDNN's op has no backward here)
+        assert torch.equal(y, F.linear(large, lin.weight, lin.bias))
+        y.sum().backward()
+        assert lin.weight.grad is not None
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert lin(large).dtype == torch.bfloat16  # autocast's own bf16 kernel, not the fp32 one
+
+
+def test_onednn_linears_restores_the_classes_after_an_error():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    with pytest.raises(RuntimeError, match="boom"):
+        with onednn_linears(model, enabled=True):
+            assert [type(m) for m in model] == [OneDNNLinear, nn.ReLU, OneDNNLinear]
+            raise RuntimeError("boom")
+    assert [type(m) for m in model] == [nn.Linear, nn.ReLU, nn.Linear]
+    with onednn_linears(model, enabled=False):
+        assert type(model[0]) is nn.Linear
+
+
+def test_environment_variable_forces_the_choice(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.delenv(ENV, raising=False)
+    assert not cpu_linear.onednn_pays()  # Intel: MKL stays
+    monkeypatch.setattr(cpu_linear, "_cpu_vendor", lambda: "AuthenticAMD")
+    assert cpu_linear.onednn_pays() == onednn_available()
+    monkeypatch.setenv(ENV, "0")
+    assert not cpu_linear.onednn_pays()
+    monkeypatch.setattr(cpu_linear, "_cpu_vendor", lambda: "GenuineIntel")
+    monkeypatch.setenv(ENV, "1")
+    assert cpu_linear.onednn_pays() == onednn_available()
+
+
+@needs_onednn
+def test_decoding_with_onednn_gives_the_same_translations(monkeypatch):
+    torch.manual_seed(3)
+    model = make_model(40, 40, N=2, d_model=64, d_ff=256, h=4, dropout=0.0).eval()
+    sources = [[1] + torch.randint(4, 40, (n,)).tolist() + [2] for n in (3, 9, 17, 30, 12, 25)]
+    common = dict(pad=0, bos=1, eos=2, device=torch.device("cpu"), max_len_a=10, batch_size=4)
+    monkeypatch.setenv(ENV, "0")
+    plain = translate_ids(model, sources, **common)
+    beam_plain = translate_ids(model, sources, beam_size=3, **common)
+    monkeypatch.setenv(ENV, "1")
+    names = ops_called(lambda: translate_ids(model, sources, **common))
+    assert "mkldnn::_linear_pointwise" in names
+    assert translate_ids(model, sources, **common) == plain
+    assert translate_ids(model, sources, beam_size=3, **common) == beam_plain
+    assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize("fused, calls_fused_kernel", [(None, False), (True, True), (False, False)])
+def test_attention_kernel_auto_is_explicit_on_the_cpu(monkeypatch, fused, calls_fused_kernel):
+    torch.manual_seed(0)
+    attn = MultiHeadedAttention(4, 32, dropout=0.1, fused=fused)
+    x, mask = torch.randn(2, 5, 32), torch.ones(2, 1, 5, dtype=torch.bool)
+    attn.eval()
+    fused_kernel = copy.deepcopy(attn)
+    fused_kernel.fused = True
+    expected = fused_kernel(x, x, x, mask)  # PyTorch's kernel, before the counting patch
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
+    for mode in (attn.train, attn.eval):
+        mode()
+        attn(x, x, x, mask).sum()
+    assert bool(calls) == calls_fused_kernel
+    attn.eval()
+    torch.testing.assert_close(attn(x, x, x, mask), expected, rtol=1e-5, atol=1e-6)
