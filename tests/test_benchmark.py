@@ -56,9 +56,10 @@ def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path, 
     t, d = result["train"], result["decode"]
     assert t["ratio"] == pytest.approx(t["fast_tokens_per_s"] / t["notebook_tokens_per_s"])
     assert 0 < t["mfu"] < 1 and 0 < t["notebook_mfu"] < 1
-    assert t["notebook"]["attention"] == "explicit" and t["fast"]["attention"] == "fused"
+    assert t["notebook"]["attention"] == "explicit" and t["fast"]["attention"] == "auto"
     assert t["notebook"]["loss_finite"] and t["fast"]["loss_finite"]
     assert t["notebook"]["steps"] == t["fast"]["steps"] == 2
+    assert t["fast"]["warmup_s"] > 0  # the untimed step, timed apart
     # the notebook side really is the notebook's batching: 32 sentences, so a few hundred target tokens
     assert t["notebook"]["tokens_per_step"] < 32 * 40
     for key in ("one_sentence_per_s", "batched_greedy_per_s", "beam5_per_s"):
@@ -121,3 +122,63 @@ def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
     monkeypatch.setattr(hardware.time, "perf_counter", fake_clock)
     peak = hardware.matmul_peak(torch.device("cpu"), torch.float32, n=8, repeats=20)
     assert peak == pytest.approx(2 * 8**3 / 0.25)  # the fastest run, not the median (1.0) nor the first ones
+
+
+def test_speed_report_takes_medians_of_interleaved_rounds(multi30k_dir, data_cache_dir, tmp_path, command,
+                                                          monkeypatch):
+    """benchmark --all: each round trains eager then compiled, then decodes; the table holds per-side medians."""
+    from annotated_transformer.lab import benchmark, engine_benchmark
+
+    calls = []
+
+    def fake_training(side, cfg, steps, warmup):
+        calls.append("compiled" if cfg.train.compile else "eager")
+        n = sum(c == calls[-1] for c in calls)  # this side's round: 1, 2, 3
+        rate = {"eager": [100.0, 300.0, 200.0], "compiled": [150.0, 90.0, 120.0]}[calls[-1]][n - 1]
+        return {"tokens_per_s": rate, "step_ms": 1000 / rate, "mfu": rate / 1000, "peak_flop_per_s": 1e12,
+                "warmup_s": 2.0 if cfg.train.compile else 0.1, "peak_mem_gb": 1.0, "precision": "fp32"}
+
+    def fake_engines(checkpoint, limit=None, data_root=None, log=print):
+        calls.append("engines")
+        r = calls.count("engines")
+        rows = [{"engine": "torch-fp32", "greedy_per_s": [10.0, 30.0, 20.0][r - 1], "beam5_per_s": 5.0,
+                 "latency_ms": 8.0, "peak_mem_gb": 1.0, "bleu": 20.0, "same_as_torch_fp32": 1.0},
+                {"engine": "ct2-float32", "greedy_per_s": 40.0, "beam5_per_s": [9.0, 10.0, 11.0][r - 1],
+                 "latency_ms": 2.0, "peak_mem_gb": 0.5, "bleu": 20.1, "same_as_torch_fp32": 0.99}]
+        return {"checkpoint": checkpoint, "sentences": 8, "beam": 5, "threads": 2, "rows": rows}
+
+    monkeypatch.setattr(benchmark, "measure_in_subprocess", fake_training)
+    monkeypatch.setattr(engine_benchmark, "compare_engines", fake_engines)
+    code, stdout, stderr = command(
+        "benchmark", "--config", "tiny", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
+        "train.precision=fp32", "train.device=cpu", "--all", "--checkpoint", tmp_path / "best.pt", "--rounds", "3",
+        "--out", tmp_path, "--json")
+    assert code == 0, stderr.decode()
+    assert calls == ["eager", "compiled", "engines"] * 3  # interleaved
+    result = json.loads(stdout)
+    t = result["train"]
+    assert (t["eager"]["tokens_per_s"], t["compiled"]["tokens_per_s"]) == (200.0, 120.0)
+    assert t["eager"]["tokens_per_s_all"] == [100.0, 300.0, 200.0]
+    assert result["compiled_over_eager"] == pytest.approx(0.6)
+    assert t["compiled"]["warmup_s"] == 2.0
+    ours, ct2 = result["engines"]["rows"]
+    assert (ours["greedy_per_s"], ct2["beam5_per_s"]) == (20.0, 10.0)
+    assert ct2["greedy_ratio"] == pytest.approx(2.0) and ct2["latency_ratio"] == pytest.approx(4.0)
+    assert "AVX512-BF16" in result["machine"] and "threads" in result["machine"]
+    assert json.loads((tmp_path / "speed_report.json").read_text()) == result
+    from annotated_transformer.lab.speed_report import format_speed_report
+
+    text = format_speed_report(result)
+    assert "| eager | 200 |" in text and "| compiled | 120 |" in text and "compiled / eager: 0.60x" in text
+    assert "| ct2-float32 | 40.0 (2.00x) |" in text
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--all"], "--all compares decoders on trained weights"),
+    (["--all", "--checkpoint", "x.pt", "--rounds", "0"], "--rounds must be at least 1"),
+])
+def test_speed_report_bad_input_is_one_clear_line(args, needle, command):
+    code, stdout, stderr = command("benchmark", "--config", "tiny", *args)
+    assert code == 2
+    lines = stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], lines

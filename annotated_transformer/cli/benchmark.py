@@ -6,6 +6,7 @@
     benchmark --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min
     benchmark --config cpu_15min.yaml --extensions --rounds 5
     benchmark --config cpu_15min.yaml --profile --steps 20
+    benchmark --config cpu_15min.yaml --all --checkpoint runs/cpu_15min --rounds 3
 
 What each side does is described in annotated_transformer/lab/benchmark.py. With --json, stdout is one
 JSON object and progress goes to stderr.
@@ -55,7 +56,11 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
                         "(training tokens/s, decoding sentences/s) against the plain model, interleaved rounds")
     parser.add_argument("--profile", action="store_true", help="instead: where a training step's time goes "
                         "(matmul, attention, elementwise, loss, optimizer, overhead), torch.profiler over --steps steps")
-    parser.add_argument("--rounds", type=int, default=5, help="--extensions: rounds of --steps steps per arm")
+    parser.add_argument("--all", action="store_true", help="instead: the whole speed picture for --checkpoint, side "
+                        "by side: training eager vs compiled (tokens/s, MFU, compilation) and our decoders against "
+                        "CTranslate2 float32/int8 (sent/s, batch-1 latency, BLEU), medians of --rounds interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds: --extensions' of --steps steps per arm "
+                        "(default 5), --all's interleaved rounds (default 3)")
     parser.add_argument("--arms", default=None, help="--extensions: a comma-separated subset of the arms "
                         "(e.g. 'token pruning r=0.25'); plain is always measured")
     return parser
@@ -70,6 +75,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         args.checkpoint = str(torch_checkpoint(args.checkpoint, "benchmark (--engines exports it itself)"))
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    if args.rounds is not None and args.rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.all:
+        return speed_report(args, cfg, log)
     if args.engines:
         return compare_engines(args, cfg, log)
     if args.extensions:
@@ -106,6 +115,21 @@ def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     return 0
 
 
+def speed_report(args: argparse.Namespace, cfg: Any, log: Any) -> int:
+    """--all: training eager vs compiled and the decoding engines, speed_report.json in --out."""
+    from ..lab.speed_report import format_speed_report, measure_speed_report
+
+    if not args.checkpoint:
+        raise ConfigError("--all compares decoders on trained weights: pass --checkpoint runs/NAME")
+    if args.steps < 1 or args.warmup < 1:
+        raise ConfigError(f"--all needs --steps and --warmup of at least 1 (got {args.steps}, {args.warmup})")
+    result = measure_speed_report(cfg, args.checkpoint, rounds=args.rounds or 3, steps=args.steps,
+                                  warmup=args.warmup, limit=args.limit or 500, log=log)
+    write_json(args.out, "speed_report.json", result)
+    print(json.dumps(result) if args.json else format_speed_report(result))
+    return 0
+
+
 def profile_step(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--profile: the step's time by kind of work, profile.json in --out."""
     from ..lab.step_profile import format_profile, profile_training_step
@@ -121,7 +145,8 @@ def compare_extensions(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     from ..lab.extension_benchmark import format_extensions, measure_extensions, select_arms
 
     arms = select_arms(args.arms.split(",") if args.arms else None)
-    result = measure_extensions(cfg, arms, steps=args.steps, rounds=args.rounds, sentences=args.limit or 256, log=log)
+    result = measure_extensions(cfg, arms, steps=args.steps, rounds=args.rounds or 5, sentences=args.limit or 256,
+                                log=log)
     write_json(args.out, "extensions.json", result)
     print(json.dumps(result) if args.json else format_extensions(result))
     return 0

@@ -8,7 +8,8 @@ peak memory is its own):
   (`model.attention_kernel=explicit`), PyTorch's own nn.Dropout and default Adam implementation, and the loss
   on log-probabilities (log-softmax, then label smoothing).
 * fast: this project's path. Tokenised once and cached, length-bucketed batches of about
-  `data.batch_tokens` tokens, fused scaled_dot_product_attention, bf16 autocast where the hardware
+  `data.batch_tokens` tokens, attention as `model.attention_kernel` says (auto: PyTorch's fused
+  kernel on GPUs, the explicit product on CPUs, where it is faster), bf16 autocast where the hardware
   has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), fused Adam, the cheaper
   CPU dropout mask of `fast_dropout.Dropout`, the loss fused with the log-softmax
   (`LabelSmoothing.from_logits`), optional torch.compile.
@@ -115,6 +116,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         torch.cuda.reset_peak_memory_stats(device)
 
     rates, step_times, flops_rates, losses = [], [], [], []
+    warmup_s = 0.0  # the untimed steps: with train.compile, the compilation
     it = iter(loader)
     for i in range(warmup + steps):
         synchronize(device)
@@ -129,6 +131,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         synchronize(device)
         dt = time.perf_counter() - t0
         if i < warmup:
+            warmup_s += dt
             continue
         src_lens, tgt_lens = batch_lengths(batch, text.pad_id)
         m = side_cfg.model
@@ -145,7 +148,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         "mfu": statistics.median(flops_rates) / peak, "precision": "bf16" if amp_dtype else "fp32",
         "datasheet_peak_flop_per_s": datasheet_peak(device) if amp_dtype else None,
         "attention": side_cfg.model.attention_kernel, "peak_mem_gb": process_peak_memory_gb(device),
-        "loss_finite": all(math.isfinite(x) for x in losses), "steps": steps, "warmup": warmup,
+        "loss_finite": all(math.isfinite(x) for x in losses), "steps": steps, "warmup": warmup, "warmup_s": warmup_s,
     }
 
 
