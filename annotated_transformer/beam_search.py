@@ -184,7 +184,9 @@ def _advance(beams: _Beams, live: Tensor, go_on: Tensor, val: Tensor, parent: Te
     # finished, no sentence done), the memory, its mask and its projections need no copy.
     same = p.numel() == beams.work.numel() and torch.equal(beams.work.index_select(0, p), beams.work)
     cache.index_select(p, memory=not same)
-    memory, mask = (beams.memory, beams.mask) if same else (beams.memory.index_select(0, p), beams.mask.index_select(0, p))
+    memory, mask = beams.memory, beams.mask
+    if not same:
+        memory, mask = memory.index_select(0, p), mask.index_select(0, p)
     return _Beams(sent=beams.sent.index_select(0, keep), budget=beams.budget.index_select(0, keep),
                   memory=memory, mask=mask,
                   work=new_work[w], slot=r, score=val[w, r],

@@ -5,10 +5,10 @@ slower code path: on a 2-core AMD EPYC (Zen 5) it ran the decoder's matrix produ
 GFLOP/s, where oneDNN (PyTorch's other CPU matmul library, the one bf16 autocast already uses)
 ran the same products at 310-360 GFLOP/s: 1.7x for the layers, 2.3x for the 8,000-piece output
 projection, and 400-470 GFLOP/s once each weight is reordered into oneDNN's blocked layout (done
-once per weight and kept until the weight changes). `onednn_linears(model)` sends the fp32 linears of `model` through oneDNN for as
-long as it is open, where that pays: on a non-Intel CPU, with no gradient and no autocast, and for
-products of at least `MIN_MACS` multiply-adds (below that oneDNN's fixed cost per call is larger
-than MKL's).
+once per weight and kept until the weight changes). `onednn_linears(model)` sends the fp32
+linears of `model` through oneDNN for as long as it is open, where that pays: on a non-Intel CPU,
+with no gradient and no autocast, and for products of at least `MIN_MACS` multiply-adds (below
+that oneDNN's fixed cost per call is larger than MKL's).
 Same weights, same state_dict; the products agree with MKL's to fp32 rounding.
 """
 
