@@ -5,10 +5,16 @@ slower code path: on a 2-core AMD EPYC (Zen 5) it ran the decoder's matrix produ
 GFLOP/s, where oneDNN (PyTorch's other CPU matmul library, the one bf16 autocast already uses)
 ran the same products at 310-360 GFLOP/s: 1.7x for the layers, 2.3x for the 8,000-piece output
 projection, and 400-470 GFLOP/s once each weight is reordered into oneDNN's blocked layout (done
-once per weight and kept until the weight changes). `onednn_linears(model)` sends the fp32
+on its first product). `onednn_linears(model)` sends the fp32
 linears of `model` through oneDNN for as long as it is open, where that pays: on a non-Intel CPU,
 with no gradient and no autocast, and for products of at least `MIN_MACS` multiply-adds (below
 that oneDNN's fixed cost per call is larger than MKL's).
+
+A reordered weight is a copy, so it must never outlive a change of its weight. A trainable weight
+(`requires_grad`) is reordered again in every block: an optimizer may update it in between without
+a trace (fused Adam does not even bump the tensor's version counter), and one reordering per
+validation pass costs little. A frozen weight (the Translator freezes its model) keeps its
+reordered copy across blocks, made again when the tensor or its version changes (loading weights).
 Same weights, same state_dict; the products agree with MKL's to fp32 rounding.
 """
 
@@ -64,13 +70,13 @@ def onednn_pays() -> bool:
     return onednn_available() and _cpu_vendor() not in ("GenuineIntel", "unknown")
 
 
-# layer -> ((weight's address, its version), the weight in oneDNN's layout); weak, so a model that goes away takes
-# its reordered weights with it, and kept off the module, so copying or saving a model never meets them.
+# layer -> ((weight's address, its version), the weight in oneDNN's layout). Weak, so a model that goes away takes
+# its copies with it, and off the module, so copying, quantising or saving a model never meets them.
 _reordered: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int], Tensor]] = weakref.WeakKeyDictionary()
 
 
 def reordered_weight(layer: nn.Linear) -> Tensor:
-    """`layer.weight` in oneDNN's blocked layout, made again only when the weight changed (training, loading)."""
+    """`layer.weight` in oneDNN's blocked layout: the copy kept for it, or a new one if the weight moved or changed."""
     key = (layer.weight.data_ptr(), layer.weight._version)
     kept = _reordered.get(layer)
     if kept is None or kept[0] != key:
@@ -94,7 +100,8 @@ def onednn_linears(model: nn.Module, enabled: bool | None = None) -> Iterator[No
     """Inside the block, `model`'s plain nn.Linear layers are OneDNNLinear (see the module docstring).
 
     `enabled=None` asks `onednn_pays()`. The layers' class is swapped in place and swapped back
-    on leaving, so the same module objects (and their weights) serve inside and outside.
+    on leaving, so the same module objects (and their weights) serve inside and outside. On leaving,
+    the reordered copies of trainable weights are dropped (see the module docstring).
     """
     if enabled is None:
         enabled = onednn_pays()
@@ -106,3 +113,5 @@ def onednn_linears(model: nn.Module, enabled: bool | None = None) -> Iterator[No
     finally:
         for m in swapped:
             m.__class__ = nn.Linear
+            if m.weight.requires_grad:
+                _reordered.pop(m, None)

@@ -249,8 +249,8 @@ class EncoderDecoder(nn.Module):
         return self.tgt_embed[1].pe.size(1)
 
     def num_parameters(self) -> int:
-        """Distinct trainable parameters (a tied matrix counts once)."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+        """Distinct parameters (a tied matrix counts once), trainable or frozen (a Translator's model is frozen)."""
+        return sum(p.numel() for p in self.parameters())
 
 
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,

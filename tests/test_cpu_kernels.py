@@ -123,3 +123,48 @@ def test_attention_kernel_auto_is_explicit_on_the_cpu(monkeypatch, fused, calls_
     assert bool(calls) == calls_fused_kernel
     attn.eval()
     torch.testing.assert_close(attn(x, x, x, mask), expected, rtol=1e-5, atol=1e-6)
+
+
+@needs_onednn
+@pytest.mark.parametrize("change", ["in_place", "fused_adam", "load_state_dict"])
+def test_reordered_weight_follows_a_changed_weight(change):
+    """Validation decodes between optimizer steps: a stale reordered weight would score old weights (fused Adam
+    updates the weights without bumping their version counter, so no cache keyed on it would see the change)."""
+    torch.manual_seed(1)
+    lin = nn.Linear(256, 1024)
+    x = torch.randn(64, 256)
+    with torch.no_grad(), onednn_linears(lin, enabled=True):
+        before = lin(x)
+    if change == "in_place":
+        with torch.no_grad():
+            lin.weight.mul_(0.5)
+    elif change == "fused_adam":
+        opt = torch.optim.Adam(lin.parameters(), lr=0.1, fused=True)
+        lin(x).square().sum().backward()
+        opt.step()
+    else:
+        lin.load_state_dict(nn.Linear(256, 1024).state_dict())
+    with torch.no_grad(), onednn_linears(lin, enabled=True):
+        after = lin(x)
+    assert lin not in cpu_linear._reordered  # a trainable weight's copy is dropped on leaving the block
+    expected = F.linear(x, lin.weight, lin.bias).detach()
+    torch.testing.assert_close(after, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(after, before)
+
+
+@needs_onednn
+def test_a_frozen_weight_keeps_its_reordered_copy_until_it_changes():
+    """The Translator's frozen model reorders each weight once, not once per translate call."""
+    lin = nn.Linear(256, 1024).requires_grad_(False)
+    x = torch.randn(64, 256)
+    with torch.no_grad(), onednn_linears(lin, enabled=True):
+        lin(x)
+    kept = cpu_linear._reordered[lin][1]
+    with torch.no_grad(), onednn_linears(lin, enabled=True):
+        lin(x)
+    assert cpu_linear._reordered[lin][1] is kept
+    lin.load_state_dict(nn.Linear(256, 1024).state_dict())  # new weights: in place, a new version
+    with torch.no_grad(), onednn_linears(lin, enabled=True):
+        got = lin(x)
+    assert cpu_linear._reordered[lin][1] is not kept
+    torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)

@@ -126,7 +126,7 @@ class Translator(TextTranslator):
     """A trained model with its vocabulary and decoding settings, ready to translate text."""
 
     def __init__(self, model: EncoderDecoder, text, config: Config, device: torch.device | str = "cpu") -> None:
-        self.model = model.eval()
+        self.model = model.eval().requires_grad_(False)  # inference only: no gradients, weights that stay put
         self.text = text
         self.config = config
         self.checkpoint: Path | None = None  # the file it was loaded from, if any
