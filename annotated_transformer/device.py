@@ -219,16 +219,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cpu_info(field: str) -> str | None:
+    """The first value of `field` ('model name', 'flags', ...) in /proc/cpuinfo; None where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
 def device_name(device: torch.device) -> str:
     """A human-readable name of the machine: the GPU and CUDA version, or the CPU model and torch's threads."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    model = platform.processor() or "CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_info("model name") or platform.processor() or "CPU"
     return f"{model}, {torch.get_num_threads()} threads"

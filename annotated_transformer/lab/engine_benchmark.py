@@ -102,12 +102,20 @@ def compare_engines(checkpoint: str, engines: tuple[str, ...] = ENGINES, beam: i
     for r in rows:
         r["bleu"] = score_translations(r["greedy"], refs, tr.text)[0].score
         r["same_as_torch_fp32"] = sum(a == b for a, b in zip(r["greedy"], base["greedy"])) / len(sources)
-        r["greedy_ratio"] = r["greedy_per_s"] / base["greedy_per_s"]
-        r[f"beam{beam}_ratio"] = r[f"beam{beam}_per_s"] / base[f"beam{beam}_per_s"]
-        r["latency_ratio"] = base["latency_ms"] / r["latency_ms"]
+    add_ratios(rows, beam)
     for r in rows:
         del r["greedy"]  # kept out of engines.json
     return {"checkpoint": checkpoint, "sentences": len(sources), "beam": beam, "threads": threads, "rows": rows}
+
+
+def add_ratios(rows: list[dict[str, Any]], beam: int) -> None:
+    """Each row's speeds as ratios to torch-fp32's (the first row when it is absent); latency inverted, so >1 is
+    faster."""
+    base = next((r for r in rows if r["engine"] == "torch-fp32"), rows[0])
+    for r in rows:
+        r["greedy_ratio"] = r["greedy_per_s"] / base["greedy_per_s"]
+        r[f"beam{beam}_ratio"] = r[f"beam{beam}_per_s"] / base[f"beam{beam}_per_s"]
+        r["latency_ratio"] = base["latency_ms"] / r["latency_ms"]
 
 
 def format_engines(result: dict[str, Any]) -> str:

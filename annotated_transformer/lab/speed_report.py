@@ -11,27 +11,20 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..config import Config
-from ..device import device_name, select_device
+from ..device import cpu_info, device_name, select_device
+from .engine_benchmark import add_ratios, format_engines
 
 TRAIN_SIDES = ("eager", "compiled")
 
 
 def cpu_flags() -> dict[str, bool]:
     """The CPU features that decide its precision: AVX512-BF16, AMX tiles, AVX2 (from /proc/cpuinfo)."""
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    flags = set((cpu_info("flags") or "").split())
     return {"avx512_bf16": "avx512_bf16" in flags, "amx": "amx_tile" in flags, "avx2": "avx2" in flags}
 
 
@@ -54,11 +47,7 @@ def _median_rows(rounds: list[list[dict[str, Any]]], beam: int) -> list[dict[str
             row[key] = statistics.median(r[key] for r in same)
             row[key + "_all"] = [r[key] for r in same]
         rows.append(row)
-    base = next(r for r in rows if r["engine"] == "torch-fp32")
-    for r in rows:
-        r["greedy_ratio"] = r["greedy_per_s"] / base["greedy_per_s"]
-        r[f"beam{beam}_ratio"] = r[f"beam{beam}_per_s"] / base[f"beam{beam}_per_s"]
-        r["latency_ratio"] = base["latency_ms"] / r["latency_ms"]
+    add_ratios(rows, beam)
     return rows
 
 
@@ -66,7 +55,7 @@ def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: i
                          limit: int | None = 500, log: Any = print) -> dict[str, Any]:
     """Training eager vs compiled and the decoding engines, `rounds` interleaved rounds; medians (see module doc)."""
     from .benchmark import measure_in_subprocess, resolve_fast_precision
-    from .engine_benchmark import compare_engines
+    from .engine_benchmark import compare_engines  # looked up when called: tests stand in for it
     from ..data import load_translation_data
 
     device = select_device(cfg.train.device)
@@ -98,8 +87,6 @@ def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: i
 
 def format_speed_report(result: dict[str, Any]) -> str:
     """The report as a header and two Markdown tables."""
-    from .engine_benchmark import format_engines
-
     t = result["train"]
     lines = [f"machine: {result['machine']} | torch {result['torch']} | config {result['config']} | "
              f"medians of {result['rounds']} interleaved rounds", "",
