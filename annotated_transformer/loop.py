@@ -49,6 +49,8 @@ class TrainState:
     wall_seconds: float = 0.0  # time spent in epochs: training, validation, BLEU and queueing checkpoints
     target_epoch: int | None = None  # the first epoch whose validation BLEU reached train.target_bleu
     target_seconds: float | None = None  # train_seconds at the end of that epoch
+    flops: float = 0.0  # model FLOPs of the optimizer steps so far, all ranks (model_flops.train_step_flops)
+    target_flops: float | None = None  # flops at the end of the epoch that reached train.target_bleu
 
     def state_dict(self) -> dict[str, Any]:
         """A plain dict for checkpoints."""

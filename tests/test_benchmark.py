@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from annotated_transformer.lab.hardware import train_step_flops
+from annotated_transformer.model_flops import train_step_flops
 from annotated_transformer.model import make_model, subsequent_mask
 
 

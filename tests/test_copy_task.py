@@ -56,3 +56,20 @@ def test_copy_yaml_trains_to_perfect_copies(tmp_path, capsys):
     code, stdout, _ = train_copy_yaml(capsys, out)
     assert code == 0 and "holds a finished run (20 epochs, 400 steps)" in stdout
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_the_copy_loader_resumes_mid_epoch_and_at_its_end_with_the_batches_it_served_counted():
+    from annotated_transformer.data.copy_loader import CopyLoader
+
+    def loader() -> CopyLoader:
+        return CopyLoader(11, 4, 5, 6, seed=3)
+
+    first = loader()
+    batches = list(first)
+    assert first.taken == 5 and first.lengths_served(0, 5)[0].tolist() == [6] * 20
+    middle, end = loader(), loader()
+    middle.load_state_dict({"epoch": 0, "taken": 2})
+    rest = list(middle)
+    assert [b.src.tolist() for b in rest] == [b.src.tolist() for b in batches[2:]] and middle.taken == 5
+    end.load_state_dict(first.state_dict())  # stopped after the last batch: nothing left, nothing uncounted
+    assert list(end) == [] and end.taken == 5

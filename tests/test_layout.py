@@ -43,12 +43,14 @@ def test_layout_doc_matches_the_tree():
 # Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
 LAYERS = {
     "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0, "cpu_linear": 0, "kv_cache": 0, "fused_loss": 0,
+    "model_flops": 0,
     "attention": 1,
     "config": 1, "device": 1, "loss_meter": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "loop": 3, "decoding": 3, "beam_search": 3, "inference": 3,
     "extensions.scheduled_sampling": 1, "extensions.guided_attention": 2, "extensions.local_attention": 3,
-    "extensions.token_merging": 3, "extensions.objective": 4, "extensions.builder": 5,
+    "extensions.token_merging": 3, "extensions.subword_sampling": 3, "extensions.r_drop": 3,
+    "extensions.objective": 4, "extensions.builder": 5,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
     "harness.schedules": 4, "lab.notebook_decoding": 4,
     "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,

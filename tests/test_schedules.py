@@ -100,7 +100,7 @@ def test_epoch_records_carry_the_training_clock_and_the_target(tiny_config, tmp_
 
 
 def test_decoder_depth_can_differ_from_the_encoder_depth():
-    from annotated_transformer.lab.hardware import train_step_flops
+    from annotated_transformer.model_flops import train_step_flops
     from annotated_transformer.extensions.builder import build_model
     from annotated_transformer.model import make_model
 

@@ -311,3 +311,31 @@ def test_a_damaged_test_scores_file_is_one_line_error(tmp_path):
     (tmp_path / "a" / "seed1" / "test_scores.json").write_text("{not json")
     with pytest.raises(DataError, match="delete it and score test again"):
         read_result(tmp_path / "a" / "seed1", "a", 1)
+
+
+def test_the_table_reports_training_compute_to_the_target_and_in_all():
+    from annotated_transformer.lab.seed_statistics import timed_to
+
+    def run(seed, flops_curve, total):
+        curve = tuple((i + 1.0, bleu) for i, (_, bleu) in enumerate(flops_curve))
+        return RunResult("a", seed, True, val_bleu=flops_curve[-1][1], curve=curve, flops_curve=flops_curve,
+                         train_flops=total)
+
+    older = RunResult("a", 4, True, val_bleu=39.0, curve=((1.0, 39.0),))  # from before the count: no compute
+    results = timed_to([run(1, ((1e14, 30.0), (2e14, 37.0)), 2e14), run(2, ((3e14, 36.0), (5e14, 38.0)), 5e14),
+                        run(3, ((1e14, 20.0),), 1e14), older], 36.5)
+    assert [r.target_flops for r in results] == [2e14, 5e14, None, None]
+    row = next(line for line in summary_markdown(results, "t", 36.5).splitlines() if line.startswith("| `a`"))
+    assert "| 350 [200-500] (2/3) |" in row  # TFLOP to the target: median over the counted runs that reached it
+    assert "| 267 +/- 208 (n=3) |" in row  # training TFLOP of every run
+    assert "| - |" in summary_markdown([RunResult("b", 1, True, val_bleu=30.0)], "t", 36.5)
+
+
+def test_read_result_takes_the_compute_from_the_epoch_records(tmp_path):
+    lines = [{"kind": "epoch", "epoch": 1, "step": 10, "bleu": 30.0, "train_seconds": 60.0, "train_flops": 1e15},
+             {"kind": "epoch", "epoch": 2, "step": 20, "bleu": 37.0, "train_seconds": 120.0, "train_flops": 2e15,
+              "target_flops": 2e15, "target_seconds": 120.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result = read_result(tmp_path, "a", 1)
+    assert (result.train_flops, result.target_flops) == (2e15, 2e15)
+    assert result.flops_curve == ((1e15, 30.0), (2e15, 37.0))

@@ -384,3 +384,21 @@ def test_tensorboard_without_the_package_is_one_clear_line(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match=r"train.tensorboard=true needs the tensorboard package: .*uv sync --extra"):
         train_worker(cfg)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
+
+
+# --------------------------------------------------------------------------- training compute
+
+
+def test_metrics_count_the_model_flops_of_every_step_and_r_drop_twice(tmp_path):
+    from annotated_transformer.model_flops import train_step_flops
+
+    per_epoch = train_step_flops(128, 256, 2, 11, [10] * 16 * 6, [9] * 16 * 6)  # 6 batches of 16 copies
+    for name, extra, factor in (("plain", [], 1.0), ("rdrop", ["r_drop.alpha=1"], 2.0)):
+        cfg = load_config("copy", [f"train.out_dir={tmp_path / name}", "train.epochs=2", "data.copy_batches=6",
+                                   "data.copy_batch_size=16",
+                                   "train.final_eval=false", *extra, *QUIET])
+        results = train_worker(cfg)
+        records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        counted = [r["train_flops"] for r in records if r["kind"] == "epoch"]
+        assert counted == pytest.approx([factor * per_epoch, 2 * factor * per_epoch], rel=1e-9)
+        assert results["train_flops"] == pytest.approx(counted[-1])

@@ -3,7 +3,7 @@ documentation (`uv run python -m annotated_transformer.config > docs/config.md`,
 
 A run is described by one `Config`: the sections `model`, `data`, `train` and `decode`, then one
 section per extension (`local_attention`, `token_merging`, `scheduled_sampling`,
-`guided_attention`), each off by default. Every field carries a one-line help
+`guided_attention`, `subword_sampling`, `r_drop`), each off by default. Every field carries a one-line help
 text (`param(...)`), so listings and the docs come from the same place as the code. Reading
 YAML files and dotted overrides is `loading.py`, beside this file:
 
@@ -199,6 +199,27 @@ class GuidedAttentionConfig:
 
 
 @dataclass
+class SubwordSamplingConfig:
+    """Subword regularisation (extensions/subword_sampling.py): every epoch a freshly sampled segmentation of each
+    training sentence; off by default."""
+
+    alpha: float = param(0.0, "SentencePiece sampling (Kudo 2018): segmentations drawn with probability proportional "
+                         "to P(x)^alpha, so a smaller alpha gives more varied ones (0: off, the best segmentation "
+                         "every epoch; needs data.tokenizer=spm)")
+    nbest: int = param(64, "sample among this many best segmentations (-1: the whole lattice)")
+    sides: str = param("both", "which side of each training pair is resegmented: 'both', 'src' or 'tgt'",
+                       choices=("both", "src", "tgt"))
+
+
+@dataclass
+class RDropConfig:
+    """R-Drop (extensions/r_drop.py): two dropout passes per batch and a symmetric KL between them; off by default."""
+
+    alpha: float = param(0.0, "weight of the symmetric KL divergence between the two passes' token distributions "
+                         "(Liang et al. 2021; 0: off, one pass). A step costs about twice the compute")
+
+
+@dataclass
 class DecodeConfig:
     """How translations are produced."""
 
@@ -225,6 +246,9 @@ class Config:
                                                         metadata={"help": "extension: scheduled sampling"})
     guided_attention: GuidedAttentionConfig = field(default_factory=GuidedAttentionConfig,
                                                     metadata={"help": "extension: guided attention"})
+    subword_sampling: SubwordSamplingConfig = field(default_factory=SubwordSamplingConfig,
+                                                    metadata={"help": "extension: subword regularisation"})
+    r_drop: RDropConfig = field(default_factory=RDropConfig, metadata={"help": "extension: R-Drop"})
 
     def validate(self) -> Config:
         """Check rules that involve several fields; raise ConfigError on the first broken one."""
@@ -350,6 +374,22 @@ class Config:
                               f"0..{layers - 1}")
         if any(not 0 <= i < m.h for i in ga.heads):
             raise ConfigError(f"guided_attention.heads {ga.heads} names a head outside 0..{m.h - 1}")
+        self._validate_regularisers()
+
+    def _validate_regularisers(self) -> None:
+        """The rules of subword sampling and R-Drop."""
+        sw, rd, d = self.subword_sampling, self.r_drop, self.data
+        for key, value in {"subword_sampling.alpha": sw.alpha, "r_drop.alpha": rd.alpha}.items():
+            if value < 0:
+                raise ConfigError(f"{key} must not be negative (0: off), got {value}")
+        if sw.alpha and (d.dataset != "multi30k" or d.tokenizer != "spm"):
+            raise ConfigError("subword_sampling needs SentencePiece subwords: set data.tokenizer=spm "
+                              "(and data.dataset=multi30k), or subword_sampling.alpha=0")
+        if sw.nbest == 0 or sw.nbest == 1 or sw.nbest < -1:
+            raise ConfigError(f"subword_sampling.nbest must be -1 (the whole lattice) or at least 2, got {sw.nbest}")
+        if rd.alpha and (self.scheduled_sampling.rate or self.guided_attention.weight):
+            raise ConfigError("r_drop is on with scheduled_sampling or guided_attention: they replace the same "
+                              "training loss; use one of them")
 
     def run_dir(self) -> Path:
         """The run directory: train.out_dir, or runs/<name>."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from .batch import Batch
@@ -36,7 +37,7 @@ class CopyLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rank * 10_007 + self.epoch)
-        self._taken = 0
+        self._taken = self._skip  # a resumed epoch has served these already
         for i, batch in enumerate(data_gen(self.V, self.batch_size, self.nbatches, self.seq_len, g)):
             if i < self._skip:
                 continue
@@ -44,6 +45,11 @@ class CopyLoader:
             batch.global_ntokens = batch.ntokens * self.world_size  # every rank's batch has the same size, no padding
             yield batch
         self._skip = 0
+
+    def lengths_served(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source and target lengths of the sequences in batches start..stop-1 of this epoch, on all ranks."""
+        rows = (stop - start) * self.batch_size * self.world_size
+        return np.full(rows, self.seq_len), np.full(rows, self.seq_len)
 
     @property
     def taken(self) -> int:

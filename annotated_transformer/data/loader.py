@@ -8,8 +8,9 @@ plan and the data loader skips the k index lists it already served, without load
 
 from __future__ import annotations
 
+import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -99,13 +100,19 @@ class TrainLoader:
 
     def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], *, batching: str = "bucket",
                  batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 pin_memory: bool = False, num_workers: int = 0, pad: int = PAD) -> None:
+                 pin_memory: bool = False, num_workers: int = 0, pad: int = PAD,
+                 resegment: Callable[[int], tuple[Sequence[np.ndarray], Sequence[np.ndarray]]] | None = None) -> None:
         self.sampler = EpochBatchSampler(
             np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src)),
             np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),
             batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size)
         width = NOTEBOOK_PADDING if batching == "notebook" else None
         self.width = width
+        # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the plan keeps the lengths above
+        self.resegment = resegment
+        self.dataset = PairDataset(src, tgt)
+        self.src_lens, self.tgt_lens = self.sampler.src_lens, self.sampler.tgt_lens  # of the ids served this epoch
+        self.resegment_seconds = 0.0  # what the latest set_epoch spent resegmenting
         # Imported here, not at the top: only training needs torchdata, and `import annotated_transformer`
         # (translating, evaluating, the notebook) should not pay for it.
         from torchdata.stateful_dataloader import StatefulDataLoader
@@ -114,7 +121,7 @@ class TrainLoader:
             # torchdata 0.11 calls torch.set_vital, which torch >= 2.9 flags as deprecated: not ours to fix.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             self.loader = StatefulDataLoader(
-                PairDataset(src, tgt), batch_sampler=self.sampler, collate_fn=PadCollate(pad, width),
+                self.dataset, batch_sampler=self.sampler, collate_fn=PadCollate(pad, width),
                 num_workers=num_workers, pin_memory=pin_memory,
                 # Its own generator: a DataLoader draws a seed for every new iterator, and from the global
                 # RNG that would shift the dropout stream of a run resumed mid-epoch (measured: the first
@@ -134,6 +141,16 @@ class TrainLoader:
         """Start `epoch` from its first batch; its order is a pure function of (seed, epoch)."""
         self.epoch = int(epoch)
         self.sampler.set_epoch(self.epoch)
+        if self.resegment is not None:
+            t0 = time.perf_counter()
+            src, tgt = self.resegment(self.epoch)
+            if not len(src) == len(tgt) == len(self.sampler.src_lens):
+                raise DataError(f"the resegmented training data has {len(src)} source and {len(tgt)} target "
+                                f"sentences, the batch plan {len(self.sampler.src_lens)}; they must stay aligned")
+            self.dataset.src, self.dataset.tgt = src, tgt
+            self.src_lens, self.tgt_lens = (np.fromiter((len(x) for x in side), dtype=np.int64, count=len(side))
+                                            for side in (src, tgt))
+            self.resegment_seconds = time.perf_counter() - t0
         self.loader.load_state_dict({})  # forget any half-used iterator of the previous epoch
         self._finished_epoch = False
         self._taken = 0
@@ -160,10 +177,19 @@ class TrainLoader:
         host of every rank without an all-reduce. A target row of n ids (<s> and </s> included,
         cut to the fixed width in notebook mode) gives n - 1 predicted tokens.
         """
-        lens = self.sampler.tgt_lens if self.width is None else np.minimum(self.sampler.tgt_lens, self.width)
+        lens = self.tgt_lens if self.width is None else np.minimum(self.tgt_lens, self.width)
         per_batch = [int(lens[b].sum()) - len(b) for b in self.sampler.global_batches(epoch)]
         ws, n = self.world_size, len(per_batch)
         return [sum(per_batch[(r + k * ws) % n] for r in range(ws)) for k in range(len(self))]
+
+    def lengths_served(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Source and target lengths (ids, <s> and </s> included, cut to the notebook's width) of the
+        sentences in batches start..stop-1 of this epoch, on all ranks together (for counting compute)."""
+        plan, ws = self.sampler.global_batches(self.epoch), self.world_size
+        chosen = [plan[i % len(plan)] for i in range(start * ws, stop * ws)] if plan else []
+        rows = np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+        src, tgt = self.src_lens[rows], self.tgt_lens[rows]
+        return (src, tgt) if self.width is None else (np.minimum(src, self.width), np.minimum(tgt, self.width))
 
     @property
     def taken(self) -> int:

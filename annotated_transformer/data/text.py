@@ -149,6 +149,16 @@ class TextPipeline:
         texts = [t.lower() for t in texts] if self.lowercase else list(texts)
         return [[BOS, *ids, EOS] for ids in self.subword.encode_ids(texts)]
 
+    def sampled_ids_many(self, texts: Sequence[str], side: str, alpha: float, nbest: int, seed: int
+                         ) -> list[list[int]]:
+        """`ids_many` with a randomly drawn segmentation of each sentence (subword mode only; see
+        SubwordModel.sample_ids); untruncated."""
+        self._check_side(side)
+        if self.mode != "spm":
+            raise ValueError("sampled segmentations need the SentencePiece (spm) tokenizer")
+        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
+        return [[BOS, *ids, EOS] for ids in self.subword.sample_ids(texts, alpha, nbest, seed)]
+
     def truncate(self, ids: list[int]) -> list[int]:
         """Cut ids to max_sentence_len, keeping the closing </s>."""
         return truncate_ids(ids, self.max_sentence_len)

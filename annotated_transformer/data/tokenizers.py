@@ -94,6 +94,18 @@ class SubwordModel:
         """Piece ids of many sentences (no <s>/</s>)."""
         return self.sp.encode(texts, out_type=int)
 
+    def sample_ids(self, texts: list[str], alpha: float, nbest: int, seed: int) -> list[list[int]]:
+        """Piece ids of many sentences, each segmentation drawn at random (subword regularisation, Kudo 2018).
+
+        The same `seed` gives the same draws: SentencePiece's generator is reseeded first, and the
+        sentences are encoded on one thread, because with several the draws depend on the scheduling.
+        """
+        import sentencepiece as spm
+
+        spm.set_random_generator_seed(seed % 2**32)
+        return self.sp.encode(texts, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest,
+                              num_threads=1)
+
     def decode_ids(self, ids: list[int]) -> str:
         """Detokenised text of piece ids."""
         return self.sp.decode(ids)

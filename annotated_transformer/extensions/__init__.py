@@ -6,5 +6,7 @@ default and exact when off, and reaches the paper's classes only as a subclass o
     scheduled_sampling.py  train on the model's own predictions in a second decoder pass
     guided_attention.py    a loss that keeps encoder-decoder attention near the diagonal (an attention hook)
     objective.py           the training step's loss with either of the last two switched on
-    builder.py             a Config -> model, loss, objective, optimizer, with the switches that are on
+    r_drop.py              R-Drop: two dropout passes per batch and a symmetric KL between them
+    subword_sampling.py    subword regularisation: a sampled segmentation of each training sentence every epoch
+    builder.py             a Config -> model, loss, objective, optimizer, training-data resegmentation: the switches on
 """

@@ -15,6 +15,8 @@ from ..model import EncoderDecoder, make_model
 from ..optim import build_optimizer
 from .local_attention import with_local_attention
 from .objective import TrainingObjective, build_objective
+from .r_drop import RDropObjective, build_r_drop
+from .subword_sampling import SampledSegmentation, sampled_segmentation
 from .token_merging import with_token_merging
 
 
@@ -31,15 +33,21 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
 
 
 def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device
-                   ) -> tuple[EncoderDecoder, SimpleLossCompute, TrainingObjective | None, torch.optim.Optimizer,
-                              torch.dtype | None]:
+                   ) -> tuple[EncoderDecoder, SimpleLossCompute, TrainingObjective | RDropObjective | None,
+                              torch.optim.Optimizer, torch.dtype | None]:
     """Model (on `device`), loss, training objective (None: teacher forcing), optimizer and autocast dtype.
 
     The schedule needs the loader's length, so the Trainer builds it."""
     t = cfg.train
     model = build_model(cfg, src_vocab, tgt_vocab).to(device)
     loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
-    objective = build_objective(cfg.scheduled_sampling, cfg.guided_attention, model, pad)
+    # validate() lets at most one of them be on
+    objective = build_r_drop(cfg.r_drop.alpha, pad) or build_objective(cfg.scheduled_sampling,
+                                                                         cfg.guided_attention, model, pad)
     optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
     return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
 
+
+def build_resegmentation(cfg: Config, data) -> SampledSegmentation | None:
+    """Training data's per-epoch resegmentation (subword sampling), or None: the cached ids every epoch."""
+    return sampled_segmentation(cfg.subword_sampling, data, cfg.train.seed)

@@ -33,6 +33,9 @@ class TrainingObjective:
                 layers[i].src_attn.hooks.append(self.guided[-1])
         self.last_p = 0.0  # the replacement probability of the latest step (for tests and logs)
         self.last_penalty: Tensor | None = None  # the latest guided penalty per target token (before lambda)
+        # model FLOPs of a step relative to a plain one: scheduled sampling adds a forward pass (a third of a
+        # step; counted from the start, also while its probability is still 0 and the pass is skipped)
+        self.compute_factor = 4 / 3 if sampling.rate else 1.0
 
     def decoder_input(self, model: nn.Module, batch: Batch, step: int) -> Tensor:
         """The gold decoder input, or the scheduled-sampling mix of it with the first pass's predictions."""

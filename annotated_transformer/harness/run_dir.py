@@ -113,7 +113,8 @@ def retarget(state: dict[str, Any], records: list[dict[str, Any]], target: float
             and r.get("epoch", 0) <= state.get("epoch", 0) and target and r["bleu"] >= target]
     first = min(hits, key=lambda r: r["epoch"], default=None)
     return {**state, "target_epoch": first["epoch"] if first else None,
-            "target_seconds": first.get("train_seconds") if first else None}
+            "target_seconds": first.get("train_seconds") if first else None,
+            "target_flops": first.get("train_flops") if first else None}
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -24,9 +24,10 @@ def finish(tr: Trainer) -> dict[str, Any]:
     found_best = tr.checkpoints.load_weights(tr.model, tr.run.best)
     averaged = tr.checkpoints.average_last(t.average_last, tr.log)
     results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step,
-                               "train_seconds": s.train_seconds, "wall_seconds": s.wall_seconds}
+                               "train_seconds": s.train_seconds, "wall_seconds": s.wall_seconds, "train_flops": s.flops}
     if t.target_bleu:
-        results.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
+        results.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds,
+                       target_flops=s.target_flops)
     chosen = f"best.pt (epoch {s.best_epoch})" if found_best else "the final weights"
     chosen_file = tr.run.best if found_best else tr.run.last
     if tr.task.name == "copy":
@@ -90,7 +91,8 @@ def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file:
     record: dict[str, Any] = {"kind": "final", "step": s.step, "checkpoint": chosen,
                               "checkpoint_file": chosen_file.name, "val_bleu": val["bleu"],
                               "bleu_signature": val["bleu_signature"], "train_seconds": s.train_seconds,
-                              "target_epoch": s.target_epoch, "target_seconds": s.target_seconds}
+                              "train_flops": s.flops, "target_epoch": s.target_epoch,
+                              "target_seconds": s.target_seconds, "target_flops": s.target_flops}
     shown = val
     if t.score_test:
         shown = test = score(tr.model, tr.device, "test", amp_dtype=tr.amp_dtype)

@@ -19,6 +19,7 @@ from ..data.batch import Batch
 from ..data.copy_loader import CopyLoader, copy_validation_batches
 from ..data.copy_task import COPY_PAD, COPY_START
 from ..decoding import greedy_decode
+from ..extensions.builder import build_resegmentation
 from ..inference import translate_ids
 from ..masks import padding_mask
 from .distributed import DistInfo
@@ -109,9 +110,9 @@ class TranslationTask:
         return self.data.text.pad_id
 
     def train_loader(self, pin_memory: bool = False):
-        """Length-bucketed (or the notebook's) batches, sharded by rank."""
-        return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size,
-                                      pin_memory=pin_memory)
+        """Length-bucketed (or the notebook's) batches, sharded by rank; resegmented each epoch with subword sampling."""
+        return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size, pin_memory=pin_memory,
+                                      resegment=build_resegmentation(self.cfg, self.data))
 
     def val_batches(self) -> list[Batch]:
         """Teacher-forced validation batches of this rank's share of the val split."""

@@ -26,6 +26,7 @@ from ..errors import DistributedError, TrainingDiverged, UserError
 from ..extensions.builder import build_training
 from ..loop import TrainState, evaluate_loss, train_loop
 from ..loss_meter import LossMeter
+from ..model_flops import train_step_flops
 from . import progress
 from .checkpointing import Checkpointer, improves
 from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
@@ -139,11 +140,13 @@ class Trainer:
 
     def train_epoch(self) -> float:
         """One epoch (or the rest of a resumed one) of `train_step`; returns its mean training loss."""
-        t = self.cfg.train
+        t, t_data = self.cfg.train, 0.0
         if not self.mid_epoch:
             self.loader.set_epoch(self.train_state.epoch)
             self.run_state.meter = LossMeter(self.device)
+            t_data = getattr(self.loader, "resegment_seconds", 0.0)  # subword sampling's: training time too
         self.mid_epoch, self.stopping = False, False
+        first_batch = self.loader.taken  # 0, or where a resumed epoch continues
         steps = -(-len(self.loader) // t.accum_steps)  # the last group may be short
         bar = tqdm(total=steps, desc=f"epoch {self.train_state.epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
@@ -159,8 +162,17 @@ class Trainer:
                 log=self.write if self.info.is_main else None, on_log=self._on_log,
                 should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.run_state.meter,
                 objective=self.objective)
-        self.train_state.train_seconds += time.perf_counter() - self.step_clock
+        self.train_state.train_seconds += time.perf_counter() - self.step_clock + t_data
+        self.train_state.flops += self.compute(first_batch, max(first_batch, self.loader.taken))
         return loss
+
+    def compute(self, start: int, stop: int) -> float:
+        """Model FLOPs of this epoch's batches start..stop-1 on all ranks: the benchmark's matmul count of the
+        sentences' real lengths (the dense model's), times the extra passes of the training objective."""
+        m = self.cfg.model
+        src, tgt = self.loader.lengths_served(start, stop)
+        flops = train_step_flops(m.d_model, m.d_ff, m.N, self.task.tgt_vocab_size, src, tgt - 1, m.N_dec or None)
+        return flops * getattr(self.objective, "compute_factor", 1.0)
 
     def _should_stop(self) -> bool:
         """After each step: a signal arrived (under torchrun on any rank, agreed by all at the same step)."""
@@ -219,10 +231,11 @@ class Trainer:
             scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype)
             record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
             if t.target_bleu and s.target_epoch is None and scored["bleu"] >= t.target_bleu:
-                s.target_epoch, s.target_seconds = epoch + 1, s.train_seconds
-        record.update(train_seconds=s.train_seconds, eval_seconds=time.perf_counter() - t_eval)
+                s.target_epoch, s.target_seconds, s.target_flops = epoch + 1, s.train_seconds, s.flops
+        record.update(train_seconds=s.train_seconds, train_flops=s.flops, eval_seconds=time.perf_counter() - t_eval)
         if s.target_epoch is not None:
-            record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds)
+            record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds,
+                          target_flops=s.target_flops)
         return {**record, **self.metrics.epoch_figures()}
 
     def save(self, record: dict[str, Any], t_epoch: float) -> None:

@@ -45,13 +45,13 @@ from ..device import device_name, native_bf16, select_device, synchronize
 from ..errors import ConfigError
 from ..loop import Log
 from ..masks import padding_mask
+from ..model_flops import train_step_flops
 from .hardware import (
     batch_lengths,
     datasheet_peak,
     in_fresh_process,
     matmul_peak,
     process_peak_memory_gb,
-    train_step_flops,
 )
 
 

@@ -1,7 +1,7 @@
-"""What the benchmarks measure against: the machine's matmul peak, the FLOPs of a training step, peak
-memory, and a fresh process to measure in.
+"""What the benchmarks measure against: the machine's matmul peak, peak memory, and a fresh process to
+measure in.
 
-MFU (model FLOPs utilisation) = `train_step_flops` of the real sentence lengths per second, divided by
+MFU (model FLOPs utilisation) = `model_flops.train_step_flops` of the real sentence lengths per second, divided by
 `matmul_peak` measured in the same run and precision. The machine's name is `device.device_name`,
 in the core, because a training's log names it too.
 """
@@ -52,25 +52,7 @@ def datasheet_peak(device: torch.device) -> float | None:
     return next((flops for key, flops in DATASHEET_BF16.items() if key in name), None)
 
 
-# --------------------------------------------------------------------------- FLOPs
-
-
-def train_step_flops(d_model: int, d_ff: int, N: int, tgt_vocab: int,
-                     src_lens: list[int], tgt_lens: list[int], N_dec: int | None = None) -> float:
-    """Matmul FLOPs of one training step on these sentences: 3x the forward pass (backward = 2x).
-
-    Per sentence with S source and T target positions (no padding), per layer: encoder self-attention
-    4 S d^2 projections + 2 S^2 d scores and mixing, feed-forward 2 S d d_ff; decoder self-attention
-    4 T d^2 + 2 T^2 d, source attention 2 T d^2 + 2 S d^2 + 2 T S d, feed-forward 2 T d d_ff; then the
-    generator T d V. Each multiply-add counts 2. The decoder has `N_dec` layers (default N).
-    """
-    d = d_model
-    total = 0
-    for S, T in zip(src_lens, tgt_lens):
-        enc = 4 * S * d * d + 2 * S * S * d + 2 * S * d * d_ff
-        dec = 4 * T * d * d + 2 * T * T * d + 2 * T * d * d + 2 * S * d * d + 2 * T * S * d + 2 * T * d * d_ff
-        total += N * enc + (N_dec or N) * dec + T * d * tgt_vocab
-    return 3 * 2 * float(total)
+# --------------------------------------------------------------------------- what a step trains on
 
 
 def batch_lengths(batch: Any, pad: int) -> tuple[list[int], list[int]]:

@@ -37,6 +37,9 @@ class RunResult:
     target_seconds: float | None = None  # train_seconds when val BLEU first reached train.target_bleu
     tokens_per_s: float | None = None  # median of the run's log lines
     curve: tuple[tuple[float, float], ...] = ()  # (training minutes, val BLEU) after each scored epoch
+    train_flops: float | None = None  # model FLOPs of the optimizer steps (runs from before the count: None)
+    target_flops: float | None = None  # train_flops when val BLEU first reached the target
+    flops_curve: tuple[tuple[float, float], ...] = ()  # (training FLOPs, val BLEU) after each scored epoch
 
     @property
     def last_bleu(self) -> float | None:
@@ -60,6 +63,9 @@ def read_result(path: Path, setting: str, seed: int) -> RunResult:
         result.target_seconds = last.get("target_seconds")
         result.curve = tuple((e["train_seconds"] / 60, e["bleu"]) for e in epochs
                              if isinstance(e.get("bleu"), (int, float)) and "train_seconds" in e)
+        result.train_flops, result.target_flops = last.get("train_flops"), last.get("target_flops")
+        result.flops_curve = tuple((e["train_flops"], e["bleu"]) for e in epochs
+                                   if isinstance(e.get("bleu"), (int, float)) and "train_flops" in e)
     if by_kind.get("start"):
         result.params = by_kind["start"][-1].get("params")
     speeds = [r["tokens_per_s"] for r in by_kind.get("train", []) if isinstance(r.get("tokens_per_s"), (int, float))]
@@ -100,6 +106,16 @@ def _time_to_target(results: Sequence[RunResult]) -> str:
     return f"{statistics.median(minutes):.1f} min{span} ({len(minutes)}/{len(results)})"
 
 
+def _compute_to_target(results: Sequence[RunResult]) -> str:
+    """'median TFLOP [lowest-highest] (k/n)' of the training compute to the target, over the runs that reached it."""
+    counted = [r for r in results if r.train_flops is not None]  # runs from before the count say nothing
+    tflop = sorted(r.target_flops / 1e12 for r in counted if r.target_flops is not None)
+    if not tflop:
+        return f"not reached (0/{len(counted)})" if counted else "-"
+    span = f" [{tflop[0]:.0f}-{tflop[-1]:.0f}]" if len(tflop) > 1 else ""
+    return f"{statistics.median(tflop):.0f}{span} ({len(tflop)}/{len(counted)})"
+
+
 def group(results: Sequence[RunResult]) -> dict[str, list[RunResult]]:
     """Results by setting, in first-seen order."""
     groups: dict[str, list[RunResult]] = {}
@@ -110,28 +126,32 @@ def group(results: Sequence[RunResult]) -> dict[str, list[RunResult]]:
 
 def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: float | None) -> str:
     """sweep.md: one row per setting, mean +/- sd over its seeds (sample sd; n = runs with the figure)."""
-    target = f"time to val BLEU {target_bleu:g}" if target_bleu else "time to target"
+    target = f"val BLEU {target_bleu:g}" if target_bleu else "target"
     lines = [f"# {title}", "",
-             f"| setting | runs done | val BLEU | test BLEU (greedy) | test BLEU (beam) | {target} | epochs | "
-             "last epoch's val BLEU | steps | training min | tokens/s | params |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| setting | runs done | val BLEU | test BLEU (greedy) | test BLEU (beam) | time to {target} | "
+             f"TFLOP to {target} | epochs | last epoch's val BLEU | steps | training min | training TFLOP | "
+             "tokens/s | params |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for setting, rs in group(results).items():
         done = sum(r.finished for r in rs)
         params = next((r.params for r in rs if r.params), None)
         lines.append(
             f"| `{setting}` | {done}/{len(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
-            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs)} | {_pm([r.epochs for r in rs], 0)} | "
-            f"{_pm([r.last_bleu for r in rs])} | {_pm([r.steps for r in rs], 0)} | "
+            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs)} | {_compute_to_target(rs)} | "
+            f"{_pm([r.epochs for r in rs], 0)} | {_pm([r.last_bleu for r in rs])} | {_pm([r.steps for r in rs], 0)} | "
             f"{_pm([r.train_seconds / 60 if r.train_seconds else None for r in rs], 1)} | "
+            f"{_pm([r.train_flops / 1e12 if r.train_flops is not None else None for r in rs], 0)} | "
             f"{_pm([r.tokens_per_s for r in rs], 0)} | {f'{params / 1e6:.2f}M' if params else '-'} |")
     lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Val BLEU: the "
               "chosen weights' (best.pt, or avg.pt when it scores higher), greedy, of finished runs. Time to target: "
-              "median training minutes (optimizer steps only) [fastest-slowest] (runs that reached it / runs).", ""]
+              "median training minutes (optimizer steps only) [fastest-slowest] (runs that reached it / runs). TFLOP: "
+              "training compute in 10^12 model FLOPs (matmuls of the real sentence lengths, 3x the forward pass, "
+              "extra passes of the objective counted), which compares across machines.", ""]
     return "\n".join(lines)
 
 
 CSV_FIELDS = ("setting", "seed", "finished", "epochs", "steps", "params", "val_bleu", "test_bleu", "test_bleu_beam",
-              "train_seconds", "target_seconds", "tokens_per_s")
+              "train_seconds", "target_seconds", "tokens_per_s", "train_flops", "target_flops")
 
 
 def results_csv(results: Sequence[RunResult]) -> str:
@@ -215,10 +235,11 @@ def timed_to(results: Sequence[RunResult], target_bleu: float) -> list[RunResult
     Runs of different configs may have been timed to different train.target_bleu values (or none);
     a comparison times them all to the one target it names.
     """
-    def first(r: RunResult) -> float | None:
-        return next((minutes * 60 for minutes, bleu in r.curve if bleu >= target_bleu), None)
+    def first(curve: tuple[tuple[float, float], ...], scale: float = 1.0) -> float | None:
+        return next((x * scale for x, bleu in curve if bleu >= target_bleu), None)
 
-    return [dataclasses.replace(r, target_seconds=first(r)) for r in results]
+    return [dataclasses.replace(r, target_seconds=first(r.curve, 60.0), target_flops=first(r.flops_curve))
+            for r in results]
 
 
 def compare_sweeps(folders: Sequence[Path], out: Path, target_bleu: float | None = None) -> list[Path]:

@@ -3,7 +3,8 @@
     <out>/<setting>/seed<N>/     one run (train.out_dir), continued with train.resume=auto when started again
     <out>/<setting>/seed<N>.log  its output
     <out>/sweep.md  sweep.csv    per setting: mean and standard deviation over seeds of val (and test) BLEU,
-                                 time to train.target_bleu, steps, tokens/s, parameters; one row per run in the CSV
+                                 time and compute (TFLOP) to train.target_bleu, steps, minutes, compute, tokens/s,
+                                 parameters; one row per run in the CSV
     <out>/sweep.html  sweep.png  val BLEU against training minutes, a faint line per run, the mean per setting
 
 A grid is a YAML mapping of dotted keys to lists of values (every combination is a setting), or a

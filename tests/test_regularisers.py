@@ -1,0 +1,251 @@
+"""The regularising extensions: subword sampling (a new segmentation of the training data every epoch) and
+R-Drop (two dropout passes and a symmetric KL); each off by default and exact when off."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from annotated_transformer.config import SubwordSamplingConfig, load_config
+from annotated_transformer.data.batch import Batch
+from annotated_transformer.data.loader import TrainLoader
+from annotated_transformer.data.text import TextPipeline
+from annotated_transformer.errors import ConfigError
+from annotated_transformer.extensions.builder import build_resegmentation, build_training
+from annotated_transformer.extensions.r_drop import RDropObjective, build_r_drop, symmetric_kl
+from annotated_transformer.extensions.subword_sampling import SampledSegmentation
+from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
+from annotated_transformer.model import make_model
+
+PAD, BOS, EOS, V = 2, 0, 1, 23
+
+
+@pytest.fixture(scope="module")
+def subwords(multi30k_data):
+    """A small SentencePiece model on 3,000 Multi30k pairs, and those pairs' best-segmentation ids."""
+    train = multi30k_data.splits["train"]
+    src_text, tgt_text = train.src_text[:3000], train.tgt_text[:3000]
+    text = TextPipeline.for_subwords(src_text, tgt_text, src_lang="de", tgt_lang="en", vocab_size=600,
+                                     max_sentence_len=40)
+    ids = {side: [np.asarray(text.truncate(r), dtype=np.int64) for r in text.ids_many(texts, side)]
+           for side, texts in (("src", src_text), ("tgt", tgt_text))}
+    return text, src_text, tgt_text, ids["src"], ids["tgt"]
+
+
+def segmentation(subwords, seed: int = 3, **cfg) -> SampledSegmentation:
+    text, src_text, tgt_text, src, tgt = subwords
+    return SampledSegmentation(SubwordSamplingConfig(**{"alpha": 0.1, **cfg}), text, src_text, tgt_text, src, tgt,
+                               seed)
+
+
+def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+# --------------------------------------------------------------------------- subword sampling
+
+
+def test_sampled_segmentations_spell_the_same_sentences_and_repeat_for_the_same_seed_and_epoch(subwords):
+    text, src_text, tgt_text, src, tgt = subwords
+    reseg = segmentation(subwords)
+    src0, tgt0 = reseg(0)
+    assert not same(src0, src) and not same(tgt0, tgt)  # both sides drawn anew
+    changed = np.mean([not np.array_equal(a, b) for a, b in zip(src0, src)])
+    assert changed > 0.5  # alpha 0.1 over the 64 best: most sentences cut differently
+    short = [i for i, ids in enumerate(src0) if len(ids) < 40][:200]  # untruncated rows detokenise exactly
+    assert all(text.ids_to_text(src0[i], "src") == " ".join(src_text[i].split()) for i in short)
+    assert all(ids[0] == BOS and ids[-1] == EOS and len(ids) <= 40 for ids in src0 + tgt0)
+    segmentation(subwords, seed=9)(0)  # other draws in between do not disturb the next call's
+    again = reseg(0)
+    assert same(again[0], src0) and same(again[1], tgt0)
+    assert not same(reseg(1)[0], src0)  # a new epoch, a new segmentation
+    assert not same(segmentation(subwords, seed=4)(0)[0], src0)  # another run seed, other draws
+
+
+def test_only_the_chosen_side_is_resegmented(subwords):
+    _, _, _, src, tgt = subwords
+    src_only = segmentation(subwords, sides="src")(0)
+    assert not same(src_only[0], src) and src_only[1] is tgt
+    tgt_only = segmentation(subwords, sides="tgt")(0)
+    assert tgt_only[0] is src and not same(tgt_only[1], tgt)
+
+
+def test_the_loader_serves_each_epochs_segmentation_on_the_same_plan_and_resumes_with_it(subwords):
+    _, _, _, src, tgt = subwords
+    reseg = segmentation(subwords)
+    plain = TrainLoader(src, tgt, batch_tokens=400, seed=5)
+    sampled = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=reseg)
+    assert len(sampled) == len(plain)  # planned on the best segmentation's lengths
+    for epoch in (0, 1):
+        plain.set_epoch(epoch)
+        sampled.set_epoch(epoch)
+        want_src, want_tgt = reseg(epoch)
+        rows = sampled.sampler.batches(epoch)
+        for k, (a, b) in enumerate(zip(plain, sampled)):
+            assert len(a) == len(b)  # the same sentences ...
+            picked = rows[k]
+            longest = max(len(want_src[i]) for i in picked)
+            assert b.src.shape == (len(picked), longest)  # ... in this epoch's spelling
+            assert all(np.array_equal(b.src[j, :len(want_src[i])].numpy(), want_src[i]) for j, i in enumerate(picked))
+            assert b.ntokens == sum(len(want_tgt[i]) - 1 for i in picked)
+            if k == 2:
+                break
+    sampled.set_epoch(1)
+    it = iter(sampled)
+    next(it), next(it)
+    state = sampled.state_dict()
+    expected = next(it)
+    fresh = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=segmentation(subwords))
+    fresh.load_state_dict(state)  # a new process: the epoch's draws are made again, alike
+    assert next(iter(fresh)).src.equal(expected.src)
+
+
+def test_the_compute_count_sees_every_sentence_once_an_epoch_at_its_served_length(subwords):
+    _, _, _, src, tgt = subwords
+    reseg = segmentation(subwords)
+    loader = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=reseg)
+    loader.set_epoch(2)
+    s, t = loader.lengths_served(0, len(loader))
+    want_s, want_t = (np.sort([len(x) for x in side]) for side in reseg(2))
+    assert np.array_equal(np.sort(s), want_s) and np.array_equal(np.sort(t), want_t)
+    first, rest = loader.lengths_served(0, 3), loader.lengths_served(3, len(loader))
+    assert len(first[0]) + len(rest[0]) == len(src)
+
+
+def test_subword_sampling_off_leaves_the_cached_ids_and_on_resegments_the_training_split(subwords):
+    text, src_text, tgt_text, src, tgt = subwords
+    train = SimpleNamespace(src_text=src_text, tgt_text=tgt_text, src=src, tgt=tgt)
+    data = SimpleNamespace(text=text, splits={"train": train})
+    assert build_resegmentation(load_config("tiny", ["data.tokenizer=spm"]), data) is None  # off
+    plain = TrainLoader(src, tgt, batch_tokens=400, seed=5)
+    plain.set_epoch(3)
+    assert plain.dataset.src is src and plain.dataset.tgt is tgt  # the cached arrays, served as they are
+    on = build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "subword_sampling.alpha=0.2",
+                                                    "subword_sampling.sides=src"]), data)
+    src1, tgt1 = on(1)
+    assert (on.cfg.alpha, on.seed) == (0.2, 42) and tgt1 is tgt and not same(src1, src)
+
+
+def test_a_resegmentation_that_loses_rows_is_a_clear_error(subwords):
+    from annotated_transformer.errors import DataError
+
+    _, _, _, src, tgt = subwords
+    broken = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=lambda epoch: (src[:-1], tgt[:-1]))
+    with pytest.raises(DataError, match="must stay aligned"):
+        broken.set_epoch(0)
+
+
+# --------------------------------------------------------------------------- R-Drop
+
+
+def tiny_model(dropout: float, seed: int = 0):
+    torch.manual_seed(seed)
+    return make_model(V, V, N=2, d_model=32, d_ff=64, h=4, dropout=dropout).train()
+
+
+def padded_batch(seed: int = 1) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, V, (3, 9), generator=g)
+    tgt = torch.randint(3, V, (3, 8), generator=g)
+    src[0, 4:] = PAD
+    tgt[:, 0] = BOS
+    tgt[1, 5:] = PAD
+    return Batch(src, tgt, pad=PAD)
+
+
+def test_symmetric_kl_is_the_two_kl_divergences_over_the_kept_rows():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(6, 11, generator=g), torch.randn(6, 11, generator=g)
+    keep = torch.tensor([True, True, False, True, True, False])
+    la, lb = a.log_softmax(-1)[keep], b.log_softmax(-1)[keep]
+    want = F.kl_div(lb, la, log_target=True, reduction="sum") + F.kl_div(la, lb, log_target=True, reduction="sum")
+    assert symmetric_kl(a, b, keep).item() == pytest.approx(want.item(), rel=1e-5)
+    assert symmetric_kl(a, a, keep).item() == 0.0
+
+
+def test_r_drop_without_dropout_is_the_plain_loss_and_gradient():
+    b = padded_batch()
+    grads = []
+    for objective in (None, RDropObjective(alpha=5.0, pad=PAD)):
+        model = tiny_model(dropout=0.0)
+        loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, PAD, 0.1))
+        if objective is None:
+            logged, loss = loss_compute(model(b.src, b.tgt, b.src_mask, b.tgt_mask), b.tgt_y, b.ntokens)
+        else:
+            logged, loss = objective(model, b, loss_compute, b.ntokens, 0)
+            assert objective.last_kl.item() == pytest.approx(0.0, abs=1e-6)  # identical passes agree
+        loss.backward()
+        grads.append((logged, [p.grad.clone() for p in model.parameters()]))
+    (plain_loss, plain_grads), (rdrop_loss, rdrop_grads) = grads
+    assert rdrop_loss.item() == pytest.approx(plain_loss.item(), rel=1e-5)  # the mean of two equal passes
+    assert all(torch.allclose(g, h, atol=1e-6) for g, h in zip(plain_grads, rdrop_grads))
+
+
+def test_r_drop_adds_alpha_times_a_quarter_of_the_divergence_between_two_dropout_passes():
+    b = padded_batch()
+    model = tiny_model(dropout=0.3)
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, PAD, 0.1))
+    objective = RDropObjective(alpha=4.0, pad=PAD)
+    torch.manual_seed(7)
+    logged, loss = objective(model, b, loss_compute, 1.0, 0)
+    kl = objective.last_kl * b.ntokens  # back to the sum over target tokens
+    assert kl.item() > 0  # two dropout masks, two distributions
+    assert loss.item() == pytest.approx(logged.item() + 4.0 * kl.item() / 4, rel=1e-5)
+    torch.manual_seed(7)  # the same draws: the two halves of one doubled forward pass
+    twice = [torch.cat([t, t]) for t in (b.src, b.tgt, b.src_mask, b.tgt_mask)]
+    logits = model.generator.logits(model(*twice))  # (2B, T, V)
+    y = torch.cat([b.tgt_y, b.tgt_y]).reshape(-1)
+    ce = LabelSmoothing(V, PAD, 0.1)(logits.reshape(-1, V).log_softmax(-1), y) / 2
+    assert logged.item() == pytest.approx(ce.item(), rel=1e-5)
+    assert objective.figures()["rdrop_kl"] == pytest.approx(objective.last_kl.item())
+
+
+def test_r_drop_off_is_the_plain_step():
+    assert build_r_drop(0.0, PAD) is None
+    objective = build_training(load_config("tiny"), V, V, PAD, torch.device("cpu"))[2]
+    assert objective is None
+    on = build_training(load_config("tiny", ["r_drop.alpha=1"]), V, V, PAD, torch.device("cpu"))[2]
+    assert isinstance(on, RDropObjective) and on.compute_factor == 2.0
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["subword_sampling.alpha=0.1"], "subword_sampling needs SentencePiece subwords: set data.tokenizer=spm"),
+    (["data.tokenizer=spm", "subword_sampling.alpha=-1"], "subword_sampling.alpha must not be negative"),
+    (["data.tokenizer=spm", "subword_sampling.alpha=0.1", "subword_sampling.nbest=1"],
+     "subword_sampling.nbest must be -1"),
+    (["data.tokenizer=spm", "subword_sampling.sides=neither"], "subword_sampling.sides must be one of"),
+    (["r_drop.alpha=-0.5"], "r_drop.alpha must not be negative"),
+    (["r_drop.alpha=5", "scheduled_sampling.rate=0.2"], "r_drop is on with scheduled_sampling or guided_attention"),
+])
+def test_bad_regulariser_settings_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("tiny", overrides).validate()
+
+
+# --------------------------------------------------------------------------- the user's command
+
+
+@pytest.mark.slow
+def test_both_switches_train_from_the_command_line(tmp_path, train_command, multi30k_dir, data_cache_dir):
+    import json
+
+    out = tmp_path / "run"
+    code, _, err = train_command(
+        "--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
+        "data.tokenizer=spm", "data.spm_vocab_size=1000", "subword_sampling.alpha=0.1", "r_drop.alpha=1",
+        "train.max_steps=60", "train.log_every=20", f"train.out_dir={out}", "train.progress=false",
+        "train.final_eval=false")
+    assert code == 0, err[-2000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 3 and all(r["rdrop_kl"] > 0 for r in train)
+    assert train[-1]["loss"] < train[0]["loss"]  # it learns through both switches
+    epoch = next(r for r in records if r["kind"] == "epoch")
+    assert epoch["train_flops"] > 0 and "subword_sampling:\n  alpha: 0.1\n" in (out / "config.yaml").read_text()
