@@ -32,6 +32,9 @@ from .vocab import PAD
 
 BATCHING_MODES = ("bucket", "notebook")
 
+# epoch -> that epoch's (source ids, target ids) of every training sentence, aligned with the batch plan
+Resegment = Callable[[int], tuple[Sequence[np.ndarray], Sequence[np.ndarray]]]
+
 
 class PairDataset(Dataset):
     """Pre-numericalised (src, tgt) id arrays, indexed by sentence."""
@@ -101,7 +104,7 @@ class TrainLoader:
     def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], *, batching: str = "bucket",
                  batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
                  pin_memory: bool = False, num_workers: int = 0, pad: int = PAD,
-                 resegment: Callable[[int], tuple[Sequence[np.ndarray], Sequence[np.ndarray]]] | None = None) -> None:
+                 resegment: Resegment | None = None) -> None:
         self.sampler = EpochBatchSampler(
             np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src)),
             np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),

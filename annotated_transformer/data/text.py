@@ -146,8 +146,7 @@ class TextPipeline:
         if self.mode == "word":
             return [self.numericalize(toks, side) for toks in self.tokenize_many(texts, side)]
         self._check_side(side)
-        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
-        return [[BOS, *ids, EOS] for ids in self.subword.encode_ids(texts)]
+        return [[BOS, *ids, EOS] for ids in self.subword.encode_ids(self._cased(texts))]
 
     def sampled_ids_many(self, texts: Sequence[str], side: str, alpha: float, nbest: int, seed: int
                          ) -> list[list[int]]:
@@ -156,8 +155,11 @@ class TextPipeline:
         self._check_side(side)
         if self.mode != "spm":
             raise ValueError("sampled segmentations need the SentencePiece (spm) tokenizer")
-        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
-        return [[BOS, *ids, EOS] for ids in self.subword.sample_ids(texts, alpha, nbest, seed)]
+        return [[BOS, *ids, EOS] for ids in self.subword.sample_ids(self._cased(texts), alpha, nbest, seed)]
+
+    def _cased(self, texts: Sequence[str]) -> list[str]:
+        """The texts as the subword model reads them: lowercased when the pipeline lowercases."""
+        return [t.lower() for t in texts] if self.lowercase else list(texts)
 
     def truncate(self, ids: list[int]) -> list[int]:
         """Cut ids to max_sentence_len, keeping the closing </s>."""

@@ -37,7 +37,7 @@ from .buckets import (
     notebook_batches,
 )
 from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
-from .loader import TrainLoader
+from .loader import Resegment, TrainLoader
 from .multi30k import SPLIT_FILES, read_split, resolve_multi30k_dir
 from .text import TextPipeline, truncate_ids
 from .tokenizers import word_tokenize_many
@@ -84,8 +84,7 @@ class TranslationData:
     config: DataConfig = field(default_factory=DataConfig)
 
     def train_loader(self, seed: int, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
-                     resegment: Callable[[int], tuple[list[np.ndarray], list[np.ndarray]]] | None = None
-                     ) -> TrainLoader:
+                     resegment: Resegment | None = None) -> TrainLoader:
         """This rank's resumable training batches (data.batching plan, data.batch_tokens budget); `resegment`
         (epoch -> ids of every training pair) replaces the cached ids each epoch."""
         d, train = self.config, self.splits["train"]

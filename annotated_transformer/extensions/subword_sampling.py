@@ -9,22 +9,16 @@ The epoch's batches are still planned on the best segmentation's lengths, so an 
 number of batches whatever is drawn (the schedule and mid-epoch resume depend on that); sampled
 segmentations are a little longer (alpha 0.1 over the 64 best: about 1.1x the pieces on Multi30k),
 so a batch holds that many more tokens, and the sampled lengths scatter within a batch planned on
-the best ones (padding 2.8% -> 10-15% on Multi30k: docs/extensions.md). The draws are a pure function of (train.seed, epoch), so a
-resumed run sees the same ones.
+the best ones (padding 2.8% -> 10-15% on Multi30k: docs/extensions.md). The draws are a pure
+function of (train.seed, epoch), so a resumed run sees the same ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from ..config import SubwordSamplingConfig
-from ..data.text import TextPipeline, truncate_ids
-
-# epoch -> (source ids, target ids) of every training sentence, aligned with the split
-Resegment = Callable[[int], tuple[list[np.ndarray], list[np.ndarray]]]
-
+from ..data.text import TextPipeline
 
 class SampledSegmentation:
     """Callable: epoch -> the training split's ids, the chosen sides segmented by sampling."""
@@ -42,8 +36,7 @@ class SampledSegmentation:
         # One seed per (run seed, epoch, side): large odd multipliers keep neighbouring seeds' draws apart.
         seed = self.seed * 1_000_003 + epoch * 7_919 + (side == "tgt")
         rows = self.text.sampled_ids_many(self.texts[side], side, self.cfg.alpha, self.cfg.nbest, seed)
-        limit = self.text.max_sentence_len
-        return [np.asarray(truncate_ids(ids, limit), dtype=np.int64) for ids in rows]
+        return [np.asarray(self.text.truncate(ids), dtype=np.int64) for ids in rows]
 
     def __call__(self, epoch: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         return self.side("src", epoch), self.side("tgt", epoch)
