@@ -15,6 +15,14 @@ import pytest
 from annotated_transformer.config import Config
 from annotated_transformer.config import load_config
 
+@pytest.fixture()
+def no_charts(monkeypatch):
+    """The end of a run without its charts (drawing them takes seconds; they are not what these tests check)."""
+    from annotated_transformer.harness import run_end
+
+    monkeypatch.setattr(run_end, "write_charts", lambda run, log: None)
+
+
 DEFAULT_MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from annotated_transformer.config import load_config
-from annotated_transformer.harness import progress, run_end
+from annotated_transformer.harness import progress
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.progress import (format_duration, quicker_config, run_length, seconds_left,
                                                     slow_run_warning, time_left)
@@ -21,12 +21,6 @@ from annotated_transformer.loop import TrainState
 
 QUIET = ["train.progress=false", "train.device=cpu"]
 SMALL = ["model.d_model=32", "model.d_ff=64", "model.N=1", "data.copy_batch_size=16"]  # the copy task, smaller
-
-
-@pytest.fixture()
-def no_charts(monkeypatch):
-    """The end of a run without its charts (drawing them takes seconds; they are not what these tests check)."""
-    monkeypatch.setattr(run_end, "write_charts", lambda run, log: None)
 
 
 def test_seconds_left_is_the_remaining_steps_at_the_speed_so_far():

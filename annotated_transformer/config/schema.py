@@ -3,7 +3,7 @@ documentation (`uv run python -m annotated_transformer.config > docs/config.md`,
 
 A run is described by one `Config`: the sections `model`, `data`, `train` and `decode`, then one
 section per extension (`local_attention`, `token_merging`, `scheduled_sampling`,
-`guided_attention`, `subword_sampling`, `r_drop`), each off by default. Every field carries a one-line help
+`guided_attention`, `subword_sampling`, `r_drop`, `ema`), each off by default. Every field carries a one-line help
 text (`param(...)`), so listings and the docs come from the same place as the code. Reading
 YAML files and dotted overrides is `loading.py`, beside this file:
 
@@ -220,6 +220,15 @@ class RDropConfig:
 
 
 @dataclass
+class EmaConfig:
+    """A moving average of the weights (extensions/ema.py), validated and saved in their place; off by default."""
+
+    decay: float = param(0.0, "after every optimizer step avg <- d * avg + (1 - d) * weights, d = min(decay, "
+                         "(1 + n) / (10 + n)) at the n-th step; the average is what validation scores and best.pt / epoch_NN.pt hold (0: off; 0.999 averages about "
+                         "the last 1,000 steps)")
+
+
+@dataclass
 class DecodeConfig:
     """How translations are produced."""
 
@@ -249,6 +258,7 @@ class Config:
     subword_sampling: SubwordSamplingConfig = field(default_factory=SubwordSamplingConfig,
                                                     metadata={"help": "extension: subword regularisation"})
     r_drop: RDropConfig = field(default_factory=RDropConfig, metadata={"help": "extension: R-Drop"})
+    ema: EmaConfig = field(default_factory=EmaConfig, metadata={"help": "extension: a moving average of the weights"})
 
     def validate(self) -> Config:
         """Check rules that involve several fields; raise ConfigError on the first broken one."""
@@ -377,7 +387,7 @@ class Config:
         self._validate_regularisers()
 
     def _validate_regularisers(self) -> None:
-        """The rules of subword sampling and R-Drop."""
+        """The rules of subword sampling, R-Drop and the weight average."""
         sw, rd, d = self.subword_sampling, self.r_drop, self.data
         for key, value in {"subword_sampling.alpha": sw.alpha, "r_drop.alpha": rd.alpha}.items():
             if value < 0:
@@ -387,6 +397,8 @@ class Config:
                               "(and data.dataset=multi30k), or subword_sampling.alpha=0")
         if sw.nbest == 0 or sw.nbest == 1 or sw.nbest < -1:
             raise ConfigError(f"subword_sampling.nbest must be -1 (the whole lattice) or at least 2, got {sw.nbest}")
+        if not 0 <= self.ema.decay < 1:
+            raise ConfigError(f"ema.decay must be in [0, 1) (0: off; 0.999 is typical), got {self.ema.decay}")
         if rd.alpha and (self.scheduled_sampling.rate or self.guided_attention.weight):
             raise ConfigError("r_drop is on with scheduled_sampling or guided_attention: they replace the same "
                               "training loss; use one of them")

@@ -8,5 +8,6 @@ default and exact when off, and reaches the paper's classes only as a subclass o
     objective.py           the training step's loss with either of the last two switched on
     r_drop.py              R-Drop: two dropout passes per batch and a symmetric KL between them
     subword_sampling.py    subword regularisation: a sampled segmentation of each training sentence every epoch
-    builder.py             a Config -> model, loss, objective, optimizer, training-data resegmentation: the switches on
+    ema.py                 a moving average of the weights, validated and saved in their place
+    builder.py             a Config -> model, loss, objective, optimizer, weight average, resegmentation: the switches on
 """

@@ -7,12 +7,14 @@ installed: the one place where a config's switches reach the code.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from ..config import Config
 from ..device import resolve_amp_dtype
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import EncoderDecoder, make_model
 from ..optim import build_optimizer
+from .ema import WeightAverage, build_weight_average
 from .local_attention import with_local_attention
 from .objective import TrainingObjective, build_objective
 from .r_drop import RDropObjective, build_r_drop
@@ -46,6 +48,11 @@ def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device
                                                                          cfg.guided_attention, model, pad)
     optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
     return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
+
+
+def build_ema(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer) -> WeightAverage | None:
+    """The exponential moving average of the weights, updated after every optimizer step; None when off."""
+    return build_weight_average(cfg.ema.decay, model, optimizer)
 
 
 def build_resegmentation(cfg: Config, data) -> SampledSegmentation | None:

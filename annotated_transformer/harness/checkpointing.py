@@ -6,7 +6,9 @@ refused. Keys:
 
     format       "annotated-transformer/1"
     config       the resolved config (nested dict)
-    model        the model's state_dict (unwrapped from DDP / torch.compile)
+    model        the model's state_dict (unwrapped from DDP / torch.compile); with ema.decay on, best.pt and
+                 epoch_NN.pt hold the weight average here, last.pt the raw weights
+    ema          last.pt only, with ema.decay on: the weight average (extensions/ema.py)
     text         the TextPipeline's state_dict (vocabulary, tokenizer settings), or None (copy task)
     train_state  TrainState.state_dict()
     optimizer, scheduler, loader, rng    only in resumable checkpoints (last.pt)
@@ -270,6 +272,9 @@ def improves(metric: float | None, best: float | None, best_metric: str) -> bool
 class Checkpointer:
     """A run's checkpoint files: last.pt (resumable), best.pt and epoch_NN.pt (weights), avg.pt.
 
+    With `ema.decay` on, best.pt and epoch_NN.pt hold the weight average (what validation scored) and
+    last.pt the raw weights beside the average.
+
     Every rank takes part in a save (the random states are gathered); rank 0 copies the state to
     the CPU and a background `CheckpointWriter` writes it while training goes on.
     """
@@ -300,7 +305,9 @@ class Checkpointer:
         self.saved_step = step
         if not self.info.is_main:
             return
-        weights = {**self.common, "model": resumable["model"], "train_state": resumable["train_state"]}
+        ema = self.run_state.ema
+        model = resumable["model"] if ema is None else ema.averaged_state_dict(unwrap_model(self.run_state.model))
+        weights = {**self.common, "model": model, "train_state": resumable["train_state"]}
         jobs = ([(weights, weights_to)] if weights_to else []) + [({**self.common, **resumable}, [self.run.last])]
         self.writer.save(*jobs)
 

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +18,9 @@ from ..errors import CheckpointError
 from ..loop import TrainState, unwrap_model
 from ..loss_meter import LossMeter, world_size
 from .distributed import host_group
+
+if TYPE_CHECKING:
+    from ..extensions.ema import WeightAverage
 
 
 def _rng_state() -> dict[str, Any]:
@@ -47,7 +50,8 @@ class RunState:
     """Everything `last.pt` holds to continue a run exactly, behind one state_dict() / load_state_dict().
 
     The counters, the model, the optimizer, the schedule, every rank's random-number state and,
-    for a run stopped inside an epoch, the data loader's position and the epoch's loss sums.
+    for a run stopped inside an epoch, the data loader's position and the epoch's loss sums; with
+    `ema.decay` on, the weight average.
     """
 
     train_state: TrainState
@@ -57,6 +61,7 @@ class RunState:
     loader: Any  # TrainLoader or CopyLoader: state_dict() / load_state_dict()
     meter: LossMeter
     rank: int = 0
+    ema: WeightAverage | None = None  # with ema.decay > 0 the weight average is resumed too
 
     def cut_short(self, max_steps: int) -> bool:
         """`max_steps` ended training inside an epoch: that epoch stays unfinished (no epoch file, a mid-epoch
@@ -73,7 +78,8 @@ class RunState:
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "loader": self.loader.state_dict() if mid_epoch else None,
                 "meter": self.meter.state_dict() if mid_epoch else None,
-                "rng": {str(r): s for r, s in enumerate(rngs)}}
+                "rng": {str(r): s for r, s in enumerate(rngs)},
+                **({"ema": self.ema.state_dict()} if self.ema is not None else {})}
 
     def load_state_dict(self, payload: dict[str, Any], source: Path | str = "last.pt") -> bool:
         """Restore everything from a `state_dict()` payload; returns True when it stopped inside an epoch."""
@@ -99,6 +105,10 @@ class RunState:
         for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
             group["lr"] = base * fn(self.scheduler.last_epoch)  # the next step's rate under today's schedule
         self.train_state.load_state_dict(payload["train_state"])
+        if self.ema is not None and payload.get("ema") is not None:
+            self.ema.load_state_dict(payload["ema"])
+        elif self.ema is not None:  # a run started without ema.decay: the average starts from the restored weights
+            self.ema.reset()
         rng = payload["rng"].get(str(self.rank))
         if rng is not None:
             _set_rng_state(rng)

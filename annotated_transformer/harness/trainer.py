@@ -13,6 +13,7 @@ import math
 import random
 import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from ..config import Config, config_to_dict
 from ..errors import DistributedError, TrainingDiverged, UserError
-from ..extensions.builder import build_training
+from ..extensions.builder import build_ema, build_training
 from ..loop import TrainState, evaluate_loss, train_loop
 from ..loss_meter import LossMeter
 from ..model_flops import train_step_flops
@@ -80,13 +81,14 @@ class Trainer:
             cfg, self.task.src_vocab_size, self.task.tgt_vocab_size, self.task.pad, device)
         if info.rank:  # dropout draws differ between ranks; the weights above were drawn alike on every rank
             torch.manual_seed(cfg.train.seed + info.rank)
+        self.ema = build_ema(cfg, self.model, self.optimizer)  # None unless ema.decay > 0
         self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
         self.total_steps = cfg.train.total_steps(len(self.loader))  # the run's optimizer steps, all epochs
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
                                          cfg.train.schedule, self.total_steps, cfg.train.final_lr_ratio)
         self.val_batches = self.task.val_batches()
         self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
-                              LossMeter(device), info.rank)
+                              LossMeter(device), info.rank, self.ema)
         self.train_state = self.run_state.train_state
         text_state = self.task.text.state_dict() if self.task.text is not None else None
         common = {"config": config_to_dict(cfg), "text": text_state}  # what every checkpoint file carries
@@ -223,12 +225,14 @@ class Trainer:
         t, s, t_eval = self.cfg.train, self.train_state, time.perf_counter()
         if not self.run_state.cut_short(t.max_steps):
             s.epoch = epoch + 1
-        val_loss = evaluate_loss(self.val_batches, self.model, self.loss_compute, device=self.device,
-                                 amp_dtype=self.amp_dtype)
+        with self.evaluated_weights():
+            val_loss = evaluate_loss(self.val_batches, self.model, self.loss_compute, device=self.device,
+                                     amp_dtype=self.amp_dtype)
+            scored = self.task.score(self.model, self.device, "val", beam_size=1,
+                                     amp_dtype=self.amp_dtype) if self._bleu_due(epoch) else None
         record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": s.step, "train_loss": train_loss,
                                   "val_loss": val_loss, "seconds": seconds}
-        if self.task.name == "multi30k" and t.bleu_every and ((epoch + 1) % t.bleu_every == 0 or self.done()):
-            scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype)
+        if scored is not None:
             record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
             if t.target_bleu and s.target_epoch is None and scored["bleu"] >= t.target_bleu:
                 s.target_epoch, s.target_seconds, s.target_flops = epoch + 1, s.train_seconds, s.flops
@@ -237,6 +241,15 @@ class Trainer:
             record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds,
                           target_flops=s.target_flops)
         return {**record, **self.metrics.epoch_figures()}
+
+    def _bleu_due(self, epoch: int) -> bool:
+        """Validation BLEU after `epoch` (from 0): every train.bleu_every epochs and after the last (Multi30k)."""
+        every = self.cfg.train.bleu_every
+        return self.task.name == "multi30k" and bool(every) and ((epoch + 1) % every == 0 or self.done())
+
+    def evaluated_weights(self) -> AbstractContextManager[None]:
+        """The weights validation scores: the raw ones, or with `ema.decay` on their average swapped in."""
+        return self.ema.swapped_in() if self.ema is not None else nullcontext()
 
     def save(self, record: dict[str, Any], t_epoch: float) -> None:
         """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""

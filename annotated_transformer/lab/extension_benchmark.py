@@ -24,7 +24,7 @@ from ..data.buckets import pad_rows
 from ..decoding import greedy_decode
 from ..device import amp_context, select_device
 from ..errors import ConfigError
-from ..extensions.builder import build_training
+from ..extensions.builder import build_ema, build_training
 from ..loop import Log, train_step
 from ..masks import padding_mask
 from ..harness.schedules import build_scheduler
@@ -38,6 +38,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "token merging r=0.25": ("token_merging.merge_ratio=0.25",),
     "token merging r=0.5": ("token_merging.merge_ratio=0.5",),
     "token pruning r=0.25": ("token_merging.prune_ratio=0.25",),
+    "R-Drop alpha=5": ("r_drop.alpha=5",),
+    "weight average 0.999": ("ema.decay=0.999",),
 }
 
 
@@ -58,6 +60,7 @@ class _Arm:
         torch.manual_seed(cfg.train.seed)
         self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype = build_training(
             cfg, *vocab, pad, device)
+        self.ema = build_ema(cfg, self.model, self.optimizer)  # its optimizer hook is what is timed
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
         self.step = 0
 
