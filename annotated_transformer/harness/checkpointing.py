@@ -293,6 +293,9 @@ class Checkpointer:
         if self.info.is_main:
             self.run.truncate_metrics(step)
         log(f"resumed {self.run.last}: epoch {self.run_state.train_state.epoch}, step {step}")
+        if last.get("ema") is not None and self.run_state.ema is None:
+            log(f"{self.run.last} holds a weight average that ema.decay=0 drops: from here on validation scores the "
+                "raw weights (best.pt so far holds the average); resume with its ema.decay to keep it")
         return mid_epoch
 
     def save(self, mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
