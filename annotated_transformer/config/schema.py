@@ -224,8 +224,8 @@ class EmaConfig:
     """A moving average of the weights (extensions/ema.py), validated and saved in their place; off by default."""
 
     decay: float = param(0.0, "after every optimizer step avg <- d * avg + (1 - d) * weights, d = min(decay, "
-                         "(1 + n) / (10 + n)) at the n-th step; the average is what validation scores and best.pt / epoch_NN.pt hold (0: off; 0.999 averages about "
-                         "the last 1,000 steps)")
+                         "(1 + n) / (10 + n)) at the n-th step; the average is what validation scores and "
+                         "best.pt / epoch_NN.pt hold (0: off; 0.999 averages about the last 1,000 steps)")
 
 
 @dataclass

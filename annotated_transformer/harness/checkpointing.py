@@ -308,10 +308,11 @@ class Checkpointer:
         self.saved_step = step
         if not self.info.is_main:
             return
-        ema = self.run_state.ema
-        model = resumable["model"] if ema is None else ema.averaged_state_dict(unwrap_model(self.run_state.model))
-        weights = {**self.common, "model": model, "train_state": resumable["train_state"]}
-        jobs = ([(weights, weights_to)] if weights_to else []) + [({**self.common, **resumable}, [self.run.last])]
+        jobs = [({**self.common, **resumable}, [self.run.last])]
+        if weights_to:  # the weights validation scored: the raw ones, or their average (ema)
+            ema = self.run_state.ema
+            model = resumable["model"] if ema is None else ema.averaged_state_dict(unwrap_model(self.run_state.model))
+            jobs.insert(0, ({**self.common, "model": model, "train_state": resumable["train_state"]}, weights_to))
         self.writer.save(*jobs)
 
     def wait(self) -> None:
