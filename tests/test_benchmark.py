@@ -182,3 +182,30 @@ def test_speed_report_bad_input_is_one_clear_line(args, needle, command):
     assert code == 2
     lines = stderr.decode().strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], lines
+
+
+def test_engines_rounds_take_medians(tmp_path, command, monkeypatch):
+    """benchmark --engines --rounds N: every engine measured N times; the table holds the medians."""
+    from annotated_transformer.lab import engine_benchmark
+
+    rounds = []
+
+    def fake_engines(checkpoint, limit=None, data_root=None, log=print):
+        rounds.append(checkpoint)
+        r = len(rounds)
+        rows = [{"engine": "torch-fp32", "greedy_per_s": [10.0, 30.0, 20.0][r - 1], "beam5_per_s": 5.0,
+                 "latency_ms": [8.0, 4.0, 6.0][r - 1], "peak_mem_gb": 1.0, "bleu": 20.0, "same_as_torch_fp32": 1.0},
+                {"engine": "ct2-float32", "greedy_per_s": 40.0, "beam5_per_s": [9.0, 11.0, 10.0][r - 1],
+                 "latency_ms": 2.0, "peak_mem_gb": 0.5, "bleu": 20.1, "same_as_torch_fp32": 0.99}]
+        return {"checkpoint": checkpoint, "sentences": 8, "beam": 5, "threads": 2, "rows": rows}
+
+    monkeypatch.setattr(engine_benchmark, "compare_engines", fake_engines)
+    (tmp_path / "best.pt").write_bytes(b"")
+    code, stdout, stderr = command("benchmark", "--config", "tiny", "--engines", "--checkpoint", tmp_path / "best.pt",
+                                   "--rounds", "3", "--json")
+    assert code == 0, stderr.decode()
+    assert len(rounds) == 3
+    ours, ct2 = json.loads(stdout)["rows"]
+    assert (ours["greedy_per_s"], ours["latency_ms"], ct2["beam5_per_s"]) == (20.0, 6.0, 10.0)
+    assert ours["greedy_per_s_all"] == [10.0, 30.0, 20.0]
+    assert ct2["greedy_ratio"] == pytest.approx(2.0) and ct2["latency_ratio"] == pytest.approx(3.0)

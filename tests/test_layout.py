@@ -49,7 +49,7 @@ LAYERS = {
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "loop": 3, "decoding": 3, "beam_search": 3, "inference": 3,
     "extensions.scheduled_sampling": 1, "extensions.guided_attention": 2, "extensions.local_attention": 3,
-    "extensions.token_merging": 3, "extensions.subword_sampling": 3, "extensions.r_drop": 3,
+    "extensions.token_merging": 3, "extensions.subword_sampling": 3, "extensions.r_drop": 3, "extensions.cutoff": 3,
     "extensions.ema": 0,
     "extensions.objective": 4, "extensions.builder": 5,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,

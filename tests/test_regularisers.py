@@ -16,12 +16,14 @@ from annotated_transformer.data.loader import TrainLoader
 from annotated_transformer.data.text import TextPipeline
 from annotated_transformer.errors import ConfigError
 from annotated_transformer.extensions.builder import build_resegmentation, build_training
+from annotated_transformer.extensions.cutoff import CutoffObjective, build_cutoff, cut_tokens
 from annotated_transformer.extensions.r_drop import RDropObjective, build_r_drop, symmetric_kl
 from annotated_transformer.extensions.subword_sampling import SampledSegmentation
 from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 from annotated_transformer.model import make_model
 
 PAD, BOS, EOS, V = 2, 0, 1, 23
+UNK = 3
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +214,51 @@ def test_r_drop_off_is_the_plain_step():
     assert isinstance(on, RDropObjective) and on.compute_factor == 2.0
 
 
+# --------------------------------------------------------------------------- token cutoff
+
+
+def test_cut_tokens_replaces_only_ordinary_tokens_at_the_rate():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, V, (64, 40), generator=g)
+    src[:, 0], src[:, 30] = BOS, EOS
+    src[:, 31:] = PAD
+    torch.manual_seed(1)
+    cut = cut_tokens(src, 0.3)
+    changed = cut != src
+    assert torch.equal(cut[changed], torch.full_like(cut[changed], UNK))  # a cut token becomes <unk>
+    assert not changed[:, 0].any() and not changed[:, 30:].any()  # <s>, </s> and padding never
+    share = changed[:, 1:30].float().mean().item()
+    assert 0.25 < share < 0.35  # 1,856 draws at 0.3
+    torch.manual_seed(1)
+    assert torch.equal(cut_tokens(src, 0.3), cut)  # PyTorch's generator: a resumed run draws the same
+    assert torch.equal(cut_tokens(src, 0.0), src)
+
+
+def test_cutoff_is_the_plain_loss_on_the_cut_source():
+    b = padded_batch()
+    model = tiny_model(dropout=0.0)
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, PAD, 0.1))
+    objective = CutoffObjective(rate=0.4)
+    torch.manual_seed(3)
+    logged, loss = objective(model, b, loss_compute, b.ntokens, 0)
+    torch.manual_seed(3)
+    src = cut_tokens(b.src, 0.4)
+    assert not torch.equal(src, b.src)
+    want_logged, want = loss_compute(model(src, b.tgt, b.src_mask, b.tgt_mask), b.tgt_y, b.ntokens)
+    assert (logged.item(), loss.item()) == (pytest.approx(want_logged.item()), pytest.approx(want.item()))
+    plain = loss_compute(model(b.src, b.tgt, b.src_mask, b.tgt_mask), b.tgt_y, b.ntokens)[0]
+    assert plain.item() != pytest.approx(logged.item())  # the cut tokens change the loss
+    real = b.src != PAD
+    share = ((src != b.src) & real).sum().item() / real.sum().item()
+    assert objective.figures()["cutoff_share"] == pytest.approx(share)
+
+
+def test_cutoff_off_is_the_plain_step():
+    assert build_cutoff(0.0) is None
+    on = build_training(load_config("tiny", ["cutoff.rate=0.1"]), V, V, PAD, torch.device("cpu"))[2]
+    assert isinstance(on, CutoffObjective) and on.rate == 0.1 and on.compute_factor == 1.0
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -222,7 +269,12 @@ def test_r_drop_off_is_the_plain_step():
      "subword_sampling.nbest must be -1"),
     (["data.tokenizer=spm", "subword_sampling.sides=neither"], "subword_sampling.sides must be one of"),
     (["r_drop.alpha=-0.5"], "r_drop.alpha must not be negative"),
-    (["r_drop.alpha=5", "scheduled_sampling.rate=0.2"], "r_drop is on with scheduled_sampling or guided_attention"),
+    (["r_drop.alpha=5", "scheduled_sampling.rate=0.2"],
+     "r_drop and scheduled_sampling or guided_attention are on together"),
+    (["cutoff.rate=1"], r"cutoff.rate must be in \[0, 1\)"),
+    (["cutoff.rate=-0.1"], r"cutoff.rate must be in \[0, 1\)"),
+    (["cutoff.rate=0.1", "r_drop.alpha=5"], "r_drop and cutoff are on together"),
+    (["cutoff.rate=0.1", "guided_attention.weight=0.5"], "cutoff and scheduled_sampling or guided_attention are on"),
 ])
 def test_bad_regulariser_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -249,3 +301,19 @@ def test_both_switches_train_from_the_command_line(tmp_path, train_command, mult
     assert train[-1]["loss"] < train[0]["loss"]  # it learns through both switches
     epoch = next(r for r in records if r["kind"] == "epoch")
     assert epoch["train_flops"] > 0 and "subword_sampling:\n  alpha: 0.1\n" in (out / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_cutoff_trains_from_the_command_line(tmp_path, train_command, multi30k_dir, data_cache_dir):
+    import json
+
+    out = tmp_path / "run"
+    code, _, err = train_command(
+        "--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}", "cutoff.rate=0.2",
+        "train.max_steps=40", "train.log_every=20", f"train.out_dir={out}", "train.progress=false",
+        "train.final_eval=false")
+    assert code == 0, err[-2000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert len(train) == 2 and all(0.1 < r["cutoff_share"] < 0.3 for r in train)
+    assert "cutoff:\n  rate: 0.2\n" in (out / "config.yaml").read_text()

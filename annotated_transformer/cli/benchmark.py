@@ -60,7 +60,7 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
                         "by side: training eager vs compiled (tokens/s, MFU, compilation) and our decoders against "
                         "CTranslate2 float32/int8 (sent/s, batch-1 latency, BLEU), medians of --rounds interleaved rounds")
     parser.add_argument("--rounds", type=int, default=None, help="rounds: --extensions' of --steps steps per arm "
-                        "(default 5), --all's interleaved rounds (default 3)")
+                        "(default 5), --all's interleaved rounds (default 3), --engines' (default 1)")
     parser.add_argument("--arms", default=None, help="--extensions: a comma-separated subset of the arms "
                         "(e.g. 'token pruning r=0.25'); plain is always measured")
     return parser
@@ -104,12 +104,17 @@ def write_json(out: str | None, name: str, result: dict[str, Any]) -> None:
 
 def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--engines: the engine table on test2016, engines.json in --out."""
-    from ..lab.engine_benchmark import compare_engines as measure, format_engines
+    from ..lab.engine_benchmark import compare_engines as measure, format_engines, median_rows
 
     if not args.checkpoint:
         raise ConfigError("--engines compares decoders on trained weights: pass --checkpoint runs/NAME")
-    log(f"engines on test2016, checkpoint {args.checkpoint} ...")
-    result = measure(args.checkpoint, limit=args.limit, data_root=cfg.data.root or None, log=log)
+    rounds = []
+    for r in range(args.rounds or 1):  # each round runs every engine once, in the same order
+        log(f"engines on test2016, checkpoint {args.checkpoint}, round {r + 1}/{args.rounds or 1} ...")
+        result = measure(args.checkpoint, limit=args.limit, data_root=cfg.data.root or None, log=log)
+        rounds.append(result["rows"])
+    if len(rounds) > 1:
+        result["rows"] = median_rows(rounds, result["beam"])
     write_json(args.out, "engines.json", result)
     print(json.dumps(result) if args.json else format_engines(result))
     return 0

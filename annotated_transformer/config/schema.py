@@ -3,9 +3,9 @@ documentation (`uv run python -m annotated_transformer.config > docs/config.md`,
 
 A run is described by one `Config`: the sections `model`, `data`, `train` and `decode`, then one
 section per extension (`local_attention`, `token_merging`, `scheduled_sampling`,
-`guided_attention`, `subword_sampling`, `r_drop`, `ema`), each off by default. Every field carries a one-line help
-text (`param(...)`), so listings and the docs come from the same place as the code. Reading
-YAML files and dotted overrides is `loading.py`, beside this file:
+`guided_attention`, `subword_sampling`, `r_drop`, `cutoff`, `ema`), each off by default. Every
+field carries a one-line help text (`param(...)`), so listings and the docs come from the same
+place as the code. Reading YAML files and dotted overrides is `loading.py`, beside this file:
 
     cfg = load_config("copy.yaml", ["train.epochs=2", "model.d_model=64"])
 
@@ -220,6 +220,14 @@ class RDropConfig:
 
 
 @dataclass
+class CutoffConfig:
+    """Token cutoff (extensions/cutoff.py): source tokens replaced by <unk> at random in training; off by default."""
+
+    rate: float = param(0.0, "probability that each source token (not <s>, </s> or padding) becomes <unk> in a "
+                        "training batch (Shen et al. 2020; 0: off); validation and decoding see whole sentences")
+
+
+@dataclass
 class EmaConfig:
     """A moving average of the weights (extensions/ema.py), validated and saved in their place; off by default."""
 
@@ -258,6 +266,7 @@ class Config:
     subword_sampling: SubwordSamplingConfig = field(default_factory=SubwordSamplingConfig,
                                                     metadata={"help": "extension: subword regularisation"})
     r_drop: RDropConfig = field(default_factory=RDropConfig, metadata={"help": "extension: R-Drop"})
+    cutoff: CutoffConfig = field(default_factory=CutoffConfig, metadata={"help": "extension: token cutoff"})
     ema: EmaConfig = field(default_factory=EmaConfig, metadata={"help": "extension: a moving average of the weights"})
 
     def validate(self) -> Config:
@@ -387,7 +396,7 @@ class Config:
         self._validate_regularisers()
 
     def _validate_regularisers(self) -> None:
-        """The rules of subword sampling, R-Drop and the weight average."""
+        """The rules of subword sampling, R-Drop, cutoff and the weight average."""
         sw, rd, d = self.subword_sampling, self.r_drop, self.data
         for key, value in {"subword_sampling.alpha": sw.alpha, "r_drop.alpha": rd.alpha}.items():
             if value < 0:
@@ -399,9 +408,15 @@ class Config:
             raise ConfigError(f"subword_sampling.nbest must be -1 (the whole lattice) or at least 2, got {sw.nbest}")
         if not 0 <= self.ema.decay < 1:
             raise ConfigError(f"ema.decay must be in [0, 1) (0: off; 0.999 is typical), got {self.ema.decay}")
-        if rd.alpha and (self.scheduled_sampling.rate or self.guided_attention.weight):
-            raise ConfigError("r_drop is on with scheduled_sampling or guided_attention: they replace the same "
-                              "training loss; use one of them")
+        if not 0 <= self.cutoff.rate < 1:
+            raise ConfigError(f"cutoff.rate must be in [0, 1) (0: off; 0.1 cuts one source token in ten), "
+                              f"got {self.cutoff.rate}")
+        objectives = [name for name, on in (("r_drop", rd.alpha), ("cutoff", self.cutoff.rate),
+                                            ("scheduled_sampling or guided_attention",
+                                             self.scheduled_sampling.rate or self.guided_attention.weight)) if on]
+        if len(objectives) > 1:
+            raise ConfigError(f"{' and '.join(objectives)} are on together: each replaces the same training loss; "
+                              "use one of them")
 
     def run_dir(self) -> Path:
         """The run directory: train.out_dir, or runs/<name>."""

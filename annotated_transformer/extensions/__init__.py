@@ -7,6 +7,7 @@ default and exact when off, and reaches the paper's classes only as a subclass o
     guided_attention.py    a loss that keeps encoder-decoder attention near the diagonal (an attention hook)
     objective.py           the training step's loss with either of the last two switched on
     r_drop.py              R-Drop: two dropout passes per batch and a symmetric KL between them
+    cutoff.py              token cutoff: source tokens replaced by <unk> at random in training
     subword_sampling.py    subword regularisation: a sampled segmentation of each training sentence every epoch
     ema.py                 a moving average of the weights, validated and saved in their place
     builder.py             a Config -> model, loss, objective, optimizer, weight average, resegmentation: the switches on

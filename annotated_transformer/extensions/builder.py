@@ -14,6 +14,7 @@ from ..device import resolve_amp_dtype
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import EncoderDecoder, make_model
 from ..optim import build_optimizer
+from .cutoff import CutoffObjective, build_cutoff
 from .ema import WeightAverage, build_weight_average
 from .local_attention import with_local_attention
 from .objective import TrainingObjective, build_objective
@@ -34,9 +35,12 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
     return with_token_merging(model, tm.merge_ratio, tm.prune_ratio, tuple(tm.layers), tm.proportional_attention)
 
 
+Objective = TrainingObjective | RDropObjective | CutoffObjective  # what train_step calls instead of its own loss
+
+
 def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device
-                   ) -> tuple[EncoderDecoder, SimpleLossCompute, TrainingObjective | RDropObjective | None,
-                              torch.optim.Optimizer, torch.dtype | None]:
+                   ) -> tuple[EncoderDecoder, SimpleLossCompute, Objective | None, torch.optim.Optimizer,
+                              torch.dtype | None]:
     """Model (on `device`), loss, training objective (None: teacher forcing), optimizer and autocast dtype.
 
     The schedule needs the loader's length, so the Trainer builds it."""
@@ -44,8 +48,8 @@ def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device
     model = build_model(cfg, src_vocab, tgt_vocab).to(device)
     loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
     # validate() lets at most one of them be on
-    objective = build_r_drop(cfg.r_drop.alpha, pad) or build_objective(cfg.scheduled_sampling,
-                                                                         cfg.guided_attention, model, pad)
+    objective = (build_r_drop(cfg.r_drop.alpha, pad) or build_cutoff(cfg.cutoff.rate)
+                 or build_objective(cfg.scheduled_sampling, cfg.guided_attention, model, pad))
     optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
     return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
 

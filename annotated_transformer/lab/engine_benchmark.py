@@ -118,6 +118,20 @@ def add_ratios(rows: list[dict[str, Any]], beam: int) -> None:
         r["latency_ratio"] = base["latency_ms"] / r["latency_ms"]
 
 
+def median_rows(rounds: list[list[dict[str, Any]]], beam: int) -> list[dict[str, Any]]:
+    """Per engine, the median of each speed over the rounds; BLEU and agreement from the first (deterministic)."""
+    rows = []
+    for i, first in enumerate(rounds[0]):
+        same = [r[i] for r in rounds]
+        row = dict(first)
+        for key in ("greedy_per_s", f"beam{beam}_per_s", "latency_ms", "peak_mem_gb"):
+            row[key] = statistics.median(r[key] for r in same)
+            row[key + "_all"] = [r[key] for r in same]
+        rows.append(row)
+    add_ratios(rows, beam)
+    return rows
+
+
 def format_engines(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (speeds and ratios to torch-fp32)."""
     k = result["beam"]

@@ -40,6 +40,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "token pruning r=0.25": ("token_merging.prune_ratio=0.25",),
     "R-Drop alpha=5": ("r_drop.alpha=5",),
     "weight average 0.999": ("ema.decay=0.999",),
+    "token cutoff 0.1": ("cutoff.rate=0.1",),
 }
 
 

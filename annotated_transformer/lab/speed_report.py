@@ -17,7 +17,7 @@ import torch
 
 from ..config import Config
 from ..device import cpu_info, device_name, select_device
-from .engine_benchmark import add_ratios, format_engines
+from .engine_benchmark import format_engines, median_rows
 
 TRAIN_SIDES = ("eager", "compiled")
 
@@ -35,20 +35,6 @@ def machine_line(device: torch.device) -> str:
     f = cpu_flags()
     yes = {True: "yes", False: "no"}
     return f"{device_name(device)} | AVX512-BF16 {yes[f['avx512_bf16']]}, AMX {yes[f['amx']]}, AVX2 {yes[f['avx2']]}"
-
-
-def _median_rows(rounds: list[list[dict[str, Any]]], beam: int) -> list[dict[str, Any]]:
-    """Per engine, the median of each speed over the rounds; BLEU and agreement from the first (deterministic)."""
-    rows = []
-    for i, first in enumerate(rounds[0]):
-        same = [r[i] for r in rounds]
-        row = dict(first)
-        for key in ("greedy_per_s", f"beam{beam}_per_s", "latency_ms", "peak_mem_gb"):
-            row[key] = statistics.median(r[key] for r in same)
-            row[key + "_all"] = [r[key] for r in same]
-        rows.append(row)
-    add_ratios(rows, beam)
-    return rows
 
 
 def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: int = 20, warmup: int = 5,
@@ -82,7 +68,7 @@ def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: i
     return {"machine": machine_line(device), "torch": torch.__version__, "config": cfg.name,
             "checkpoint": checkpoint, "rounds": rounds, "steps": steps, "warmup": warmup, "train": med,
             "compiled_over_eager": med["compiled"]["tokens_per_s"] / med["eager"]["tokens_per_s"],
-            "engines": {**engines, "rows": _median_rows(engine_rounds, engines["beam"])}}
+            "engines": {**engines, "rows": median_rows(engine_rounds, engines["beam"])}}
 
 
 def format_speed_report(result: dict[str, Any]) -> str:

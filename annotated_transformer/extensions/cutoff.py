@@ -1,0 +1,58 @@
+"""Token cutoff (Shen et al. 2020): whole source tokens erased at random in training, a regulariser at no cost.
+
+Shen et al. erase a token by zeroing its embedding vector (and add a consistency loss between
+several erased copies, which costs extra passes like R-Drop's). Here a cut token becomes `<unk>`,
+whose embedding is learned, and there is one pass: the decoder still attends to the position
+(its positional encoding and the `<unk>` vector stand in for the word), so the model learns not
+to lean on any single source word. `<s>`, `</s>` and padding are never cut; validation, test and
+decoding see the whole sentence.
+
+`train_step` calls `CutoffObjective(model, batch, loss_compute, norm, step)` instead of its own
+forward when `cutoff.rate` > 0 (`build_cutoff` returns None otherwise). Its draws come from
+PyTorch's generator, as dropout's do, so a resumed run makes the same ones.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..data.batch import Batch
+from ..data.vocab import BOS, EOS, PAD, UNK
+from ..loss import SimpleLossCompute
+
+
+def cut_tokens(src: Tensor, rate: float, unk: int = UNK, keep: tuple[int, ...] = (BOS, EOS, PAD)) -> Tensor:
+    """src (B, S) ids with each token not in `keep` replaced by `unk` with probability `rate` (a new tensor)."""
+    cut = torch.rand(src.shape, device=src.device) < rate  # (B, S)
+    for special in keep:
+        cut &= src != special
+    return src.masked_fill(cut, unk)
+
+
+class CutoffObjective:
+    """Loss of one training micro-batch on a source with tokens cut: (summed loss for logging, loss / `norm`)."""
+
+    compute_factor = 1.0  # model FLOPs of a step relative to a plain one: the same single pass
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.last_cut: Tensor | None = None  # share of the latest batch's source tokens cut (for logs and tests)
+
+    def __call__(self, model: nn.Module, batch: Batch, loss_compute: SimpleLossCompute, norm: float,
+                 step: int) -> tuple[Tensor, Tensor]:
+        """The teacher-forced loss with `cut_tokens` applied to the source; masks and targets unchanged."""
+        src = cut_tokens(batch.src, self.rate)  # (B, S)
+        real = batch.src != PAD
+        self.last_cut = ((src != batch.src) & real).sum() / real.sum().clamp(min=1)  # read when logged: no sync
+        out = model(src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
+        return loss_compute(out, batch.tgt_y, norm)
+
+    def figures(self) -> dict[str, float]:
+        """What the log records: the share of source tokens cut in the latest step."""
+        return {} if self.last_cut is None else {"cutoff_share": self.last_cut.item()}
+
+
+def build_cutoff(rate: float) -> CutoffObjective | None:
+    """The cutoff objective, or None when the switch is off (the plain teacher-forced step)."""
+    return CutoffObjective(rate) if rate > 0 else None
