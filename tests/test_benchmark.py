@@ -204,7 +204,7 @@ def test_engines_rounds_take_medians(tmp_path, command, monkeypatch):
     code, stdout, stderr = command("benchmark", "--config", "tiny", "--engines", "--checkpoint", tmp_path / "best.pt",
                                    "--rounds", "3", "--json")
     assert code == 0, stderr.decode()
-    assert len(rounds) == 3
+    assert len(rounds) == 3 and json.loads(stdout)["rounds"] == 3
     ours, ct2 = json.loads(stdout)["rows"]
     assert (ours["greedy_per_s"], ours["latency_ms"], ct2["beam5_per_s"]) == (20.0, 6.0, 10.0)
     assert ours["greedy_per_s_all"] == [10.0, 30.0, 20.0]

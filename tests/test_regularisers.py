@@ -14,6 +14,7 @@ from annotated_transformer.config import SubwordSamplingConfig, load_config
 from annotated_transformer.data.batch import Batch
 from annotated_transformer.data.loader import TrainLoader
 from annotated_transformer.data.text import TextPipeline
+from annotated_transformer.data.vocab import UNK
 from annotated_transformer.errors import ConfigError
 from annotated_transformer.extensions.builder import build_resegmentation, build_training
 from annotated_transformer.extensions.cutoff import CutoffObjective, build_cutoff, cut_tokens
@@ -23,7 +24,6 @@ from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 from annotated_transformer.model import make_model
 
 PAD, BOS, EOS, V = 2, 0, 1, 23
-UNK = 3
 
 
 @pytest.fixture(scope="module")
@@ -223,15 +223,16 @@ def test_cut_tokens_replaces_only_ordinary_tokens_at_the_rate():
     src[:, 0], src[:, 30] = BOS, EOS
     src[:, 31:] = PAD
     torch.manual_seed(1)
-    cut = cut_tokens(src, 0.3)
+    cut, mask = cut_tokens(src, 0.3)
     changed = cut != src
+    assert torch.equal(mask, changed)
     assert torch.equal(cut[changed], torch.full_like(cut[changed], UNK))  # a cut token becomes <unk>
     assert not changed[:, 0].any() and not changed[:, 30:].any()  # <s>, </s> and padding never
     share = changed[:, 1:30].float().mean().item()
     assert 0.25 < share < 0.35  # 1,856 draws at 0.3
     torch.manual_seed(1)
-    assert torch.equal(cut_tokens(src, 0.3), cut)  # PyTorch's generator: a resumed run draws the same
-    assert torch.equal(cut_tokens(src, 0.0), src)
+    assert torch.equal(cut_tokens(src, 0.3)[0], cut)  # PyTorch's generator: a resumed run draws the same
+    assert torch.equal(cut_tokens(src, 0.0)[0], src)
 
 
 def test_cutoff_is_the_plain_loss_on_the_cut_source():
@@ -242,19 +243,18 @@ def test_cutoff_is_the_plain_loss_on_the_cut_source():
     torch.manual_seed(3)
     logged, loss = objective(model, b, loss_compute, b.ntokens, 0)
     torch.manual_seed(3)
-    src = cut_tokens(b.src, 0.4)
+    src, cut = cut_tokens(b.src, 0.4)
     assert not torch.equal(src, b.src)
     want_logged, want = loss_compute(model(src, b.tgt, b.src_mask, b.tgt_mask), b.tgt_y, b.ntokens)
     assert (logged.item(), loss.item()) == (pytest.approx(want_logged.item()), pytest.approx(want.item()))
     plain = loss_compute(model(b.src, b.tgt, b.src_mask, b.tgt_mask), b.tgt_y, b.ntokens)[0]
     assert plain.item() != pytest.approx(logged.item())  # the cut tokens change the loss
-    real = b.src != PAD
-    share = ((src != b.src) & real).sum().item() / real.sum().item()
-    assert objective.figures()["cutoff_share"] == pytest.approx(share)
+    assert objective.figures()["cutoff_share"] == pytest.approx(cut.sum().item() / (b.src != PAD).sum().item())
 
 
 def test_cutoff_off_is_the_plain_step():
     assert build_cutoff(0.0) is None
+    assert build_training(load_config("tiny"), V, V, PAD, torch.device("cpu"))[2] is None
     on = build_training(load_config("tiny", ["cutoff.rate=0.1"]), V, V, PAD, torch.device("cpu"))[2]
     assert isinstance(on, CutoffObjective) and on.rate == 0.1 and on.compute_factor == 1.0
 
@@ -275,6 +275,7 @@ def test_cutoff_off_is_the_plain_step():
     (["cutoff.rate=-0.1"], r"cutoff.rate must be in \[0, 1\)"),
     (["cutoff.rate=0.1", "r_drop.alpha=5"], "r_drop and cutoff are on together"),
     (["cutoff.rate=0.1", "guided_attention.weight=0.5"], "cutoff and scheduled_sampling or guided_attention are on"),
+    (["cutoff.rate=0.1", "data.dataset=copy"], "cutoff replaces source words by <unk>, which the copy task has not"),
 ])
 def test_bad_regulariser_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -113,8 +113,7 @@ def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
         log(f"engines on test2016, checkpoint {args.checkpoint}, round {r + 1}/{args.rounds or 1} ...")
         result = measure(args.checkpoint, limit=args.limit, data_root=cfg.data.root or None, log=log)
         rounds.append(result["rows"])
-    if len(rounds) > 1:
-        result["rows"] = median_rows(rounds, result["beam"])
+    result["rows"], result["rounds"] = median_rows(rounds, result["beam"]), len(rounds)
     write_json(args.out, "engines.json", result)
     print(json.dumps(result) if args.json else format_engines(result))
     return 0

@@ -411,6 +411,9 @@ class Config:
         if not 0 <= self.cutoff.rate < 1:
             raise ConfigError(f"cutoff.rate must be in [0, 1) (0: off; 0.1 cuts one source token in ten), "
                               f"got {self.cutoff.rate}")
+        if self.cutoff.rate and d.dataset != "multi30k":
+            raise ConfigError("cutoff replaces source words by <unk>, which the copy task has not: use it with "
+                              "data.dataset=multi30k, or cutoff.rate=0")
         objectives = [name for name, on in (("r_drop", rd.alpha), ("cutoff", self.cutoff.rate),
                                             ("scheduled_sampling or guided_attention",
                                              self.scheduled_sampling.rate or self.guided_attention.weight)) if on]
@@ -469,7 +472,8 @@ def config_markdown() -> str:
             section = head
             lines += [f"## {section}", "", "| key | default | meaning |", "| --- | --- | --- |"]
         shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-        lines.append(f"| `{key}` | `{shown}` | {text.replace('|', '/')} |")
+        # "<s>" would be read as HTML in a rendered table
+        lines.append(f"| `{key}` | `{shown}` | {text.replace('|', '/').replace('<', '&lt;')} |")
         if head == "top level":
             lines.append("")
     return "\n".join(lines).replace("|\n## ", "|\n\n## ") + "\n"

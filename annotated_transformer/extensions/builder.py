@@ -11,14 +11,15 @@ from torch import nn
 
 from ..config import Config
 from ..device import resolve_amp_dtype
+from ..loop import Objective
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import EncoderDecoder, make_model
 from ..optim import build_optimizer
-from .cutoff import CutoffObjective, build_cutoff
+from .cutoff import build_cutoff
 from .ema import WeightAverage, build_weight_average
 from .local_attention import with_local_attention
-from .objective import TrainingObjective, build_objective
-from .r_drop import RDropObjective, build_r_drop
+from .objective import build_objective
+from .r_drop import build_r_drop
 from .subword_sampling import SampledSegmentation, sampled_segmentation
 from .token_merging import with_token_merging
 
@@ -33,9 +34,6 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
     model = with_local_attention(model, cfg.local_attention.window)
     tm = cfg.token_merging
     return with_token_merging(model, tm.merge_ratio, tm.prune_ratio, tuple(tm.layers), tm.proportional_attention)
-
-
-Objective = TrainingObjective | RDropObjective | CutoffObjective  # what train_step calls instead of its own loss
 
 
 def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device

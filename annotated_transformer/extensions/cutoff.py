@@ -22,12 +22,14 @@ from ..data.vocab import BOS, EOS, PAD, UNK
 from ..loss import SimpleLossCompute
 
 
-def cut_tokens(src: Tensor, rate: float, unk: int = UNK, keep: tuple[int, ...] = (BOS, EOS, PAD)) -> Tensor:
-    """src (B, S) ids with each token not in `keep` replaced by `unk` with probability `rate` (a new tensor)."""
+def cut_tokens(src: Tensor, rate: float, unk: int = UNK, keep: tuple[int, ...] = (BOS, EOS, PAD)
+               ) -> tuple[Tensor, Tensor]:
+    """src (B, S) ids with each token not in `keep` replaced by `unk` with probability `rate` (a new tensor),
+    and the (B, S) boolean mask of the positions cut."""
     cut = torch.rand(src.shape, device=src.device) < rate  # (B, S)
     for special in keep:
         cut &= src != special
-    return src.masked_fill(cut, unk)
+    return src.masked_fill(cut, unk), cut
 
 
 class CutoffObjective:
@@ -37,14 +39,14 @@ class CutoffObjective:
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self.last_cut: Tensor | None = None  # share of the latest batch's source tokens cut (for logs and tests)
+        # share of the latest micro-batch's source tokens (<s> and </s> counted) cut, for logs and tests
+        self.last_cut: Tensor | None = None
 
     def __call__(self, model: nn.Module, batch: Batch, loss_compute: SimpleLossCompute, norm: float,
                  step: int) -> tuple[Tensor, Tensor]:
         """The teacher-forced loss with `cut_tokens` applied to the source; masks and targets unchanged."""
-        src = cut_tokens(batch.src, self.rate)  # (B, S)
-        real = batch.src != PAD
-        self.last_cut = ((src != batch.src) & real).sum() / real.sum().clamp(min=1)  # read when logged: no sync
+        src, cut = cut_tokens(batch.src, self.rate)  # (B, S) each
+        self.last_cut = cut.sum() / (batch.src != PAD).sum().clamp(min=1)  # read when logged: no sync
         out = model(src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
         return loss_compute(out, batch.tgt_y, norm)
 
