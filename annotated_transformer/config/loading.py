@@ -23,7 +23,7 @@ from .schema import Config, all_keys, field_types
 # as package data in `annotated_transformer/configs/` (setup.py maps the one onto the other).
 CHECKOUT_CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 # The shipped configs from the quickest to the largest: the order --help and the README list them in.
-CONFIG_LADDER = ("copy", "tiny", "cpu_15min", "cpu_45min", "base", "base_spm")
+CONFIG_LADDER = ("copy", "tiny", "cpu_15min", "cpu_45min", "cpu_60min", "base", "base_spm")
 
 
 def shipped_config_dir() -> Path | None:
