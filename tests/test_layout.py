@@ -50,7 +50,7 @@ LAYERS = {
     "loop": 3, "decoding": 3, "beam_search": 3, "inference": 3,
     "extensions.scheduled_sampling": 1, "extensions.guided_attention": 2, "extensions.local_attention": 3,
     "extensions.token_merging": 3, "extensions.subword_sampling": 3, "extensions.r_drop": 3, "extensions.cutoff": 3,
-    "extensions.ema": 0,
+    "extensions.ema": 0, "extensions.bidirectional": 0,
     "extensions.objective": 4, "extensions.builder": 5,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
     "harness.schedules": 4, "lab.notebook_decoding": 4,

@@ -16,6 +16,7 @@ from annotated_transformer.data.loader import TrainLoader
 from annotated_transformer.data.text import TextPipeline
 from annotated_transformer.data.vocab import UNK
 from annotated_transformer.errors import ConfigError
+from annotated_transformer.extensions.bidirectional import DirectionSampling
 from annotated_transformer.extensions.builder import build_resegmentation, build_training
 from annotated_transformer.extensions.cutoff import CutoffObjective, build_cutoff, cut_tokens
 from annotated_transformer.extensions.r_drop import RDropObjective, build_r_drop, symmetric_kl
@@ -139,6 +140,61 @@ def test_a_resegmentation_that_loses_rows_is_a_clear_error(subwords):
     broken = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=lambda epoch: (src[:-1], tgt[:-1]))
     with pytest.raises(DataError, match="must stay aligned"):
         broken.set_epoch(0)
+
+
+# --------------------------------------------------------------------------- bidirectional training
+
+
+def test_direction_sampling_reverses_a_fresh_share_of_pairs_in_the_first_epochs_only(subwords):
+    _, _, _, src, tgt = subwords
+    bi = DirectionSampling(lambda epoch: (src, tgt), epochs=2, rate=0.3, seed=3)
+    masks = []
+    for epoch in (0, 1):
+        src_e, tgt_e = bi(epoch)
+        flip = bi.reversed_rows(epoch, len(src))
+        assert 0.25 < flip.mean() < 0.35 and bi.reversed_share == flip.mean()
+        assert all(a is (t if f else s) and b is (s if f else t)
+                   for a, b, s, t, f in zip(src_e, tgt_e, src, tgt, flip))  # a reversed pair is the same pair
+        masks.append(flip)
+    assert (masks[0] != masks[1]).mean() > 0.3  # drawn afresh each epoch
+    assert np.array_equal(DirectionSampling(lambda e: (src, tgt), 2, 0.3, seed=3).reversed_rows(1, len(src)),
+                          masks[1])  # a resumed run draws the same
+    assert not np.array_equal(DirectionSampling(lambda e: (src, tgt), 2, 0.3, seed=4).reversed_rows(1, len(src)),
+                              masks[1])
+    later = bi(2)
+    assert later[0] is src and later[1] is tgt and bi.reversed_share == 0.0  # then German -> English only
+
+
+def test_the_loader_serves_reversed_pairs_on_the_plain_plan(subwords):
+    _, _, _, src, tgt = subwords
+    bi = DirectionSampling(lambda epoch: (src, tgt), epochs=1, rate=0.5, seed=3)
+    plain = TrainLoader(src, tgt, batch_tokens=400, seed=5)
+    both = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=bi)
+    assert len(both) == len(plain)
+    both.set_epoch(0)
+    flip, rows = bi.reversed_rows(0, len(src)), both.sampler.batches(0)
+    batch = next(iter(both))
+    for j, i in enumerate(rows[0]):
+        want = tgt[i] if flip[i] else src[i]
+        assert np.array_equal(batch.src[j, :len(want)].numpy(), want)
+    assert flip[rows[0]].any() and not flip[rows[0]].all()
+
+
+def test_bidirectional_off_is_the_cached_ids_and_on_composes_with_subword_sampling(subwords):
+    text, src_text, tgt_text, src, tgt = subwords
+    data = SimpleNamespace(text=text, splits={"train": SimpleNamespace(src_text=src_text, tgt_text=tgt_text,
+                                                                      src=src, tgt=tgt)})
+    assert build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "bidirectional.rate=0.9"]), data) is None
+    only = build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "bidirectional.epochs=2"]), data)
+    assert (only.epochs, only.rate, only.seed) == (2, 0.5, 42)
+    assert only(2)[0] is src and not same(only(0)[0], src)
+    both = build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "bidirectional.epochs=1",
+                                                      "subword_sampling.alpha=0.2"]), data)
+    sampled = both.base(0)
+    flip = both.reversed_rows(0, len(src))
+    src0 = both(0)[0]
+    assert all(np.array_equal(a, sampled[1][i] if flip[i] else sampled[0][i]) for i, a in enumerate(src0))
+    assert same(both(1)[0], both.base(1)[0]) and not same(both(1)[0], src)  # sampled, no longer reversed
 
 
 # --------------------------------------------------------------------------- R-Drop
@@ -276,6 +332,9 @@ def test_cutoff_off_is_the_plain_step():
     (["cutoff.rate=0.1", "r_drop.alpha=5"], "r_drop and cutoff are on together"),
     (["cutoff.rate=0.1", "guided_attention.weight=0.5"], "cutoff and scheduled_sampling or guided_attention are on"),
     (["cutoff.rate=0.1", "data.dataset=copy"], "cutoff replaces source words by <unk>, which the copy task has not"),
+    (["bidirectional.epochs=3"], "bidirectional training reads each pair both ways, which needs one vocabulary"),
+    (["data.tokenizer=spm", "bidirectional.epochs=-1"], r"bidirectional.epochs must be >= 0"),
+    (["data.tokenizer=spm", "bidirectional.epochs=2", "bidirectional.rate=1.5"], r"bidirectional.rate in \(0, 1\]"),
 ])
 def test_bad_regulariser_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -286,13 +345,14 @@ def test_bad_regulariser_settings_are_one_line_errors(overrides, message):
 
 
 @pytest.mark.slow
-def test_both_switches_train_from_the_command_line(tmp_path, train_command, multi30k_dir, data_cache_dir):
+def test_the_data_and_objective_switches_train_together_from_the_command_line(tmp_path, train_command, multi30k_dir, data_cache_dir):
     import json
 
     out = tmp_path / "run"
     code, _, err = train_command(
         "--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
         "data.tokenizer=spm", "data.spm_vocab_size=1000", "subword_sampling.alpha=0.1", "r_drop.alpha=1",
+        "bidirectional.epochs=1",
         "train.max_steps=60", "train.log_every=20", f"train.out_dir={out}", "train.progress=false",
         "train.final_eval=false")
     assert code == 0, err[-2000:]
@@ -301,7 +361,9 @@ def test_both_switches_train_from_the_command_line(tmp_path, train_command, mult
     assert len(train) == 3 and all(r["rdrop_kl"] > 0 for r in train)
     assert train[-1]["loss"] < train[0]["loss"]  # it learns through both switches
     epoch = next(r for r in records if r["kind"] == "epoch")
-    assert epoch["train_flops"] > 0 and "subword_sampling:\n  alpha: 0.1\n" in (out / "config.yaml").read_text()
+    saved = (out / "config.yaml").read_text()
+    assert epoch["train_flops"] > 0 and "subword_sampling:\n  alpha: 0.1\n" in saved
+    assert "bidirectional:\n  epochs: 1\n" in saved
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@ documentation (`uv run python -m annotated_transformer.config > docs/config.md`,
 
 A run is described by one `Config`: the sections `model`, `data`, `train` and `decode`, then one
 section per extension (`local_attention`, `token_merging`, `scheduled_sampling`,
-`guided_attention`, `subword_sampling`, `r_drop`, `cutoff`, `ema`), each off by default. Every
+`guided_attention`, `subword_sampling`, `r_drop`, `cutoff`, `ema`, `bidirectional`), each off by default. Every
 field carries a one-line help text (`param(...)`), so listings and the docs come from the same
 place as the code. Reading YAML files and dotted overrides is `loading.py`, beside this file:
 
@@ -228,6 +228,18 @@ class CutoffConfig:
 
 
 @dataclass
+class BidirectionalConfig:
+    """Bidirectional training (extensions/bidirectional.py): pairs also served English -> German in the first
+    epochs; off by default."""
+
+    epochs: int = param(0, "in each of the first this many epochs every training pair is served reversed (English "
+                        "source, German target) with probability `rate`, drawn afresh each epoch (Ding et al. "
+                        "2021 pretrain on both directions for a third of the run; 0: off). Needs the shared "
+                        "vocabulary of data.tokenizer=spm")
+    rate: float = param(0.5, "probability that a pair is reversed in those epochs")
+
+
+@dataclass
 class EmaConfig:
     """A moving average of the weights (extensions/ema.py), validated and saved in their place; off by default."""
 
@@ -268,6 +280,8 @@ class Config:
     r_drop: RDropConfig = field(default_factory=RDropConfig, metadata={"help": "extension: R-Drop"})
     cutoff: CutoffConfig = field(default_factory=CutoffConfig, metadata={"help": "extension: token cutoff"})
     ema: EmaConfig = field(default_factory=EmaConfig, metadata={"help": "extension: a moving average of the weights"})
+    bidirectional: BidirectionalConfig = field(default_factory=BidirectionalConfig,
+                                               metadata={"help": "extension: bidirectional training"})
 
     def validate(self) -> Config:
         """Check rules that involve several fields; raise ConfigError on the first broken one."""
@@ -396,7 +410,7 @@ class Config:
         self._validate_regularisers()
 
     def _validate_regularisers(self) -> None:
-        """The rules of subword sampling, R-Drop, cutoff and the weight average."""
+        """The rules of subword sampling, R-Drop, cutoff, the weight average and bidirectional training."""
         sw, rd, d = self.subword_sampling, self.r_drop, self.data
         for key, value in {"subword_sampling.alpha": sw.alpha, "r_drop.alpha": rd.alpha}.items():
             if value < 0:
@@ -411,6 +425,14 @@ class Config:
         if not 0 <= self.cutoff.rate < 1:
             raise ConfigError(f"cutoff.rate must be in [0, 1) (0: off; 0.1 cuts one source token in ten), "
                               f"got {self.cutoff.rate}")
+        bi = self.bidirectional
+        if bi.epochs < 0 or not 0 < bi.rate <= 1:
+            raise ConfigError(f"bidirectional.epochs must be >= 0 (0: off) and bidirectional.rate in (0, 1], got "
+                              f"{bi.epochs} and {bi.rate}")
+        if bi.epochs and (d.dataset != "multi30k" or d.tokenizer != "spm"):
+            raise ConfigError("bidirectional training reads each pair both ways, which needs one vocabulary for "
+                              "both languages: set data.tokenizer=spm (and data.dataset=multi30k), or "
+                              "bidirectional.epochs=0")
         if self.cutoff.rate and d.dataset != "multi30k":
             raise ConfigError("cutoff replaces source words by <unk>, which the copy task has not: use it with "
                               "data.dataset=multi30k, or cutoff.rate=0")

@@ -9,6 +9,7 @@ default and exact when off, and reaches the paper's classes only as a subclass o
     r_drop.py              R-Drop: two dropout passes per batch and a symmetric KL between them
     cutoff.py              token cutoff: source tokens replaced by <unk> at random in training
     subword_sampling.py    subword regularisation: a sampled segmentation of each training sentence every epoch
+    bidirectional.py       bidirectional training: pairs also served reversed (English -> German) in the first epochs
     ema.py                 a moving average of the weights, validated and saved in their place
     builder.py             a Config -> model, loss, objective, optimizer, weight average, resegmentation: the switches on
 """

@@ -10,17 +10,19 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..data.loader import Resegment
 from ..device import resolve_amp_dtype
 from ..loop import Objective
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import EncoderDecoder, make_model
 from ..optim import build_optimizer
+from .bidirectional import direction_sampling
 from .cutoff import build_cutoff
 from .ema import WeightAverage, build_weight_average
 from .local_attention import with_local_attention
 from .objective import build_objective
 from .r_drop import build_r_drop
-from .subword_sampling import SampledSegmentation, sampled_segmentation
+from .subword_sampling import sampled_segmentation
 from .token_merging import with_token_merging
 
 
@@ -57,6 +59,11 @@ def build_ema(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer) -
     return build_weight_average(cfg.ema.decay, model, optimizer)
 
 
-def build_resegmentation(cfg: Config, data) -> SampledSegmentation | None:
-    """Training data's per-epoch resegmentation (subword sampling), or None: the cached ids every epoch."""
-    return sampled_segmentation(cfg.subword_sampling, data, cfg.train.seed)
+def build_resegmentation(cfg: Config, data) -> Resegment | None:
+    """The training data's ids for each epoch (subword sampling, then bidirectional training's reversed pairs),
+    or None when both are off: the cached ids every epoch."""
+    sampled = sampled_segmentation(cfg.subword_sampling, data, cfg.train.seed)
+    train = data.splits["train"]
+    base = sampled or (lambda epoch: (train.src, train.tgt))
+    bi = cfg.bidirectional
+    return direction_sampling(base, bi.epochs, bi.rate, cfg.train.seed) or sampled
