@@ -28,7 +28,7 @@ class DirectionSampling:
 
     def __init__(self, base: EpochIds, epochs: int, rate: float, seed: int) -> None:
         self.base, self.epochs, self.rate, self.seed = base, epochs, rate, seed
-        self.reversed_share = 0.0  # of the latest call, for the log and the tests
+        self.reversed_share = 0.0  # the share of pairs the latest call reversed
 
     def reversed_rows(self, epoch: int, n: int) -> np.ndarray:
         """Which of the `n` pairs `epoch` serves reversed (a boolean mask; all False from epoch `epochs` on)."""
@@ -37,7 +37,7 @@ class DirectionSampling:
         # Its own stream per (run seed, epoch): independent of subword sampling's draws and of torch's RNG.
         return np.random.default_rng([self.seed, epoch, 0xB1D]).random(n) < self.rate
 
-    def __call__(self, epoch: int) -> tuple[list[np.ndarray], list[np.ndarray]] | tuple[Ids, Ids]:
+    def __call__(self, epoch: int) -> tuple[Ids, Ids]:
         src, tgt = self.base(epoch)
         flip = self.reversed_rows(epoch, len(src))
         self.reversed_share = float(flip.mean()) if len(flip) else 0.0
