@@ -3,6 +3,7 @@ R-Drop (two dropout passes and a symmetric KL); each off by default and exact wh
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -178,6 +179,17 @@ def test_the_loader_serves_reversed_pairs_on_the_plain_plan(subwords):
         want = tgt[i] if flip[i] else src[i]
         assert np.array_equal(batch.src[j, :len(want)].numpy(), want)
     assert flip[rows[0]].any() and not flip[rows[0]].all()
+    assert [list(r) for r in rows] == [list(r) for r in plain.sampler.batches(0)]  # the plain plan
+    want_tgt = [src[i] if flip[i] else tgt[i] for i in rows[0]]
+    assert batch.ntokens == sum(len(t) - 1 for t in want_tgt)
+    it = iter(both)
+    next(it), next(it)
+    state, expected = both.state_dict(), next(it)
+    fresh = TrainLoader(src, tgt, batch_tokens=400, seed=5,
+                        resegment=DirectionSampling(lambda epoch: (src, tgt), epochs=1, rate=0.5, seed=3))
+    fresh.load_state_dict(state)  # a resumed run: the same reversed pairs at the same batch
+    again = next(iter(fresh))
+    assert again.src.equal(expected.src) and again.tgt.equal(expected.tgt)
 
 
 def test_bidirectional_off_is_the_cached_ids_and_on_composes_with_subword_sampling(subwords):
@@ -185,11 +197,12 @@ def test_bidirectional_off_is_the_cached_ids_and_on_composes_with_subword_sampli
     data = SimpleNamespace(text=text, splits={"train": SimpleNamespace(src_text=src_text, tgt_text=tgt_text,
                                                                       src=src, tgt=tgt)})
     assert build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "bidirectional.rate=0.9"]), data) is None
-    only = build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "bidirectional.epochs=2"]), data)
+    only = build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "bidirectional.epochs=2",
+                                                      "train.epochs=5"]), data)
     assert (only.epochs, only.rate, only.seed) == (2, 0.5, 42)
     assert only(2)[0] is src and not same(only(0)[0], src)
     both = build_resegmentation(load_config("tiny", ["data.tokenizer=spm", "bidirectional.epochs=1",
-                                                      "subword_sampling.alpha=0.2"]), data)
+                                                      "train.epochs=5", "subword_sampling.alpha=0.2"]), data)
     sampled = both.base(0)
     flip = both.reversed_rows(0, len(src))
     src0 = both(0)[0]
@@ -332,9 +345,12 @@ def test_cutoff_off_is_the_plain_step():
     (["cutoff.rate=0.1", "r_drop.alpha=5"], "r_drop and cutoff are on together"),
     (["cutoff.rate=0.1", "guided_attention.weight=0.5"], "cutoff and scheduled_sampling or guided_attention are on"),
     (["cutoff.rate=0.1", "data.dataset=copy"], "cutoff replaces source words by <unk>, which the copy task has not"),
-    (["bidirectional.epochs=3"], "bidirectional training reads each pair both ways, which needs one vocabulary"),
+    (["bidirectional.epochs=3", "train.epochs=5"], "bidirectional training reads each pair both ways, which needs one vocabulary"),
     (["data.tokenizer=spm", "bidirectional.epochs=-1"], r"bidirectional.epochs must be >= 0"),
-    (["data.tokenizer=spm", "bidirectional.epochs=2", "bidirectional.rate=1.5"], r"bidirectional.rate in \(0, 1\]"),
+    (["data.tokenizer=spm", "bidirectional.epochs=1", "train.epochs=3", "bidirectional.rate=1.5"],
+     r"bidirectional.rate must be in \(0, 1\]"),
+    (["data.tokenizer=spm", "bidirectional.epochs=3", "train.epochs=3"],
+     r"bidirectional.epochs \(3\) must be below train.epochs \(3\)"),
 ])
 def test_bad_regulariser_settings_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -349,10 +365,10 @@ def test_the_data_and_objective_switches_train_together_from_the_command_line(tm
     import json
 
     out = tmp_path / "run"
-    code, _, err = train_command(
+    code, out_text, err = train_command(
         "--config", "tiny.yaml", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
         "data.tokenizer=spm", "data.spm_vocab_size=1000", "subword_sampling.alpha=0.1", "r_drop.alpha=1",
-        "bidirectional.epochs=1",
+        "bidirectional.epochs=1", "train.epochs=2",
         "train.max_steps=60", "train.log_every=20", f"train.out_dir={out}", "train.progress=false",
         "train.final_eval=false")
     assert code == 0, err[-2000:]
@@ -364,6 +380,8 @@ def test_the_data_and_objective_switches_train_together_from_the_command_line(tm
     saved = (out / "config.yaml").read_text()
     assert epoch["train_flops"] > 0 and "subword_sampling:\n  alpha: 0.1\n" in saved
     assert "bidirectional:\n  epochs: 1\n" in saved
+    said = re.search(r"epoch 1: (\d+)% of the training pairs served reversed", out_text + err)
+    assert said and 40 <= int(said.group(1)) <= 60  # rate 0.5, said where the user reads the log
 
 
 @pytest.mark.slow

@@ -232,10 +232,11 @@ class BidirectionalConfig:
     """Bidirectional training (extensions/bidirectional.py): pairs also served English -> German in the first
     epochs; off by default."""
 
-    epochs: int = param(0, "in each of the first this many epochs every training pair is served reversed (English "
-                        "source, German target) with probability `rate`, drawn afresh each epoch (Ding et al. "
-                        "2021 pretrain on both directions for a third of the run; 0: off). Needs the shared "
-                        "vocabulary of data.tokenizer=spm")
+    epochs: int = param(0, "in each of the first this many epochs every training pair is served reversed (its "
+                        "target as the source, its source as the target) with probability `rate`, drawn afresh each "
+                        "epoch (Ding et al. 2021 pretrain on both directions for a third of the run; 0: off). Needs "
+                        "the shared vocabulary of data.tokenizer=spm; with subword sampling, its `sides` name the "
+                        "languages, resegmented before the reversal")
     rate: float = param(0.5, "probability that a pair is reversed in those epochs")
 
 
@@ -426,9 +427,13 @@ class Config:
             raise ConfigError(f"cutoff.rate must be in [0, 1) (0: off; 0.1 cuts one source token in ten), "
                               f"got {self.cutoff.rate}")
         bi = self.bidirectional
-        if bi.epochs < 0 or not 0 < bi.rate <= 1:
-            raise ConfigError(f"bidirectional.epochs must be >= 0 (0: off) and bidirectional.rate in (0, 1], got "
-                              f"{bi.epochs} and {bi.rate}")
+        if bi.epochs < 0:
+            raise ConfigError(f"bidirectional.epochs must be >= 0 (0: off), got {bi.epochs}")
+        if bi.epochs and not 0 < bi.rate <= 1:
+            raise ConfigError(f"bidirectional.rate must be in (0, 1] (0.5 serves half the pairs reversed), got {bi.rate}")
+        if bi.epochs >= self.train.epochs > 0:
+            raise ConfigError(f"bidirectional.epochs ({bi.epochs}) must be below train.epochs ({self.train.epochs}): "
+                              f"the last epochs train the source -> target direction alone")
         if bi.epochs and (d.dataset != "multi30k" or d.tokenizer != "spm"):
             raise ConfigError("bidirectional training reads each pair both ways, which needs one vocabulary for "
                               "both languages: set data.tokenizer=spm (and data.dataset=multi30k), or "
