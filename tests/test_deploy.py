@@ -244,10 +244,61 @@ def test_quantize_int8_keeps_the_log_probs_close(tiny_checkpoint, multi30k_data)
     assert 0 < diff.mean() < 0.05  # quantised (not the same weights), and close
 
 
-def test_translate_quantize_int8(tiny_checkpoint, command):
+# ---------------------------------------------------------------- our decoder, bf16 weights (--quantize bf16)
+
+
+def test_to_bf16_keeps_the_log_probs_close(tiny_checkpoint, multi30k_data, monkeypatch):
+    from annotated_transformer import Translator
+    from annotated_transformer.deploy import translator as translator_module
+
+    monkeypatch.setattr(translator_module, "native_bf16", lambda device: True)  # bf16 runs (slowly) on any CPU
+    full, half = (Translator.from_checkpoint(tiny_checkpoint, device="cpu") for _ in range(2))
+    assert half.to_bf16() is half and half.amp_dtype is None
+    assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in full.model.parameters()} == {torch.float32}
+    src = torch.tensor([multi30k_data.splits["val"].src[0].tolist()])  # (1, S): <s> ... </s>
+    tgt = torch.tensor([[0, 5, 6, 7, 8]])
+    with torch.no_grad():
+        a, b = (t.model.generator(t.model(src, tgt, (src != 2).unsqueeze(-2), subsequent_mask(5))).float()
+                for t in (full, half))
+    diff = (a - b).abs()
+    assert 0 < diff.mean() < 0.1  # rounded to bf16 (not the same numbers), and close
+    sentences = SENTENCES[:1] + SENTENCES[2:]
+    for beam in (1, 3):  # beam search ranks bf16 logits in fp32
+        outputs = half.translate(sentences, beam_size=beam)
+        assert len(outputs) == len(sentences) and all(isinstance(o, str) and o for o in outputs)
+
+
+def test_quantize_bf16_without_native_bf16_is_one_line(tiny_checkpoint, command, monkeypatch):
+    from annotated_transformer.deploy import translator as translator_module
+
+    monkeypatch.setattr(translator_module, "native_bf16", lambda device: False)
+    code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "--quantize",
+                                   "bf16", stdin=b"Ein Mann.\n")
+    err = stderr.decode().strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "needs native bf16" in err and "drop it" in err, err
+    assert stdout == b""
+
+
+@pytest.mark.parametrize("quantize", ["int8", "bf16"])
+def test_translate_quantize(tiny_checkpoint, command, monkeypatch, quantize):
+    from annotated_transformer.deploy import translator as translator_module
+
+    monkeypatch.setattr(translator_module, "native_bf16", lambda device: True)  # bf16 runs (slowly) on any CPU
+    seen = []  # the model each translation ran on: its linear layers' class and weight type
+    real = translator_module.Translator.translate_ids
+
+    def spy(self, *args, **kwargs):
+        linear = next(m for m in self.model.modules() if "Linear" in type(m).__name__)
+        seen.append((type(linear).__module__, next(self.model.parameters()).dtype))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(translator_module.Translator, "translate_ids", spy)
     stdin = "\n".join(SENTENCES).encode()
     code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "--quantize",
-                                   "int8", stdin=stdin)
+                                   quantize, stdin=stdin)
     assert code == 0, stderr.decode()
     lines = stdout.decode().split("\n")[:-1]
     assert len(lines) == len(SENTENCES) and lines[1] == "" and all(lines[i] for i in (0, 2, 3))
+    module, dtype = seen[0]
+    assert ("quantized" in module) == (quantize == "int8") and (dtype == torch.bfloat16) == (quantize == "bf16")

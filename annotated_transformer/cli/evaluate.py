@@ -18,8 +18,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_out(parser, "where to write the hypotheses (default: beside the checkpoint)")
     add_limit(parser, "score only the first N sentences (for quick checks)")
     add_device(parser)
-    add_quantize(parser, ("none", "int8"), "none", "int8: PyTorch's dynamic int8 quantisation of the linear layers "
-                 "(CPU; see docs/deployment.md)")
+    add_quantize(parser, ("none", "int8", "bf16"), "none", "int8: PyTorch's dynamic int8 quantisation of the "
+                 "linear layers (CPU); bf16: bf16 weights, on hardware with native bf16 (see docs/deployment.md)")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print N example translations")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--data-root", default=None, help="folder with the Multi30k files (default: as configured)")

@@ -43,8 +43,8 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: the "
                         "checkpoint's decode.batch_size)")
     add_device(parser)
-    add_quantize(parser, ("none", "int8"), "none", "int8: PyTorch's dynamic int8 quantisation of the linear layers "
-                 "(CPU; see docs/deployment.md)")
+    add_quantize(parser, ("none", "int8", "bf16"), "none", "int8: PyTorch's dynamic int8 quantisation of the "
+                 "linear layers (CPU); bf16: bf16 weights, on hardware with native bf16 (see docs/deployment.md)")
     return parser
 
 

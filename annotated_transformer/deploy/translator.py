@@ -100,10 +100,10 @@ def torch_checkpoint(given: str | Path, command: str) -> Path:
 
 def load_translator(checkpoint: str | Path, engine: str | None = None, device: str | None = None,
                     quantize: str = "none"):
-    """The translator a --checkpoint names: `Translator` (optionally int8) on a .pt file or run directory, or
+    """The translator a --checkpoint names: `Translator` (optionally int8 or bf16) on a .pt file or run directory, or
     `CT2Translator` on an exported folder; `engine`, when given, must agree. A wrong combination is one line."""
-    if quantize not in ("none", "int8"):
-        raise ConfigError(f"--quantize must be none or int8, got {quantize!r}")
+    if quantize not in ("none", "int8", "bf16"):
+        raise ConfigError(f"--quantize must be none, int8 or bf16, got {quantize!r}")
     found, path = resolve_checkpoint(checkpoint)
     if engine is not None and not Path(checkpoint).expanduser().exists():
         found = engine  # nothing there to contradict it: the engine's loader names what is missing
@@ -113,12 +113,14 @@ def load_translator(checkpoint: str | Path, engine: str | None = None, device: s
                           "--checkpoint)" + (" or export it first with the export command" if found == "torch" else ""))
     if found == "ctranslate2":
         if quantize != "none":
-            raise ConfigError("--quantize int8 is for PyTorch checkpoints; an exported model is quantised when "
-                              "exported (export --quantize int8)")
+            raise ConfigError(f"--quantize {quantize} is for PyTorch checkpoints; an exported model is quantised "
+                              "when exported (export --quantize int8)")
         if device not in (None, "cpu", "cuda"):
             raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu or cuda")
         return CT2Translator.from_dir(path, device=device or "cpu")
     translator = Translator.from_checkpoint(path, device=device)
+    if quantize == "bf16":
+        return translator.to_bf16()
     return translator.quantize_int8() if quantize == "int8" else translator
 
 
@@ -181,6 +183,22 @@ class Translator(TextTranslator):
             warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*deprecated", category=UserWarning)
             self.model = quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
         self.amp_dtype = None  # int8 kernels compute in fp32 around the int8 matmuls
+        return self
+
+    def to_bf16(self) -> Translator:
+        """bf16 weights and bf16 arithmetic, without autocast, where the hardware has native bf16.
+
+        Half the bytes of fp32 weights read at every decoding step, and no cast of every weight at
+        every step, which autocast does when no gradient is kept (it caches casts only for weights
+        that train). Layer norms and softmaxes accumulate in fp32 inside PyTorch's bf16 kernels, and
+        beam search ranks in fp32. Its speed and BLEU against fp32 are measured by
+        scripts/benchmark.py --engines (docs/performance.md).
+        """
+        if not native_bf16(self.device):
+            raise ConfigError(f"--quantize bf16 needs native bf16 (a CPU with AVX512-BF16 or AMX, or an Ampere or "
+                              f"later GPU); this {self.device.type} has none: drop it (fp32 is exact)")
+        self.model.to(torch.bfloat16)
+        self.amp_dtype = None  # every tensor is bf16 already
         return self
 
     def to(self, device: str | torch.device) -> Translator:

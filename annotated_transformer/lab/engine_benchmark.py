@@ -4,7 +4,7 @@ Every engine translates test2016 in its own fresh process (so its peak memory is
 the same number of threads, the same batch size and the same output-length limit:
 
   torch-fp32   our batched, cached greedy search and beam search (`Translator`), fp32
-  torch-bf16   the same under bf16 autocast (only where the CPU has native bf16)
+  torch-bf16   the same with bf16 weights (`Translator.to_bf16`; only where the CPU has native bf16)
   torch-int8   the same after PyTorch's dynamic int8 quantisation of every nn.Linear (--quantize int8)
   ct2-float32  the model exported by `ct2_export` (float32 weights), CTranslate2's decoder
   ct2-int8     the same export with int8 weights
@@ -38,7 +38,7 @@ def _load(engine: str, checkpoint: str, folders: dict[str, str], threads: int) -
 
     tr = Translator.from_checkpoint(checkpoint, device="cpu")
     if engine == "torch-bf16":
-        tr.amp_dtype = torch.bfloat16
+        tr.to_bf16()
     elif engine == "torch-int8":
         tr.quantize_int8()
     return tr
