@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .options import add_checkpoint, add_decoding, add_device, add_limit, add_out, add_quantize, check_required
+from .options import (add_checkpoint, add_decoder_quantize, add_decoding, add_device, add_limit, add_out,
+                      check_required)
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -18,8 +19,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     add_out(parser, "where to write the hypotheses (default: beside the checkpoint)")
     add_limit(parser, "score only the first N sentences (for quick checks)")
     add_device(parser)
-    add_quantize(parser, ("none", "int8", "bf16"), "none", "int8: PyTorch's dynamic int8 quantisation of the "
-                 "linear layers (CPU); bf16: bf16 weights, on hardware with native bf16 (see docs/deployment.md)")
+    add_decoder_quantize(parser)
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print N example translations")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--data-root", default=None, help="folder with the Multi30k files (default: as configured)")

@@ -42,6 +42,12 @@ def add_quantize(parser: argparse.ArgumentParser, choices: Sequence[str], defaul
     _old_spelling(parser, ["--quantization"], "quantize", choices=list(choices))
 
 
+def add_decoder_quantize(parser: argparse.ArgumentParser) -> None:
+    """--quantize for the commands that decode (translate, evaluate): our decoder as trained, int8 or bf16 weights."""
+    add_quantize(parser, ("none", "int8", "bf16"), "none", "int8: PyTorch's dynamic int8 quantisation of the linear "
+                 "layers (CPU); bf16: bf16 weights, on hardware with native bf16 (see docs/deployment.md)")
+
+
 def add_limit(parser: argparse.ArgumentParser, help: str) -> None:
     """--limit N (old spelling: --sentences)."""
     parser.add_argument("--limit", type=int, default=None, metavar="N", help=help)

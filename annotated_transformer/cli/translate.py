@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from ..errors import DataError, UserError
-from .options import add_checkpoint, add_decoding, add_device, add_out, add_quantize, check_required
+from .options import add_checkpoint, add_decoder_quantize, add_decoding, add_device, add_out, check_required
 
 LANGUAGES = {"de": "German", "en": "English"}
 _END = object()  # the reader thread's last item
@@ -43,8 +43,7 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: the "
                         "checkpoint's decode.batch_size)")
     add_device(parser)
-    add_quantize(parser, ("none", "int8", "bf16"), "none", "int8: PyTorch's dynamic int8 quantisation of the "
-                 "linear layers (CPU); bf16: bf16 weights, on hardware with native bf16 (see docs/deployment.md)")
+    add_decoder_quantize(parser)
     return parser
 
 
