@@ -119,9 +119,11 @@ def load_translator(checkpoint: str | Path, engine: str | None = None, device: s
             raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu or cuda")
         return CT2Translator.from_dir(path, device=device or "cpu")
     translator = Translator.from_checkpoint(path, device=device)
-    if quantize == "bf16":
-        return translator.to_bf16()
-    return translator.quantize_int8() if quantize == "int8" else translator
+    if quantize == "int8":
+        translator.quantize_int8()
+    elif quantize == "bf16":
+        translator.to_bf16()
+    return translator
 
 
 class Translator(TextTranslator):
