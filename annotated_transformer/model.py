@@ -32,12 +32,8 @@ def clones(module: nn.Module, N: int) -> nn.ModuleList:
 
 
 class LayerNorm(nn.LayerNorm):
-    """Layer normalisation (Ba et al. 2016) over the last dimension, with a learned gain and bias.
-
-    The standard form: (x - mean) / sqrt(var + eps) with the biased variance.
-    The notebook's hand-written version used (x - mean) / (std_unbiased + eps);
-    the two differ by a factor sqrt(n / (n - 1)) and in where eps sits.
-    """
+    """Layer normalisation (Ba et al. 2016): (x - mean) / sqrt(var + eps) with the biased variance, a gain
+    and a bias; the notebook's hand-written one divided by (unbiased std + eps) (docs/model.md)."""
 
     def __init__(self, features: int, eps: float = 1e-6) -> None:
         super().__init__(features, eps=eps)
@@ -256,10 +252,13 @@ class EncoderDecoder(nn.Module):
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
                dropout: float = 0.1, norm_first: bool = True, tie_embeddings: bool = False,
                fused_attention: bool | None = None, max_positions: int = 5000, layer_norm_eps: float = 1e-6,
-               N_dec: int | None = None) -> EncoderDecoder:
+               N_dec: int | None = None, attention_dropout: float | None = None,
+               activation_dropout: float | None = None) -> EncoderDecoder:
     """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
 
     N layers in the encoder and `N_dec` (default N, as in the paper) in the decoder.
+    `dropout` is P_drop (Section 5.4); `attention_dropout` and `activation_dropout` (default: `dropout`,
+    as the notebook) set apart its rate on the attention probabilities and after the FFN's ReLU.
     `tie_embeddings` shares one (V, d) matrix between the source embedding, the target embedding
     and the generator's projection (Section 3.4); it needs src_vocab == tgt_vocab.
     `fused_attention` runs attention through PyTorch's fused kernel (False: the explicit equation 1;
@@ -268,8 +267,9 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
     if tie_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"tied embeddings need one shared vocabulary, got {src_vocab} and {tgt_vocab}")
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, dropout, fused=fused_attention)
-    ff = PositionwiseFeedForward(d_model, d_ff, dropout)
+    attn = MultiHeadedAttention(h, d_model, dropout if attention_dropout is None else attention_dropout,
+                                fused=fused_attention)
+    ff = PositionwiseFeedForward(d_model, d_ff, dropout if activation_dropout is None else activation_dropout)
     position = PositionalEncoding(d_model, dropout, max_positions)
     eps = layer_norm_eps
     model = EncoderDecoder(

@@ -264,3 +264,48 @@ def test_cpu_dropout_mask_is_the_documented_threshold_on_16_bit_words(p, dtype):
     assert got.dtype == dtype
     assert torch.equal(got, expected.to(dtype))
     assert 0 < int((got == 0).sum()) < x.numel()
+
+
+def _dropout_rates(model, cls):
+    return {m.dropout.p for m in model.modules() if isinstance(m, cls)}
+
+
+def test_attention_and_activation_dropout_set_apart_from_p_drop():
+    from annotated_transformer.model import PositionwiseFeedForward, SublayerConnection
+
+    apart = tiny(dropout=0.3, attention_dropout=0.0, activation_dropout=0.5)
+    assert _dropout_rates(apart, MultiHeadedAttention) == {0.0}
+    assert _dropout_rates(apart, PositionwiseFeedForward) == {0.5}
+    assert _dropout_rates(apart, SublayerConnection) == {0.3} == _dropout_rates(apart, PositionalEncoding)
+    default = tiny(dropout=0.3)  # off: every rate is model.dropout, as in the notebook
+    for cls in (MultiHeadedAttention, PositionwiseFeedForward, SublayerConnection, PositionalEncoding):
+        assert _dropout_rates(default, cls) == {0.3}
+
+    src, tgt = torch.randint(1, 11, (3, 7)), torch.randint(1, 13, (3, 6))
+    src_mask, tgt_mask = torch.ones(3, 1, 7, dtype=torch.bool), subsequent_mask(6)
+
+    def forward(model, seed):
+        torch.manual_seed(seed)
+        return model.train()(src, tgt, src_mask, tgt_mask)
+
+    same = tiny(dropout=0.3, attention_dropout=0.3, activation_dropout=0.3)  # the default's rates, spelled out
+    assert torch.equal(forward(default, 1), forward(same, 1))
+    only_attention = tiny(attention_dropout=0.5)  # dropout 0 everywhere else: only attention draws masks
+    assert not torch.allclose(forward(only_attention, 1), forward(only_attention, 2))
+    assert torch.equal(forward(tiny(), 1), forward(tiny(), 2))
+
+
+def test_dropout_rates_come_from_the_config_and_are_checked():
+    from annotated_transformer.config import load_config
+    from annotated_transformer.errors import ConfigError
+    from annotated_transformer.extensions.builder import build_model
+    from annotated_transformer.model import PositionwiseFeedForward
+
+    cfg = load_config("tiny", ["model.dropout=0.2", "model.attention_dropout=0.0", "model.activation_dropout=0.1"])
+    model = build_model(cfg, 30, 30)
+    assert _dropout_rates(model, MultiHeadedAttention) == {0.0}
+    assert _dropout_rates(model, PositionwiseFeedForward) == {0.1}
+    assert load_config("tiny", []).model.attention_dropout is None
+    for key in ("model.attention_dropout=1.0", "model.activation_dropout=-0.1"):
+        with pytest.raises(ConfigError, match=key.split("=")[0]):
+            load_config("tiny", [key])

@@ -44,7 +44,12 @@ class ModelConfig:
     d_model: int = param(512, "width of embeddings and of every sublayer's output (d_model)")
     d_ff: int = param(2048, "inner width of the position-wise feed-forward network (d_ff)")
     h: int = param(8, "number of attention heads (h); d_model must be divisible by h")
-    dropout: float = param(0.1, "dropout on sublayer outputs, embeddings+positions and attention weights")
+    dropout: float = param(0.1, "dropout on sublayer outputs and embeddings+positions (the paper's P_drop), and on "
+                           "attention weights and feed-forward activations unless set apart below")
+    attention_dropout: float | None = param(None, "dropout on the attention probabilities when it should differ "
+                                            "from model.dropout (null: model.dropout)")
+    activation_dropout: float | None = param(None, "dropout after the feed-forward network's ReLU when it should "
+                                             "differ from model.dropout (null: model.dropout)")
     norm_first: bool = param(
         True, "true: pre-norm x + Sublayer(LayerNorm(x)) as the notebook; false: post-norm as the paper"
     )
@@ -318,8 +323,11 @@ class Config:
                 f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); "
                 f"pick h from {[k for k in range(1, 17) if m.d_model % k == 0]}"
             )
-        if not 0.0 <= m.dropout < 1.0:
-            raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
+        rates = {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout,
+                 "model.activation_dropout": m.activation_dropout}
+        for key, rate in rates.items():
+            if rate is not None and not 0.0 <= rate < 1.0:
+                raise ConfigError(f"{key} must be in [0, 1), got {rate}")
         if not 0.0 <= t.label_smoothing < 1.0:
             raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
         if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
