@@ -41,6 +41,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "R-Drop alpha=5": ("r_drop.alpha=5",),
     "weight average 0.999": ("ema.decay=0.999",),
     "token cutoff 0.1": ("cutoff.rate=0.1",),
+    "no attention dropout": ("model.attention_dropout=0.0",),
 }
 
 
