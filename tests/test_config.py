@@ -184,6 +184,12 @@ def test_an_old_value_name_still_loads_under_its_new_name():
     from annotated_transformer.harness.run_dir import check_same_settings
 
     check_same_settings(saved, cfg, Path("runs/old"))  # an older run resumes with today's names
+    # an attention dropout spelled out at model.dropout (0.3) is the model saved without the key
+    check_same_settings(saved, load_config("base.yaml", ["data.batching=notebook", "data.max_sentence_len=40",
+                                                         "model.attention_dropout=0.3"]), Path("runs/old"))
+    with pytest.raises(ConfigError, match=r"its model settings differ \(attention_dropout\)"):
+        check_same_settings(saved, load_config("base.yaml", ["data.batching=notebook", "data.max_sentence_len=40",
+                                                             "model.attention_dropout=0.1"]), Path("runs/old"))
     with pytest.raises(ConfigError, match=r"its data settings differ \(max_sentence_len\)"):
         check_same_settings(saved, load_config("base.yaml", ["data.batching=notebook", "data.max_sentence_len=41"]),
                             Path("runs/old"))

@@ -93,6 +93,8 @@ def test_a_switch_without_an_equivalent_is_refused():
                                              bases=(ModelConfig,))
     cfg = Config(model=with_switch(N=1))
     check_exportable(cfg)  # left at its default: nothing to convert
+    for rate in ("attention_dropout", "activation_dropout"):  # training only: the exported model is the same
+        check_exportable(Config(model=dataclasses.replace(ModelConfig(), **{rate: 0.0})))
     cfg.model.new_switch = 4
     with pytest.raises(ExportError, match=r"^model.new_switch=4 has no CTranslate2 equivalent"):
         check_exportable(cfg)

@@ -40,8 +40,9 @@ CONFIG_FILE = "config.yaml"  # our Config; the engine's own settings are in conf
 TEXT_FOLDER = "vocab"
 # Every ModelConfig field the export reproduces. A new model switch is refused (unless left at its
 # default) until the export learns it: a wrong model is worse than no model.
-EXPORTED_FIELDS = frozenset({"N", "N_dec", "d_model", "d_ff", "h", "dropout", "norm_first", "tie_embeddings",
-                             "attention_kernel", "max_positions", "layer_norm_eps"})
+EXPORTED_FIELDS = frozenset({"N", "N_dec", "d_model", "d_ff", "h", "dropout", "attention_dropout",
+                             "activation_dropout", "norm_first", "tie_embeddings", "attention_kernel",
+                             "max_positions", "layer_norm_eps"})  # dropout: training only, nothing to convert
 # The extensions that change the model itself (the training-only ones export like the plain model).
 MODEL_EXTENSIONS = ("local_attention", "token_merging")
 

@@ -76,6 +76,9 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
     """
     # older names read as the current ones, keys an older run did not have at their defaults
     now, saved = config_to_dict(cfg), config_to_dict(apply_dict(Config(), saved, source="the saved config"))
+    for model in (now["model"], saved["model"]):  # a rate left at null is model.dropout: the same model
+        for rate in ("attention_dropout", "activation_dropout"):
+            model[rate] = model["dropout"] if model.get(rate) is None else model[rate]
     for section in ("model", "local_attention", "token_merging", "data"):  # what shapes the model and its data
         skip = NOT_SETTINGS.get(section, set())
         old = {k: v for k, v in saved.get(section, {}).items() if k not in skip}
