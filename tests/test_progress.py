@@ -78,7 +78,7 @@ def test_the_advice_names_the_cpu_config_only_where_it_is_quicker():
     assert quicker_config(base, gpu) == ""
     assert quicker_config(load_config("cpu_15min"), cpu) == ""  # no advice to run what already runs
     assert quicker_config(load_config("copy"), cpu) == ""
-    assert run_length(base.train, 1100) == "20 epochs (1,100 steps)"
+    assert run_length(load_config("base", ["train.epochs=20"]).train, 1100) == "20 epochs (1,100 steps)"
     assert run_length(load_config("tiny").train, 200) == "200 steps (train.max_steps)"
 
 
