@@ -3,6 +3,7 @@ error with 'cuda'); no GPU at all stays quiet. NVML and torch.cuda are faked, so
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -167,6 +168,16 @@ def test_a_cuda_device_turns_off_cudnn_attention():
         assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def test_choosing_the_cpu_enlarges_onednns_kernel_cache_unless_the_user_set_it(monkeypatch):
+    monkeypatch.delenv(devices.ONEDNN_CACHE_ENV, raising=False)
+    assert select_device("cpu") == torch.device("cpu")
+    assert os.environ[devices.ONEDNN_CACHE_ENV] == str(devices.ONEDNN_CACHE_CAPACITY)
+    assert devices.ONEDNN_CACHE_CAPACITY > 1024  # oneDNN's own default, too small for bucketed batches
+    monkeypatch.setenv(devices.ONEDNN_CACHE_ENV, "300")
+    configure_backends(torch.device("cpu"))
+    assert os.environ[devices.ONEDNN_CACHE_ENV] == "300"
 
 
 # ---------------------------------------------------------------- the commands, as a user runs them (in this process)
