@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
-from .kv_cache import AttentionCache
+from .kv_cache import AttentionCache, QueryGrid
 
 
 def attention(
@@ -71,17 +71,18 @@ class MultiHeadedAttention(nn.Module):
         self.attn: Tensor | None = None  # the notebook's: the latest probabilities, when a hook keeps them
         self.hooks: list[AttentionHook] = []
 
-    def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
-        B = x.size(0)
-        return linear(x).view(B, -1, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+    def _heads(self, x: Tensor, linear: nn.Module, grid: QueryGrid | None = None) -> Tensor:
+        y = linear(x) if grid is None else grid.group(linear(x))  # (B, L, d); grid: (b, slots, d)
+        return y.view(y.size(0), -1, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
 
     def forward(
         self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
         cache: AttentionCache | None = None,
     ) -> Tensor:
         """query (B, T, d), key/value (B, S, d), mask (B, 1 or T, S) -> (B, T, d)."""
-        B = query.size(0)
-        q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
+        grid = cache.grid if cache is not None else None  # beam search: a sentence's hypotheses query together
+        q = self._heads(query, self.linears[0], grid)  # (B, h, T, d_k)
+        B = q.size(0)
         if cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v  # memory projected on the first step
         else:
@@ -102,4 +103,4 @@ class MultiHeadedAttention(nn.Module):
         for hook in self.hooks:
             hook(self, k, probs)
         x = x.transpose(1, 2).reshape(B, -1, self.h * self.d_k)  # (B, T, d)
-        return self.linears[3](x)
+        return self.linears[3](x if grid is None else grid.ungroup(x))

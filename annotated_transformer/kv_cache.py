@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .query_grid import QueryGrid
+
 
 @dataclass
 class AttentionCache:
@@ -19,6 +21,7 @@ class AttentionCache:
     static: bool
     k: Tensor | None = None  # (B, h, t, d_k)
     v: Tensor | None = None  # (B, h, t, d_k)
+    grid: QueryGrid | None = None  # encoder-decoder attention in beam search: rows grouped by sentence
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keep this step's keys/values (appended after the earlier ones in self-attention); return all kept."""
@@ -47,10 +50,8 @@ class DecoderCache:
         self.length += n
         return self.length - n
 
-    def index_select(self, index: Tensor, memory: bool = True) -> None:
-        """Keep/reorder batch rows of every cached tensor; `memory=False` leaves the projected memory as it is
-        (beam search, when every row still reads the same sentence's memory)."""
+    def index_select(self, index: Tensor) -> None:
+        """Keep/reorder batch rows of every cached tensor (greedy search drops finished sentences with it)."""
         for self_cache, src_cache in self.layers:
             self_cache.index_select(index)
-            if memory:
-                src_cache.index_select(index)
+            src_cache.index_select(index)

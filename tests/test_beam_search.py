@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from annotated_transformer import greedy_decode, make_model
-from annotated_transformer.beam_search import beam_search, length_penalty
+from annotated_transformer.beam_search import TOP_BLOCK, beam_search, length_penalty, top_indices
 from annotated_transformer.inference import decode_batch
 from annotated_transformer.model import subsequent_mask
 
@@ -259,6 +259,37 @@ def test_finished_hypotheses_and_sentences_leave_the_working_batch():
     assert sizes[peak:] == sorted(sizes[peak:], reverse=True) and sizes[-1] < max(sizes) // 2
     assert len(sizes) < 29  # nobody ran to the limit of 30
     assert sum(generated(r)[-1] == EOS for r in out.tolist()) == 12
+
+
+@pytest.mark.parametrize("V", [8000, 6190, 5 * TOP_BLOCK + 1, 300])
+@pytest.mark.parametrize("c", [2, 5, 10])
+def test_top_indices_are_topks_whatever_block_holds_the_winners(V, c):
+    g = torch.Generator().manual_seed(V + c)
+    scores = torch.randn(40, V, generator=g)
+    scores[0, -1] = 10.0  # the best entry in the last, partial block
+    scores[1, -c:] = 10.0 + torch.arange(c)  # all c best at the very end
+    scores[2, :c] = 10.0 + torch.arange(c)  # all c best in the first block
+    scores[3, ::TOP_BLOCK] = 5.0 + torch.rand(len(range(0, V, TOP_BLOCK)), generator=g)  # each block's best at its start
+    assert torch.equal(top_indices(scores, c), scores.topk(c, dim=-1).indices)
+
+
+def test_the_memory_stays_one_row_per_sentence_while_hypotheses_multiply():
+    """The encoder-decoder attention keeps its keys/values per working sentence, never per hypothesis."""
+    model = random_model(6)
+    src, mask, _ = random_sources(6, 12)
+    seen: list[tuple[int, int]] = []  # (hypothesis rows, projected memory rows) at each step
+
+    def record(module, args, out):
+        query, cache = args[0], args[4]
+        seen.append((query.size(0), cache.k.size(0)))
+        assert out.shape == query.shape  # each hypothesis gets its own row back
+
+    handle = model.decoder.layers[0].src_attn.register_forward_hook(record)
+    beam_search(model, src, mask, 30, BOS, EOS, beam_size=4, pad_symbol=FILL)
+    handle.remove()
+    assert max(rows for rows, _ in seen) > 12  # hypotheses outnumber sentences
+    assert all(memory_rows <= min(rows, 12) for rows, memory_rows in seen)
+    assert [m for _, m in seen] == sorted((m for _, m in seen), reverse=True)  # only done sentences leave
 
 
 def test_length_penalty_convention():

@@ -4,6 +4,7 @@ error with 'cuda'); no GPU at all stays quiet. NVML and torch.cuda are faked, so
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import types
 
@@ -178,6 +179,41 @@ def test_choosing_the_cpu_enlarges_onednns_kernel_cache_unless_the_user_set_it(m
     monkeypatch.setenv(devices.ONEDNN_CACHE_ENV, "300")
     configure_backends(torch.device("cpu"))
     assert os.environ[devices.ONEDNN_CACHE_ENV] == "300"
+
+
+FAULTS_OF_LARGE_TENSORS = """
+import resource, sys, torch
+from annotated_transformer import make_model
+from annotated_transformer.deploy.translator import Translator
+
+def faults():  # minor page faults while 80 MB of tensors come and go, as decoding steps' do
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        xs = [torch.ones(2_500_000) for _ in range(8)]
+        del xs
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+faults()
+default = faults()
+Translator(make_model(10, 10, N=1, d_model=16, d_ff=32, h=2), None, None, "cpu")
+faults()
+print(default, faults())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc setting; other systems keep theirs")
+def test_a_cpu_translator_keeps_freed_memory_for_reuse_unless_the_user_configured_malloc(monkeypatch):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", FAULTS_OF_LARGE_TENSORS], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    default, kept = int(out[0]), int(out[1])
+    assert default > 20_000  # glibc hands the freed heap back and faults it in again: a fault per 4 KB page
+    assert kept < default // 100
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")
+    assert not devices.keep_freed_memory()
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
+    assert not devices.keep_freed_memory()
 
 
 # ---------------------------------------------------------------- the commands, as a user runs them (in this process)

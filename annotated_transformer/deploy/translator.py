@@ -21,7 +21,7 @@ import torch
 
 from ..config import Config, config_from_dict
 from ..inference import translate_ids
-from ..device import configure_backends, native_bf16, select_device
+from ..device import configure_backends, keep_freed_memory, native_bf16, select_device
 from ..errors import CheckpointError, ConfigError
 from ..harness.checkpointing import load_checkpoint
 from ..harness.run_dir import RunDir, read_metrics
@@ -208,6 +208,8 @@ class Translator(TextTranslator):
         self.device = torch.device(device)
         self.amp_dtype = decode_amp_dtype(self.device)
         configure_backends(self.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()  # decoding's large tensors come and go every step
         self.model.to(self.device)
         return self
 
