@@ -70,15 +70,18 @@ def tiny_checkpoint(tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
     The end-of-training BLEU pass is switched off (train.final_eval=false) and outputs are capped
     at source length + 10 tokens, which keeps the run-on translations of an untrained model short.
-    The run directory beside best.pt holds the usual files (metrics.jsonl, vocab/, config.yaml).
+    The run directory beside best.pt holds the usual files (metrics.jsonl, vocab/, config.yaml), no charts.
     """
+    from annotated_transformer.harness import run_end
     from annotated_transformer.harness.trainer import train_worker
 
     run_dir = tmp_path_factory.mktemp("tiny_run")
     cfg = tiny_config(f"train.out_dir={run_dir}", "train.overwrite=true", "train.max_steps=60",
                       "train.log_every=20", "train.progress=false", "train.device=cpu", "decode.max_len_a=10",
                       "train.final_eval=false")
-    train_worker(cfg)
+    with pytest.MonkeyPatch.context() as patch:  # as `no_charts`: no test reads this run's charts
+        patch.setattr(run_end, "write_charts", lambda run, log: None)
+        train_worker(cfg)
     return run_dir / "best.pt"
 
 

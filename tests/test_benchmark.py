@@ -124,6 +124,7 @@ def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
     assert peak == pytest.approx(2 * 8**3 / 0.25)  # the fastest run, not the median (1.0) nor the first ones
 
 
+@pytest.mark.slow
 def test_speed_report_takes_medians_of_interleaved_rounds(multi30k_dir, data_cache_dir, tmp_path, command,
                                                           monkeypatch):
     """benchmark --all: each round trains eager then compiled, then decodes; the table holds per-side medians."""

@@ -83,6 +83,7 @@ def test_environment_variable_forces_the_choice(monkeypatch):
     assert cpu_linear.onednn_pays() == onednn_available()
 
 
+@pytest.mark.slow
 @needs_onednn
 def test_decoding_with_onednn_gives_the_same_translations(monkeypatch):
     torch.manual_seed(3)

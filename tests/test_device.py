@@ -182,9 +182,8 @@ def test_choosing_the_cpu_enlarges_onednns_kernel_cache_unless_the_user_set_it(m
 
 
 FAULTS_OF_LARGE_TENSORS = """
-import resource, sys, torch
-from annotated_transformer import make_model
-from annotated_transformer.deploy.translator import Translator
+import resource, torch
+from annotated_transformer.device import keep_freed_memory
 
 def faults():  # minor page faults while 80 MB of tensors come and go, as decoding steps' do
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -195,14 +194,15 @@ def faults():  # minor page faults while 80 MB of tensors come and go, as decodi
 
 faults()
 default = faults()
-Translator(make_model(10, 10, N=1, d_model=16, d_ff=32, h=2), None, None, "cpu")
+assert keep_freed_memory()
 faults()
 print(default, faults())
 """
 
 
+@pytest.mark.slow  # a fresh Python process: 3.5 s
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc setting; other systems keep theirs")
-def test_a_cpu_translator_keeps_freed_memory_for_reuse_unless_the_user_configured_malloc(monkeypatch):
+def test_keeping_freed_memory_stops_the_page_faults_unless_the_user_configured_malloc(monkeypatch):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     out = subprocess.run([sys.executable, "-c", FAULTS_OF_LARGE_TENSORS], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
@@ -214,6 +214,20 @@ def test_a_cpu_translator_keeps_freed_memory_for_reuse_unless_the_user_configure
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=65536")
     assert not devices.keep_freed_memory()
+
+
+def test_a_translator_keeps_freed_memory_on_the_cpu_only(monkeypatch):
+    from annotated_transformer import make_model
+    from annotated_transformer.deploy import translator
+
+    calls: list[str] = []
+    monkeypatch.setattr(translator, "keep_freed_memory", lambda: calls.append("kept"))
+    tr = translator.Translator(make_model(10, 10, N=1, d_model=16, d_ff=32, h=2), None, None, "cpu")
+    assert calls == ["kept"]
+    monkeypatch.setattr(translator, "configure_backends", lambda device: None)  # no CUDA calls here
+    monkeypatch.setattr(tr.model, "to", lambda device: tr.model)
+    tr.to("meta")
+    assert calls == ["kept"]
 
 
 # ---------------------------------------------------------------- the commands, as a user runs them (in this process)

@@ -53,6 +53,7 @@ def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 # --------------------------------------------------------------------------- subword sampling
 
 
+@pytest.mark.slow
 def test_sampled_segmentations_spell_the_same_sentences_and_repeat_for_the_same_seed_and_epoch(subwords):
     text, src_text, tgt_text, src, tgt = subwords
     reseg = segmentation(subwords)
@@ -78,6 +79,7 @@ def test_only_the_chosen_side_is_resegmented(subwords):
     assert tgt_only[0] is src and not same(tgt_only[1], tgt)
 
 
+@pytest.mark.slow
 def test_the_loader_serves_each_epochs_segmentation_on_the_same_plan_and_resumes_with_it(subwords):
     _, _, _, src, tgt = subwords
     reseg = segmentation(subwords)
@@ -192,6 +194,7 @@ def test_the_loader_serves_reversed_pairs_on_the_plain_plan(subwords):
     assert again.src.equal(expected.src) and again.tgt.equal(expected.tgt)
 
 
+@pytest.mark.slow
 def test_bidirectional_off_is_the_cached_ids_and_on_composes_with_subword_sampling(subwords):
     text, src_text, tgt_text, src, tgt = subwords
     data = SimpleNamespace(text=text, splits={"train": SimpleNamespace(src_text=src_text, tgt_text=tgt_text,
