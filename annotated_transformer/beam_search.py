@@ -42,7 +42,7 @@ def top_indices(scores: Tensor, c: int) -> Tensor:
     """
     n, V = scores.shape
     m = V // TOP_BLOCK  # whole blocks; the last V - m * TOP_BLOCK entries form one more
-    if scores.device.type != "cpu" or m <= c or c > TOP_BLOCK:
+    if scores.device.type != "cpu" or m <= c:
         return scores.topk(c, dim=-1).indices
     block_max = scores[:, : m * TOP_BLOCK].view(n, m, TOP_BLOCK).amax(dim=-1)  # (n, m)
     if m * TOP_BLOCK < V:
