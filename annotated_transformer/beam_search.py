@@ -155,8 +155,9 @@ def _rank_extensions(model: EncoderDecoder, beams: _Beams, cache: DecoderCache,
     """Each working sentence's k best one-token extensions: (fp32 sums, parent rows (-1: none), tokens), (b, k)."""
     b, device = beams.sent.numel(), beams.sent.device
     grid_row = beams.work * k + beams.slot  # (n,) row's place in the (b*k) slot grid
+    queries = QueryGrid(grid_row, b, k)
     for _, src_cache in cache.layers:  # each sentence's rows read its memory together
-        src_cache.grid = QueryGrid(grid_row, b, k)
+        src_cache.grid = queries
     x = model.decode(beams.memory, beams.mask, beams.seq[:, -1:], None, cache)  # (n, 1, d)
     # Generator.forward is exactly log_softmax(logits(x)); projecting once gives both the logits
     # (argmax with greedy_decode's tie-breaking, which bf16 makes matter) and fp32 log-probs.

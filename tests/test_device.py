@@ -183,11 +183,11 @@ def test_choosing_the_cpu_enlarges_onednns_kernel_cache_unless_the_user_set_it(m
 
 FAULTS_OF_LARGE_TENSORS = """
 import ctypes, resource, torch
-from annotated_transformer.device import keep_freed_memory
+from annotated_transformer.device import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, keep_freed_memory
 
 # glibc's documented defaults, fixed: its own raises them as it goes, so what it faults varies from run to run
-ctypes.CDLL(None).mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
-ctypes.CDLL(None).mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+ctypes.CDLL(None).mallopt(M_TRIM_THRESHOLD, 128 * 1024)
 
 def faults():  # minor page faults while 80 MB of tensors come and go, as decoding steps' do
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

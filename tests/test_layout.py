@@ -43,8 +43,7 @@ def test_layout_doc_matches_the_tree():
 # Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
 LAYERS = {
     "errors": 0, "files": 0, "masks": 0, "fast_dropout": 0, "cpu_linear": 0, "kv_cache": 0, "query_grid": 0,
-    "fused_loss": 0,
-    "model_flops": 0,
+    "fused_loss": 0, "model_flops": 0,
     "attention": 1,
     "config": 1, "device": 1, "loss_meter": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
