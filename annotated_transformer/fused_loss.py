@@ -1,11 +1,12 @@
 """LabelSmoothing on logits with the log-softmax fused in: a speed detail kept out of the teaching path.
 
 `LabelSmoothing.from_logits(logits, target)` equals `forward(log_softmax(logits), target)`. Here the
-log-softmax, the divergence and its gradient with respect to the logits (softmax - t, zero on
-padding rows) are computed in one sweep over row chunks that stay in cache, in fp32; only the
-gradient, in the logits' dtype, is kept for the backward pass. Unfused, autograd keeps an fp32
-(N, V) copy of the log-probabilities and makes about six more full passes over (N, V) tensors
-(casts, log-softmax backward, the divergence's scatter): a tenth of a base-model CPU step.
+log-softmax and the divergence are computed in one sweep over row chunks that stay in cache, in
+fp32, keeping only each row's log-sum-exp; the backward pass sweeps the logits once more for the
+gradient (softmax - t, times the incoming gradient, zero on padding rows), written once in the
+logits' dtype. Unfused, autograd keeps an fp32 (N, V) copy of the log-probabilities and makes about
+six more full passes over (N, V) tensors (casts, log-softmax backward, the divergence's scatter):
+a tenth of a base-model CPU step.
 """
 
 from __future__ import annotations
@@ -24,44 +25,66 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, crit: LabelSmoothing)
     return _SmoothedCrossEntropy.apply(logits, target, crit)
 
 
-# Rows per chunk of the fused loss on a CPU: about 4 MB of fp32, so a chunk's passes hit the cache.
+# Rows per chunk of the fused loss on a CPU: about 2 MB of fp32, so a chunk's passes stay in the cache.
 # On a GPU the whole (N, V) block is one chunk: there, extra kernel launches cost more than memory.
-_CPU_CHUNK_ELEMENTS = 1 << 20
+_CPU_CHUNK_ELEMENTS = 1 << 19
+
+
+def _chunk_rows(logits: Tensor) -> int:
+    """Rows of `logits` swept at a time (see _CPU_CHUNK_ELEMENTS)."""
+    N, V = logits.shape
+    return N if logits.device.type != "cpu" else max(1, _CPU_CHUNK_ELEMENTS // V)
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
-    """LabelSmoothing on logits, forward and gradient computed together (see `from_logits`)."""
+    """LabelSmoothing on logits: the loss and each row's log-sum-exp forward, the gradient backward."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, crit: LabelSmoothing) -> Tensor:
         N, V = logits.shape
         pad, conf, fill = crit.padding_idx, crit.confidence, crit.fill
-        want_grad = ctx.needs_input_grad[0]
-        grad = torch.empty_like(logits) if want_grad else None  # (N, V) d loss / d logits
+        rows = _chunk_rows(logits)
+        work = logits.new_empty((min(rows, N), V), dtype=torch.float32)  # one fp32 chunk, reused
+        lse = logits.new_empty((N, 1), dtype=torch.float32)  # log sum_j exp(logits_j), per row
         loss = logits.new_zeros((), dtype=torch.float32)
-        rows = N if logits.device.type != "cpu" else max(1, _CPU_CHUNK_ELEMENTS // V)
         for s in range(0, N, rows):
-            t = target[s:s + rows]  # (n,)
-            keep = (t != pad).unsqueeze(1)  # (n, 1) padding targets contribute nothing
-            logp = logits[s:s + rows].log_softmax(1, dtype=torch.float32)  # (n, V), cast on the fly
-            logp_t = logp.gather(1, t.unsqueeze(1))  # (n, 1)
+            t = target[s:s + rows].unsqueeze(1)  # (n, 1)
+            z = work[:t.size(0)].copy_(logits[s:s + rows])  # (n, V) the logits in fp32
+            top = z.amax(1, keepdim=True)  # (n, 1)
+            z.sub_(top)  # so that exp cannot overflow; log-softmax is unchanged
+            z_t = z.gather(1, t)  # (n, 1)
+            if fill > 0:  # the row sum of log-probabilities, but for padding's, before z is overwritten
+                z_rest = z.sum(1, keepdim=True) - z[:, pad:pad + 1]  # (n, 1)
+            row_lse = z.exp_().sum(1, keepdim=True).log_()  # (n, 1) log-probabilities are z - row_lse
+            torch.add(row_lse, top, out=lse[s:s + rows])
+            logp_t = z_t - row_lse
             # sum_j t_j (log t_j - logp_j) in closed form, as in `forward`.
             row = crit.entropy_term - conf * logp_t
             if fill > 0:
-                row = row - fill * (logp.sum(1, keepdim=True) - logp[:, pad:pad + 1] - logp_t)
-            loss += torch.where(keep, row, 0.0).sum()
-            if want_grad:
-                # d/dz of -sum_j t_j log softmax(z)_j is softmax(z) - t, since sum_j t_j = 1.
-                g = torch.sub(logp.exp_(), fill, out=grad[s:s + rows])  # (n, V) written once, cast on the fly
-                if fill > 0:
-                    g[:, pad] += fill  # t is 0 in the padding column
-                g.scatter_add_(1, t.unsqueeze(1), torch.full_like(logp_t, fill - conf, dtype=g.dtype))
-                g.mul_(keep)
-        ctx.save_for_backward(grad)
+                row = row - fill * (z_rest - (V - 1) * row_lse - logp_t)
+            loss += torch.where(t != pad, row, 0.0).sum()  # padding targets contribute nothing
+        ctx.save_for_backward(logits, target, lse)
+        ctx.crit = crit
         return loss
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_out, None, None  # a new tensor: the saved gradient stays intact for a second backward
+        logits, target, lse = ctx.saved_tensors
+        crit = ctx.crit
+        N, V = logits.shape
+        pad, conf, fill = crit.padding_idx, crit.confidence, crit.fill
+        rows = _chunk_rows(logits)
+        work = logits.new_empty((min(rows, N), V), dtype=torch.float32)
+        grad = torch.empty_like(logits)  # (N, V)
+        for s in range(0, N, rows):
+            t = target[s:s + rows].unsqueeze(1)  # (n, 1)
+            k = (t != pad) * grad_out  # (n, 1): the incoming gradient, 0 on padding rows
+            # d/dz of -sum_j t_j log softmax(z)_j is softmax(z) - t, since sum_j t_j = 1.
+            g = work[:t.size(0)].copy_(logits[s:s + rows]).sub_(lse[s:s + rows]).exp_().mul_(k)  # (n, V)
+            if fill > 0:
+                g.sub_(fill * k)
+                g[:, pad:pad + 1] += fill * k  # t is 0 in the padding column
+            g.scatter_add_(1, t, (fill - conf) * k)  # t is conf in the target's column
+            grad[s:s + rows].copy_(g)  # the one write of the chunk, in the logits' dtype
+        return grad, None, None

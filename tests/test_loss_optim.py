@@ -113,6 +113,35 @@ def test_fused_from_logits_matches_log_softmax_then_divergence(smoothing, monkey
     assert torch.all(g_fused[target == pad] == 0)  # padding rows get no gradient
 
 
+def test_fused_loss_on_large_bf16_logits_matches_the_fp32_reference(monkeypatch):
+    # Logits in the thousands: exp overflows unless each row is shifted by its maximum, and the backward
+    # pass rebuilds the softmax from the log-sum-exp the forward pass kept, shift included.
+    monkeypatch.setattr(fused_loss, "_CPU_CHUNK_ELEMENTS", 3 * 17)
+    torch.manual_seed(6)
+    V, pad = 17, 0
+    logits = (2000 * torch.randn(10, V)).bfloat16().requires_grad_()
+    target = torch.randint(1, V, (10,))
+    target[4] = pad
+    crit = LabelSmoothing(V, pad, 0.1)
+    (0.25 * crit.from_logits(logits, target)).backward()
+    reference = logits.detach().float().requires_grad_()
+    expected = crit(reference.log_softmax(-1), target)
+    (0.25 * expected).backward()
+    assert torch.isfinite(logits.grad.float()).all()
+    assert torch.allclose(crit.from_logits(logits.detach(), target), expected, rtol=1e-5)
+    assert torch.allclose(logits.grad.float(), reference.grad, atol=2e-3)
+    assert logits.grad.dtype == torch.bfloat16
+
+
+def test_fused_loss_keeps_no_copy_of_the_logits_for_the_backward_pass():
+    crit = LabelSmoothing(50, 0, 0.1)
+    logits = torch.randn(30, 50, requires_grad=True)
+    loss = crit.from_logits(logits, torch.randint(0, 50, (30,)))
+    saved = loss.grad_fn.saved_tensors
+    big = [t for t in saved if t.numel() >= logits.numel()]
+    assert len(big) == 1 and big[0].data_ptr() == logits.data_ptr()  # the logits themselves, no (N, V) gradient
+
+
 def test_fused_loss_compute_matches_unfused_in_bf16():
     torch.manual_seed(4)
     gen = Generator(16, 50)
