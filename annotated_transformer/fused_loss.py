@@ -4,9 +4,10 @@
 log-softmax and the divergence are computed in one sweep over row chunks that stay in cache, in
 fp32, keeping only each row's log-sum-exp; the backward pass sweeps the logits once more for the
 gradient (softmax - t, times the incoming gradient, zero on padding rows), written once in the
-logits' dtype. Unfused, autograd keeps an fp32 (N, V) copy of the log-probabilities and makes about
-six more full passes over (N, V) tensors (casts, log-softmax backward, the divergence's scatter):
-a tenth of a base-model CPU step.
+logits' dtype. (Made in the forward pass, the gradient would be kept between the passes and need
+one more pass over (N, V) to be multiplied by the incoming 1 / tokens.) Unfused, autograd keeps an
+fp32 (N, V) copy of the log-probabilities and makes about six more full passes over (N, V) tensors
+(casts, log-softmax backward, the divergence's scatter): a tenth of a base-model CPU step.
 """
 
 from __future__ import annotations
