@@ -12,6 +12,7 @@ fp32 (N, V) copy of the log-probabilities and makes about six more full passes o
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,10 +32,14 @@ def smoothed_cross_entropy(logits: Tensor, target: Tensor, crit: LabelSmoothing)
 _CPU_CHUNK_ELEMENTS = 1 << 19
 
 
-def _chunk_rows(logits: Tensor) -> int:
-    """Rows of `logits` swept at a time (see _CPU_CHUNK_ELEMENTS)."""
+def _fp32_chunks(logits: Tensor, target: Tensor) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """(first row, targets (n, 1), the rows' logits in fp32 (n, V)) for each chunk, in one reused fp32 buffer."""
     N, V = logits.shape
-    return N if logits.device.type != "cpu" else max(1, _CPU_CHUNK_ELEMENTS // V)
+    rows = N if logits.device.type != "cpu" else max(1, _CPU_CHUNK_ELEMENTS // V)
+    work = logits.new_empty((min(rows, N), V), dtype=torch.float32)
+    for s in range(0, N, rows):
+        t = target[s:s + rows].unsqueeze(1)  # (n, 1)
+        yield s, t, work[:t.size(0)].copy_(logits[s:s + rows])
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -44,20 +49,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: Tensor, target: Tensor, crit: LabelSmoothing) -> Tensor:
         N, V = logits.shape
         pad, conf, fill = crit.padding_idx, crit.confidence, crit.fill
-        rows = _chunk_rows(logits)
-        work = logits.new_empty((min(rows, N), V), dtype=torch.float32)  # one fp32 chunk, reused
         lse = logits.new_empty((N, 1), dtype=torch.float32)  # log sum_j exp(logits_j), per row
         loss = logits.new_zeros((), dtype=torch.float32)
-        for s in range(0, N, rows):
-            t = target[s:s + rows].unsqueeze(1)  # (n, 1)
-            z = work[:t.size(0)].copy_(logits[s:s + rows])  # (n, V) the logits in fp32
+        for s, t, z in _fp32_chunks(logits, target):  # t (n, 1), z (n, V)
             top = z.amax(1, keepdim=True)  # (n, 1)
             z.sub_(top)  # so that exp cannot overflow; log-softmax is unchanged
             z_t = z.gather(1, t)  # (n, 1)
             if fill > 0:  # the row sum of log-probabilities, but for padding's, before z is overwritten
                 z_rest = z.sum(1, keepdim=True) - z[:, pad:pad + 1]  # (n, 1)
             row_lse = z.exp_().sum(1, keepdim=True).log_()  # (n, 1) log-probabilities are z - row_lse
-            torch.add(row_lse, top, out=lse[s:s + rows])
+            torch.add(row_lse, top, out=lse[s:s + t.size(0)])
             logp_t = z_t - row_lse
             # sum_j t_j (log t_j - logp_j) in closed form, as in `forward`.
             row = crit.entropy_term - conf * logp_t
@@ -73,19 +74,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         logits, target, lse = ctx.saved_tensors
         crit = ctx.crit
-        N, V = logits.shape
         pad, conf, fill = crit.padding_idx, crit.confidence, crit.fill
-        rows = _chunk_rows(logits)
-        work = logits.new_empty((min(rows, N), V), dtype=torch.float32)
         grad = torch.empty_like(logits)  # (N, V)
-        for s in range(0, N, rows):
-            t = target[s:s + rows].unsqueeze(1)  # (n, 1)
+        for s, t, z in _fp32_chunks(logits, target):  # t (n, 1), z (n, V)
+            e = s + t.size(0)
             k = (t != pad) * grad_out  # (n, 1): the incoming gradient, 0 on padding rows
             # d/dz of -sum_j t_j log softmax(z)_j is softmax(z) - t, since sum_j t_j = 1.
-            g = work[:t.size(0)].copy_(logits[s:s + rows]).sub_(lse[s:s + rows]).exp_().mul_(k)  # (n, V)
+            g = z.sub_(lse[s:e]).exp_().mul_(k)  # (n, V)
             if fill > 0:
                 g.sub_(fill * k)
                 g[:, pad:pad + 1] += fill * k  # t is 0 in the padding column
             g.scatter_add_(1, t, (fill - conf) * k)  # t is conf in the target's column
-            grad[s:s + rows].copy_(g)  # the one write of the chunk, in the logits' dtype
+            grad[s:e].copy_(g)  # the one write of the chunk, in the logits' dtype
         return grad, None, None

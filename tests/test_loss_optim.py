@@ -133,7 +133,7 @@ def test_fused_loss_on_large_bf16_logits_matches_the_fp32_reference(monkeypatch)
     assert logits.grad.dtype == torch.bfloat16
 
 
-def test_fused_loss_keeps_no_copy_of_the_logits_for_the_backward_pass():
+def test_fused_loss_keeps_only_the_logits_between_the_passes():
     crit = LabelSmoothing(50, 0, 0.1)
     logits = torch.randn(30, 50, requires_grad=True)
     loss = crit.from_logits(logits, torch.randint(0, 50, (30,)))
