@@ -266,6 +266,21 @@ def test_cpu_dropout_mask_is_the_documented_threshold_on_16_bit_words(p, dtype):
     assert 0 < int((got == 0).sum()) < x.numel()
 
 
+def test_cpu_dropout_backward_scales_in_fp32_and_rounds_once():
+    """The gradient is grad * keep * 1/(1-p) rounded once to bf16, not grad times a bf16-rounded scale."""
+    from annotated_transformer.fast_dropout import Dropout
+
+    torch.manual_seed(7)
+    x = (torch.rand(41, 67) + 0.5).bfloat16().requires_grad_()  # no zeros: y == 0 marks a dropped element
+    grad = torch.randn(41, 67).bfloat16()
+    y = Dropout(0.1).train()(x)
+    y.backward(grad)
+    kept = y.detach() != 0
+    expected = torch.where(kept, grad, 0.0) * (1.0 / 0.9)  # bf16 tensor times a Python float: fp32 math, one rounding
+    assert torch.equal(x.grad, expected)
+    assert not torch.equal(x.grad, torch.where(kept, grad, 0.0) * torch.tensor(1.0 / 0.9).bfloat16())
+
+
 def _dropout_rates(model, cls):
     return {m.dropout.p for m in model.modules() if isinstance(m, cls)}
 
