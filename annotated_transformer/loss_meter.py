@@ -52,6 +52,8 @@ class LossMeter:
         self.window_loss = torch.zeros((), device=self.device)  # the same since the last log line
         self.window_grad_norm = torch.zeros((), device=self.device)  # summed gradient norms since the last log line
         self.epoch_tokens = self.window_tokens = 0  # non-padding target tokens (host ints, this rank)
+        # Tokens since `window_time` in this process: a resumed window's earlier tokens ran in another one.
+        self.timed_tokens = 0
         self.window_time = time.perf_counter()
 
     def add(self, loss_sum: Tensor, tokens: int, grad_norm: Tensor | None = None) -> None:
@@ -62,15 +64,18 @@ class LossMeter:
             self.window_grad_norm += grad_norm
         self.epoch_tokens += tokens
         self.window_tokens += tokens
+        self.timed_tokens += tokens
 
     def read_window(self) -> dict[str, float]:
         """Loss per token, tokens/s and finiteness of the window over all ranks; starts a new window."""
-        loss, grad_norm, tokens = self._over_ranks(self.window_loss, self.window_grad_norm, self.window_tokens)
+        loss, grad_norm, tokens, timed = self._over_ranks(self.window_loss, self.window_grad_norm,
+                                                          self.window_tokens, self.timed_tokens)
         elapsed = time.perf_counter() - self.window_time
         self.window_loss.zero_()
         self.window_grad_norm.zero_()
-        self.window_tokens, self.window_time = 0, time.perf_counter()
-        return {"loss": loss / max(tokens, 1.0), "tokens_per_s": tokens / max(elapsed, 1e-9),
+        self.window_tokens = self.timed_tokens = 0
+        self.window_time = time.perf_counter()
+        return {"loss": loss / max(tokens, 1.0), "tokens_per_s": timed / max(elapsed, 1e-9),
                 "finite": math.isfinite(loss) and math.isfinite(grad_norm)}
 
     def read_epoch(self) -> float:

@@ -355,6 +355,25 @@ def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, t
         RunState(TrainState(), *([None] * 4), LossMeter()).load_state_dict({"model": {}})
 
 
+def test_a_resumed_log_window_times_only_the_steps_of_this_process(monkeypatch):
+    """A window continued from last.pt keeps its earlier steps' loss, but its tokens/s counts only new steps."""
+    import annotated_transformer.loss_meter as loss_meter
+
+    stopped = LossMeter()
+    stopped.add(torch.tensor(30.0), tokens=1000)  # steps run before the stop, in another process
+    resumed = LossMeter()
+    resumed.load_state_dict(stopped.state_dict())
+    resumed.window_time = 100.0
+    resumed.add(torch.tensor(6.0), tokens=200)
+    monkeypatch.setattr(loss_meter.time, "perf_counter", lambda: 102.0)
+    window = resumed.read_window()
+    assert window["tokens_per_s"] == pytest.approx(100.0)  # 200 tokens in 2 s, not 1,200
+    assert window["loss"] == pytest.approx(36.0 / 1200)
+    resumed.add(torch.tensor(1.0), tokens=50)
+    monkeypatch.setattr(loss_meter.time, "perf_counter", lambda: 103.0)
+    assert resumed.read_window()["tokens_per_s"] == pytest.approx(50.0)  # the next window starts from zero
+
+
 # --------------------------------------------------------------------------- TensorBoard
 
 
