@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from annotated_transformer.config import SubwordSamplingConfig, load_config
 from annotated_transformer.data.batch import Batch
+from annotated_transformer.data.buckets import bucket_batches, epoch_rng, padding_fraction
 from annotated_transformer.data.loader import TrainLoader
 from annotated_transformer.data.text import TextPipeline
 from annotated_transformer.data.vocab import UNK
@@ -108,6 +109,37 @@ def test_the_loader_serves_each_epochs_segmentation_on_the_same_plan_and_resumes
     fresh = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=segmentation(subwords))
     fresh.load_state_dict(state)  # a new process: the epoch's draws are made again, alike
     assert next(iter(fresh)).src.equal(expected.src)
+
+
+def test_batches_filled_by_the_served_lengths_keep_their_sizes_and_lose_most_padding(subwords):
+    _, _, _, src, tgt = subwords
+    best = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=segmentation(subwords, alpha=0.5, nbest=-1))
+    served = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=segmentation(subwords, alpha=0.5, nbest=-1),
+                         plan_on_served=True)
+    best.set_epoch(1)
+    served.set_epoch(1)
+    a, b = best.sampler.global_batches(1), served.sampler.global_batches(1)
+    assert [len(x) for x in a] == [len(x) for x in b]  # the same batches' sizes, in the same order
+    assert np.array_equal(np.sort(np.concatenate(b)), np.arange(len(src)))  # every sentence once
+    assert padding_fraction(b, served.src_lens, served.tgt_lens) < padding_fraction(a, best.src_lens, best.tgt_lens) / 2
+    width = np.maximum(served.src_lens, served.tgt_lens)
+    spans = sorted((int(width[x].min()), int(width[x].max())) for x in b)
+    assert all(hi <= next_lo for (_, hi), (next_lo, _) in zip(spans, spans[1:]))  # consecutive in served width
+    it = iter(served)
+    next(it), next(it)
+    state, expected = served.state_dict(), next(it)
+    fresh = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=segmentation(subwords, alpha=0.5, nbest=-1),
+                        plan_on_served=True)
+    fresh.load_state_dict(state)  # a new process plans the epoch on the same draws
+    assert next(iter(fresh)).src.equal(expected.src)
+
+
+def test_a_plan_filled_in_the_order_of_its_own_lengths_is_the_plain_plan():
+    g = np.random.default_rng(0)
+    s, t = g.integers(3, 40, 500), g.integers(3, 40, 500)
+    plain = bucket_batches(s, t, 400, epoch_rng(1, 2))
+    alike = bucket_batches(s, t, 400, epoch_rng(1, 2), served=(s, t))
+    assert len(plain) == len(alike) and all(np.array_equal(x, y) for x, y in zip(plain, alike))
 
 
 def test_the_compute_count_sees_every_sentence_once_an_epoch_at_its_served_length(subwords):

@@ -33,13 +33,17 @@ def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
 
 
 def bucket_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int,
-                   rng: np.random.Generator | None = None) -> list[np.ndarray]:
+                   rng: np.random.Generator | None = None,
+                   served: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
     """Length-bucketed batches of sentence indices, each within `batch_tokens` padded positions.
 
     The padded size of a batch is max(S, T+1) * B, with S and T+1 its longest source and target
     (both counting <s> and </s>). A sentence longer than the whole budget gets a batch of its own.
     With `rng`, sentences of equal lengths are shuffled and the batch order is random; without,
-    the plan is deterministic (evaluation).
+    the plan is deterministic (evaluation). `served`: the source and target lengths of the ids this
+    epoch actually serves (subword sampling's): the batches keep the sizes cut on `src_lens` and
+    `tgt_lens` (so every epoch has the same batches of the same number of sentences), but are
+    filled in the order of the served lengths, so a batch holds sentences of nearly equal served length.
     """
     src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
     n = len(src_lens)
@@ -52,14 +56,18 @@ def bucket_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int
     # Only the order among identical (width, src, tgt) keys is random, so the cut points, and
     # hence the number of batches, are the same in every epoch.
     order = np.lexsort((tie, tgt_lens, src_lens, width))
-    batches, start, longest = [], 0, 0
+    cuts, start, longest = [], 0, 0
     for pos, w in enumerate(width[order].tolist()):
         longest_with = max(longest, w)
         if pos > start and longest_with * (pos - start + 1) > batch_tokens:
-            batches.append(order[start:pos])
+            cuts.append((start, pos))
             start, longest_with = pos, w
         longest = longest_with
-    batches.append(order[start:])
+    cuts.append((start, n))
+    if served is not None:
+        s, t = (np.asarray(x) for x in served)
+        order = np.lexsort((tie, t, s, np.maximum(s, t)))
+    batches = [order[a:b] for a, b in cuts]
     if rng is not None:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches

@@ -67,6 +67,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.batching, self.batch_tokens, self.batch_size = batching, batch_tokens, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
+        self.served: tuple[np.ndarray, np.ndarray] | None = None  # lengths the epoch serves, when they differ
         # The number of global batches does not depend on the epoch (see bucket_batches), so one
         # plan tells every rank the length of every epoch.
         self._num_global = len(self.global_batches(0))
@@ -80,7 +81,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         rng = epoch_rng(self.seed, epoch)
         if self.batching == "notebook":
             return notebook_batches(len(self.src_lens), rng, self.batch_size)
-        return bucket_batches(self.src_lens, self.tgt_lens, self.batch_tokens, rng)
+        return bucket_batches(self.src_lens, self.tgt_lens, self.batch_tokens, rng, self.served)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of `epoch`."""
@@ -104,7 +105,7 @@ class TrainLoader:
     def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], *, batching: str = "bucket",
                  batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
                  pin_memory: bool = False, num_workers: int = 0, pad: int = PAD,
-                 resegment: Resegment | None = None) -> None:
+                 resegment: Resegment | None = None, plan_on_served: bool = False) -> None:
         self.sampler = EpochBatchSampler(
             np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src)),
             np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),
@@ -113,6 +114,8 @@ class TrainLoader:
         self.width = width
         # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the plan keeps the lengths above
         self.resegment = resegment
+        # Fill the batches in the order of the served lengths (subword sampling: fewer padded positions)
+        self.plan_on_served = plan_on_served
         self.dataset = PairDataset(src, tgt)
         self.src_lens, self.tgt_lens = self.sampler.src_lens, self.sampler.tgt_lens  # of the ids served this epoch
         self.resegment_seconds = 0.0  # what the latest set_epoch spent resegmenting
@@ -153,6 +156,8 @@ class TrainLoader:
             self.dataset.src, self.dataset.tgt = src, tgt
             self.src_lens, self.tgt_lens = (np.fromiter((len(x) for x in side), dtype=np.int64, count=len(side))
                                             for side in (src, tgt))
+            if self.plan_on_served and self.width is None:
+                self.sampler.served = (self.src_lens, self.tgt_lens)
             self.resegment_seconds = time.perf_counter() - t0
         self.loader.load_state_dict({})  # forget any half-used iterator of the previous epoch
         self._finished_epoch = False

@@ -84,13 +84,14 @@ class TranslationData:
     config: DataConfig = field(default_factory=DataConfig)
 
     def train_loader(self, seed: int, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
-                     resegment: Resegment | None = None) -> TrainLoader:
+                     resegment: Resegment | None = None, plan_on_served: bool = False) -> TrainLoader:
         """This rank's resumable training batches (data.batching plan, data.batch_tokens budget); `resegment`
-        (epoch -> ids of every training pair) replaces the cached ids each epoch."""
+        (epoch -> ids of every training pair) replaces the cached ids each epoch, and with `plan_on_served` the
+        batches are filled by the lengths it serves."""
         d, train = self.config, self.splits["train"]
         return TrainLoader(train.src, train.tgt, batching=d.batching, batch_tokens=d.batch_tokens, seed=seed,
                            rank=rank, world_size=world_size, pin_memory=pin_memory, num_workers=d.num_workers,
-                           pad=self.text.pad_id, resegment=resegment)
+                           pad=self.text.pad_id, resegment=resegment, plan_on_served=plan_on_served)
 
     def eval_batches(self, split: str, rank: int = 0, world_size: int = 1) -> list[Batch]:
         """Deterministic length-bucketed batches of this rank's share of `split` (each sentence on one rank).
