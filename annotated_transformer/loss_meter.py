@@ -66,6 +66,10 @@ class LossMeter:
         self.window_tokens += tokens
         self.timed_tokens += tokens
 
+    def start_clock(self) -> None:
+        """Time the window from now: a meter loaded from last.pt was made before the resumed run's set-up."""
+        self.timed_tokens, self.window_time = 0, time.perf_counter()
+
     def read_window(self) -> dict[str, float]:
         """Loss per token, tokens/s and finiteness of the window over all ranks; starts a new window."""
         loss, grad_norm, tokens, timed = self._over_ranks(self.window_loss, self.window_grad_norm,
@@ -120,6 +124,7 @@ def log_window(meter: LossMeter, state: TrainState, optimizer: torch.optim.Optim
 
 
 def diverged(state: TrainState, what: str, value: float, after_step: int) -> TrainingDiverged:
+    """The error for a value that stopped being finite: which value, between which steps, and what to change."""
     return TrainingDiverged(
         f"training diverged: {what} became {value} between steps {after_step + 1} and {state.step} "
         f"(epoch {state.epoch + 1}); nothing was saved from these weights. Lower train.lr_factor or set "

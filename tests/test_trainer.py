@@ -363,7 +363,8 @@ def test_a_resumed_log_window_times_only_the_steps_of_this_process(monkeypatch):
     stopped.add(torch.tensor(30.0), tokens=1000)  # steps run before the stop, in another process
     resumed = LossMeter()
     resumed.load_state_dict(stopped.state_dict())
-    resumed.window_time = 100.0
+    monkeypatch.setattr(loss_meter.time, "perf_counter", lambda: 100.0)
+    resumed.start_clock()  # the epoch's steps begin (after loading last.pt and the rest of the set-up)
     resumed.add(torch.tensor(6.0), tokens=200)
     monkeypatch.setattr(loss_meter.time, "perf_counter", lambda: 102.0)
     window = resumed.read_window()

@@ -67,7 +67,8 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.batching, self.batch_tokens, self.batch_size = batching, batch_tokens, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
-        self.served: tuple[np.ndarray, np.ndarray] | None = None  # lengths the epoch serves, when they differ
+        # (epoch, source lengths, target lengths) that epoch serves, when the batches are filled by them
+        self.served: tuple[int, np.ndarray, np.ndarray] | None = None
         # The number of global batches does not depend on the epoch (see bucket_batches), so one
         # plan tells every rank the length of every epoch.
         self._num_global = len(self.global_batches(0))
@@ -81,7 +82,8 @@ class EpochBatchSampler(Sampler[list[int]]):
         rng = epoch_rng(self.seed, epoch)
         if self.batching == "notebook":
             return notebook_batches(len(self.src_lens), rng, self.batch_size)
-        return bucket_batches(self.src_lens, self.tgt_lens, self.batch_tokens, rng, self.served)
+        served = self.served[1:] if self.served is not None and self.served[0] == epoch else None
+        return bucket_batches(self.src_lens, self.tgt_lens, self.batch_tokens, rng, served)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This rank's batches of `epoch`."""
@@ -112,7 +114,7 @@ class TrainLoader:
             batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size)
         width = NOTEBOOK_PADDING if batching == "notebook" else None
         self.width = width
-        # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the plan keeps the lengths above
+        # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the batches' sizes keep the lengths above
         self.resegment = resegment
         # Fill the batches in the order of the served lengths (subword sampling: fewer padded positions)
         self.plan_on_served = plan_on_served
@@ -157,7 +159,7 @@ class TrainLoader:
             self.src_lens, self.tgt_lens = (np.fromiter((len(x) for x in side), dtype=np.int64, count=len(side))
                                             for side in (src, tgt))
             if self.plan_on_served and self.width is None:
-                self.sampler.served = (self.src_lens, self.tgt_lens)
+                self.sampler.served = (self.epoch, self.src_lens, self.tgt_lens)
             self.resegment_seconds = time.perf_counter() - t0
         self.loader.load_state_dict({})  # forget any half-used iterator of the previous epoch
         self._finished_epoch = False

@@ -159,6 +159,7 @@ class Trainer:
         self.metrics.new_epoch()
         self.write = self.log if bar.disable else bar.write
         self.step_clock = time.perf_counter()
+        self.run_state.meter.start_clock()
         self._look_again(after=self.step_clock)
         with bar:
             loss = train_loop(
