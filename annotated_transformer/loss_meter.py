@@ -77,8 +77,8 @@ class LossMeter:
         elapsed = time.perf_counter() - self.window_time
         self.window_loss.zero_()
         self.window_grad_norm.zero_()
-        self.window_tokens = self.timed_tokens = 0
-        self.window_time = time.perf_counter()
+        self.window_tokens = 0
+        self.start_clock()
         return {"loss": loss / max(tokens, 1.0), "tokens_per_s": timed / max(elapsed, 1e-9),
                 "finite": math.isfinite(loss) and math.isfinite(grad_norm)}
 

@@ -158,7 +158,7 @@ class TrainLoader:
             self.dataset.src, self.dataset.tgt = src, tgt
             self.src_lens, self.tgt_lens = (np.fromiter((len(x) for x in side), dtype=np.int64, count=len(side))
                                             for side in (src, tgt))
-            if self.plan_on_served and self.width is None:
+            if self.plan_on_served:
                 self.sampler.served = (self.epoch, self.src_lens, self.tgt_lens)
             self.resegment_seconds = time.perf_counter() - t0
         self.loader.load_state_dict({})  # forget any half-used iterator of the previous epoch
