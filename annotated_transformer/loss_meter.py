@@ -53,8 +53,7 @@ class LossMeter:
         self.window_grad_norm = torch.zeros((), device=self.device)  # summed gradient norms since the last log line
         self.epoch_tokens = self.window_tokens = 0  # non-padding target tokens (host ints, this rank)
         # Tokens since `window_time` in this process: a resumed window's earlier tokens ran in another one.
-        self.timed_tokens = 0
-        self.window_time = time.perf_counter()
+        self.start_clock()
 
     def add(self, loss_sum: Tensor, tokens: int, grad_norm: Tensor | None = None) -> None:
         """Count one batch's (or step's) summed loss and tokens; device additions only."""
@@ -68,7 +67,8 @@ class LossMeter:
 
     def start_clock(self) -> None:
         """Time the window from now: a meter loaded from last.pt was made before the resumed run's set-up."""
-        self.timed_tokens, self.window_time = 0, time.perf_counter()
+        self.timed_tokens: int = 0
+        self.window_time = time.perf_counter()
 
     def read_window(self) -> dict[str, float]:
         """Loss per token, tokens/s and finiteness of the window over all ranks; starts a new window."""
