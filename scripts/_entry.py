@@ -15,4 +15,4 @@ def run_command(command: str) -> None:
               f"`uv run python scripts/{script} ...` from the checkout (uv sets up the environment from uv.lock "
               "on first use), or `pip install -e .` first", file=sys.stderr)
         raise SystemExit(2) from None
-    run(command, sys.argv[1:], prog=f"scripts/{Path(sys.argv[0]).name}")
+    run(command, sys.argv[1:], prog=f"scripts/{Path(sys.argv[0]).name}", whole_process=True)

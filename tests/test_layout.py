@@ -53,7 +53,7 @@ LAYERS = {
     "extensions.ema": 0, "extensions.bidirectional": 0,
     "extensions.objective": 4, "extensions.builder": 5,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
-    "harness.schedules": 4, "lab.notebook_decoding": 4,
+    "harness.schedules": 4, "harness.malloc": 4, "lab.notebook_decoding": 4,
     "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,

@@ -34,14 +34,25 @@ def usage(prog: str = PROG) -> str:
     return "\n".join(lines)
 
 
-def run(command: str, argv: list[str], prog: str) -> None:
-    """Run one command with its arguments: its one-line errors and exit code as every script has them."""
+def run(command: str, argv: list[str], prog: str, whole_process: bool = False) -> None:
+    """Run one command with its arguments: its one-line errors and exit code as every script has them.
+
+    `whole_process`: the command is this process's own (a script, `python -m`, the console command), so it
+    may set the process up first (`prepare_process`: the train command's malloc); not when called in-process.
+    """
     module = importlib.import_module(f".{COMMANDS[command][0]}", __name__)
-    run_cli(lambda: module.main(argv, prog=prog))
+
+    def command_main() -> int | None:
+        if whole_process and hasattr(module, "prepare_process"):
+            module.prepare_process(argv)
+        return module.main(argv, prog=prog)
+
+    run_cli(command_main)
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> None:
     """Dispatch `COMMAND [options]` to its module; an unknown command is one line listing the commands."""
+    whole_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage(prog))
@@ -56,7 +67,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> None:
         print(f"error: unknown command '{argv[0]}'; the commands are: {', '.join(COMMANDS)} "
               f"({prog} --help says what each does)", file=sys.stderr)
         raise SystemExit(2)
-    run(command, argv[1:], f"{prog} {command}")
+    run(command, argv[1:], f"{prog} {command}", whole_process)
 
 
 def console_main() -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 
-from ..config import config_parser, load_config
+from ..config import Config, config_parser, load_config
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -16,13 +18,32 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Train from a config; the exit code of a run stopped by a signal is 128 + its number."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
+def read_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
+    """The command line's config: --config, the shorthands, then the dotted overrides (which win)."""
+    args = build_parser(prog).parse_args(argv)
     shorthands = [f"train.out_dir={args.out}"] * (args.out is not None) + \
         [f"train.device={args.device}"] * (args.device is not None)
-    cfg = load_config(args.config, [*shorthands, *args.overrides])  # overrides given after them win
+    return load_config(args.config, [*shorthands, *args.overrides])
+
+
+def prepare_process(argv: list[str] | None = None) -> None:
+    """What a train process does before anything else: restart under tcmalloc on the CPU (harness.malloc).
+
+    A command line that does not parse is left to `main`, which says what is wrong with it.
+    """
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            cfg = read_config(argv)
+    except (Exception, SystemExit):
+        return
+    from ..harness.malloc import preload_or_note
+
+    preload_or_note(cfg.train.malloc, cfg.train.device)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Train from a config; the exit code of a run stopped by a signal is 128 + its number."""
+    cfg = read_config(argv, prog)
     from ..harness.trainer import train_worker  # the harness loads after the config is known to be good
 
     results = train_worker(cfg)

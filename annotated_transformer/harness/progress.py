@@ -11,6 +11,7 @@ import torch
 from ..config import Config, TrainConfig
 from ..device import device_name
 from ..loop import TrainState
+from .malloc import malloc_in_use
 
 if TYPE_CHECKING:  # the trainer calls these
     from .trainer import Trainer
@@ -25,8 +26,14 @@ def start_line(tr: Trainer) -> str:
     """The run's first line: model size, device, ranks, precision, batches and where it writes."""
     ranks = f" x {tr.info.world_size} ranks" if tr.info.distributed else ""
     return (f"{tr.cfg.name}: {tr.model.num_parameters() / 1e6:.2f}M parameters | device {tr.device}{ranks} | "
-            f"precision {'bf16 autocast' if tr.amp_dtype else 'fp32'} | {len(tr.loader)} batches/epoch/rank | "
+            f"precision {'bf16 autocast' if tr.amp_dtype else 'fp32'}{malloc_label(tr.device)} | "
+            f"{len(tr.loader)} batches/epoch/rank | "
             f"accumulating {tr.cfg.train.accum_steps} | run dir {tr.run.path}")
+
+
+def malloc_label(device: torch.device) -> str:
+    """' | malloc NAME' on the CPU (the preloaded library, or 'system'): train.malloc's effect, for the first line."""
+    return f" | malloc {malloc_in_use()}" if device.type == "cpu" else ""
 
 
 def epoch_line(record: dict[str, Any], s: TrainState, t: TrainConfig, total_steps: int) -> str:

@@ -1,0 +1,125 @@
+"""train.malloc: a CPU training process restarts itself under tcmalloc where the machine has it (harness.malloc)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.cli import run
+from annotated_transformer.errors import ConfigError
+from annotated_transformer.harness.malloc import (RESTARTED_ENV, library_to_preload, malloc_in_use,
+                                                  runs_on_cpu)
+
+ROOT = Path(__file__).resolve().parents[1]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
+
+
+@pytest.fixture
+def tcmalloc_dir(tmp_path) -> Path:
+    """A library folder holding a file named as gperftools' minimal tcmalloc."""
+    (tmp_path / "libtcmalloc_minimal.so.4").write_bytes(b"")
+    return tmp_path
+
+
+@linux_only
+def test_auto_preloads_tcmalloc_for_a_cpu_run_where_the_machine_has_it(tcmalloc_dir, tmp_path):
+    found = tcmalloc_dir / "libtcmalloc_minimal.so.4"
+    assert library_to_preload("auto", "cpu", {}, [tmp_path / "nothing", tcmalloc_dir]) == found
+    assert library_to_preload("tcmalloc", "cpu", {}, [tcmalloc_dir]) == found
+    # the restarted process, a GPU run, the user's own preload and 'system' all go on as they are
+    assert library_to_preload("auto", "cpu", {RESTARTED_ENV: str(found)}, [tcmalloc_dir]) is None
+    assert library_to_preload("auto", "cuda:0", {}, [tcmalloc_dir]) is None
+    assert library_to_preload("auto", "cpu", {"LD_PRELOAD": "/opt/libjemalloc.so.2"}, [tcmalloc_dir]) is None
+    assert library_to_preload("system", "cpu", {}, [tcmalloc_dir]) is None
+    assert library_to_preload("auto", "cpu", {}, [tmp_path / "nothing"]) is None  # none installed: glibc's
+
+
+@linux_only
+def test_a_named_library_is_preloaded_or_refused_in_one_line(tcmalloc_dir, tmp_path):
+    lib = tcmalloc_dir / "libtcmalloc_minimal.so.4"
+    assert library_to_preload(str(lib), "cuda", {}, []) == lib.resolve()  # asked for: on any device
+    with pytest.raises(ConfigError, match="apt install libtcmalloc-minimal4"):
+        library_to_preload("tcmalloc", "cpu", {}, [tmp_path / "nothing"])
+    with pytest.raises(ConfigError, match="no such file"):
+        library_to_preload(str(tmp_path / "libmissing.so"), "cpu", {}, [])
+    with pytest.raises(ConfigError, match="must be auto, system, tcmalloc or the path"):
+        library_to_preload("jemalloc", "cpu", {}, [])
+
+
+def test_which_runs_are_on_the_cpu():
+    assert runs_on_cpu("cpu") and runs_on_cpu("cpu:0")
+    assert not runs_on_cpu("cuda") and not runs_on_cpu("cuda:1") and not runs_on_cpu("mps")
+
+
+def test_the_first_line_names_the_malloc_that_is_mapped(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f10 r-xp 0 00:00 0 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4\n")
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    assert malloc_in_use({}, str(maps)) == "system"
+    assert malloc_in_use({RESTARTED_ENV: str(lib)}, str(maps)) == "libtcmalloc_minimal.so.4"
+    maps.write_text("7f00-7f10 r-xp 0 00:00 0 /usr/lib/x86_64-linux-gnu/libc.so.6\n")  # ld.so could not load it
+    assert malloc_in_use({RESTARTED_ENV: str(lib)}, str(maps)) == "system (libtcmalloc_minimal.so.4 did not load)"
+
+
+def test_a_command_run_in_process_never_restarts_the_process(monkeypatch):
+    from annotated_transformer.cli import train
+
+    calls = []
+    monkeypatch.setattr(train, "prepare_process", lambda argv: calls.append(("prepare", argv)))
+    monkeypatch.setattr(train, "main", lambda argv, prog=None: calls.append(("main", argv)) or 0)
+    with pytest.raises(SystemExit):
+        run("train", ["--config", "copy.yaml"], "train.py")  # as a test or a notebook calls it
+    with pytest.raises(SystemExit):
+        run("train", ["--config", "copy.yaml"], "train.py", whole_process=True)  # as scripts/train.py does
+    assert calls == [("main", ["--config", "copy.yaml"]), ("prepare", ["--config", "copy.yaml"]),
+                     ("main", ["--config", "copy.yaml"])]
+
+
+def _glibc_library(name: str) -> Path | None:
+    """A library of the C library's own folder that Python and torch do not load (found beside libc.so.6)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith("/libc.so.6"):
+            candidate = Path(line.split()[-1]).parent / name
+            return candidate if candidate.is_file() else None
+    return None
+
+
+@pytest.mark.slow
+@linux_only
+def test_the_train_script_restarts_itself_with_the_library_preloaded(tmp_path):
+    lib = _glibc_library("libanl.so.1")  # glibc's asynchronous name lookup: harmless to preload
+    if lib is None:
+        pytest.skip("no libanl.so.1 beside libc.so.6 here")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml",
+                           "train.epochs=1", "train.device=cpu", f"train.out_dir={tmp_path / 'run'}",
+                           f"train.malloc={lib}"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = next(line for line in proc.stdout.splitlines() if "parameters | device" in line)
+    assert f"malloc {lib.resolve().name} |" in first, first  # the restarted process, with the library mapped
+
+
+def test_a_bad_malloc_setting_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as done:
+        run("train", ["--config", "copy.yaml", "train.malloc=jemalloc"], "train.py", whole_process=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: train.malloc must be auto, system, tcmalloc or the path")
+
+
+@linux_only
+def test_a_cpu_run_restarts_under_tcmalloc_or_says_how_to_install_it(monkeypatch, capsys, tcmalloc_dir, tmp_path):
+    from annotated_transformer.harness import malloc
+
+    for name in ("LD_PRELOAD", RESTARTED_ENV, "RANK"):
+        monkeypatch.delenv(name, raising=False)
+    restarts = []
+    monkeypatch.setattr(malloc, "restart_with", restarts.append)  # exec would replace the test process
+    monkeypatch.setattr(malloc, "search_dirs", lambda environ: [tmp_path / "nothing"])
+    malloc.preload_or_note("auto", "cpu")
+    assert restarts == [] and "sudo apt install libtcmalloc-minimal4" in capsys.readouterr().err
+    malloc.preload_or_note("auto", "cuda")  # a GPU run: neither
+    assert restarts == [] and capsys.readouterr().err == ""
+    monkeypatch.setattr(malloc, "search_dirs", lambda environ: [tcmalloc_dir])
+    malloc.preload_or_note("auto", "cpu")
+    assert restarts == [tcmalloc_dir / "libtcmalloc_minimal.so.4"] and capsys.readouterr().err == ""
