@@ -35,7 +35,7 @@ def search_dirs(environ: Mapping[str, str]) -> list[Path]:
     dirs = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     dirs += [f"{sys.prefix}/lib", f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/usr/lib64", "/usr/lib",
              "/usr/local/lib"]
-    return [Path(d) for d in dict.fromkeys(dirs)]
+    return list(dict.fromkeys(map(Path, dirs)))  # as paths, so /usr/lib/ (no multiarch) and /usr/lib count once
 
 
 def find_tcmalloc(dirs: Iterable[Path]) -> Path | None:
