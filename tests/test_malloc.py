@@ -56,10 +56,13 @@ def test_the_first_line_names_the_malloc_that_is_mapped(tmp_path):
     maps = tmp_path / "maps"
     maps.write_text("7f00-7f10 r-xp 0 00:00 0 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4\n")
     lib = tmp_path / "libtcmalloc_minimal.so.4"
-    assert malloc_in_use({}, str(maps)) == "system"
     assert malloc_in_use({RESTARTED_ENV: str(lib)}, str(maps)) == "libtcmalloc_minimal.so.4"
+    assert malloc_in_use({}, str(maps)) == "libtcmalloc_minimal.so.4"  # preloaded by the user, not the restart
     maps.write_text("7f00-7f10 r-xp 0 00:00 0 /usr/lib/x86_64-linux-gnu/libc.so.6\n")  # ld.so could not load it
     assert malloc_in_use({RESTARTED_ENV: str(lib)}, str(maps)) == "system (libtcmalloc_minimal.so.4 did not load)"
+    assert malloc_in_use({}, str(maps)) == "system"
+    maps.write_text("7f00-7f10 r-xp 0 00:00 0 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n")  # the user's LD_PRELOAD
+    assert malloc_in_use({}, str(maps)) == "libjemalloc.so.2"
 
 
 def test_a_command_run_in_process_never_restarts_the_process(monkeypatch):

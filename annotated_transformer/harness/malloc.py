@@ -115,17 +115,19 @@ def preload_or_note(setting: str, device: str) -> None:
 
 
 def malloc_in_use(environ: Mapping[str, str] = os.environ, maps: str = "/proc/self/maps") -> str:
-    """For the run's first line: the preloaded library's file name, or 'system' (glibc's, or whatever the C library's is).
+    """For the run's first line: the file name of the malloc library mapped into this process, or 'system'.
 
-    A library the restart asked for that is not mapped failed to load (ld.so says why on stderr):
-    that reads 'system (LIB did not load)'.
+    That is the library the restart preloaded, or one the user preloaded (a tcmalloc, jemalloc or
+    mimalloc in /proc/self/maps). A library the restart asked for that is not mapped failed to load
+    (ld.so says why on stderr): that reads 'system (LIB did not load)'.
     """
-    wanted = environ.get(RESTARTED_ENV)
-    if not wanted:
-        return "system"
-    name = Path(wanted).resolve().name
     try:
-        loaded = name in Path(maps).read_text()
+        mapped = {Path(line.split()[-1]).name for line in Path(maps).read_text().splitlines() if "/" in line}
     except OSError:
-        loaded = True  # no /proc to check: trust ld.so, which would have said otherwise
-    return name if loaded else f"system ({name} did not load)"
+        mapped = None  # no /proc to look at: trust ld.so, which would have said otherwise
+    wanted = environ.get(RESTARTED_ENV)
+    if wanted:
+        name = Path(wanted).resolve().name
+        return name if mapped is None or name in mapped else f"system ({name} did not load)"
+    preloaded = sorted(n for n in mapped or () if n.startswith(("libtcmalloc", "libjemalloc", "libmimalloc")))
+    return preloaded[0] if preloaded else "system"
