@@ -54,6 +54,12 @@ def runs_on_cpu(device: str) -> bool:
     return device.split(":")[0] == "cpu"
 
 
+def auto_applies(device: str, environ: Mapping[str, str]) -> bool:
+    """Whether 'auto' looks for tcmalloc: a CPU run on Linux, not yet restarted, with nothing preloaded by the user."""
+    return (sys.platform.startswith("linux") and RESTARTED_ENV not in environ and not environ.get("LD_PRELOAD")
+            and runs_on_cpu(device))
+
+
 def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
                        dirs: Iterable[Path] | None = None) -> Path | None:
     """The malloc library the train command should restart with, or None to go on as it is.
@@ -71,7 +77,7 @@ def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
             return None
         raise ConfigError(f"train.malloc={setting} needs Linux (it preloads the library with LD_PRELOAD); "
                           "use train.malloc=auto or system here")
-    if setting == "auto" and (environ.get("LD_PRELOAD") or not runs_on_cpu(device)):
+    if setting == "auto" and not auto_applies(device, environ):
         return None
     if setting not in ("auto", "tcmalloc"):
         path = Path(setting).expanduser()
@@ -106,9 +112,7 @@ def preload_or_note(setting: str, device: str) -> None:
     library = library_to_preload(setting, device, os.environ)
     if library is not None:
         return restart_with(library)
-    missing = (setting == "auto" and RESTARTED_ENV not in os.environ and not os.environ.get("LD_PRELOAD")
-               and sys.platform.startswith("linux") and runs_on_cpu(device))
-    if missing and os.environ.get("RANK", "0") == "0":
+    if setting == "auto" and auto_applies(device, os.environ) and os.environ.get("RANK", "0") == "0":
         print("note: training on the CPU with the system's malloc; under tcmalloc cpu_15min trained 1.24x faster "
               f"on a 2-core Intel CPU: install it and training uses it ({INSTALL_HINT}; train.malloc in "
               "docs/training.md)", file=sys.stderr, flush=True)
