@@ -102,12 +102,28 @@ def test_the_train_script_restarts_itself_with_the_library_preloaded(tmp_path):
     assert f"malloc {lib.resolve().name} |" in first, first  # the restarted process, with the library mapped
 
 
-def test_a_bad_malloc_setting_is_one_line_and_exit_2(capsys):
+@pytest.mark.parametrize("command", ["train", "benchmark"])  # the benchmark times training steps as training runs them
+def test_a_bad_malloc_setting_is_one_line_and_exit_2(capsys, command):
     with pytest.raises(SystemExit) as done:
-        run("train", ["--config", "copy.yaml", "train.malloc=jemalloc"], "train.py", whole_process=True)
+        run(command, ["--config", "copy.yaml", "train.malloc=jemalloc"], f"{command}.py", whole_process=True)
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and len(err) == 1, err
     assert err[0].startswith("error: train.malloc must be auto, system, tcmalloc or the path")
+
+
+@pytest.mark.slow
+@linux_only
+def test_the_benchmark_script_restarts_itself_with_the_library_preloaded(multi30k_dir, data_cache_dir):
+    lib = _glibc_library("libanl.so.1")
+    if lib is None:
+        pytest.skip("no libanl.so.1 beside libc.so.6 here")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--config", "tiny.yaml",
+                           "--profile", "--steps", "1", "--warmup", "1", "train.device=cpu", f"train.malloc={lib}",
+                           f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("tiny: "))  # the profile's first line
+    assert f"malloc {lib.resolve().name} (1 steps)" in header, header
 
 
 @linux_only

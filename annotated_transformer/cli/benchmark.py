@@ -66,10 +66,23 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def read_config(args: argparse.Namespace) -> Any:
+    """The config the benchmark measures: --config, --device, then the dotted overrides."""
+    return load_config(args.config, [*([f"train.device={args.device}"] if args.device else []), *args.overrides])
+
+
+def prepare_process(argv: list[str] | None = None) -> None:
+    """Before anything else, as the train command does: restart under tcmalloc for a CPU config (train.malloc),
+    so that the training figures are a training run's (the timed children inherit the preload)."""
+    from .train import restart_under_malloc
+
+    restart_under_malloc(lambda: read_config(build_parser(None).parse_args(argv)))
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Print the benchmark's table (or JSON) for a config."""
     args = build_parser(prog).parse_args(argv)
-    cfg = load_config(args.config, [*([f"train.device={args.device}"] if args.device else []), *args.overrides])
+    cfg = read_config(args)
     if args.checkpoint:
         from ..deploy.translator import torch_checkpoint
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+from collections.abc import Callable
 
 from ..config import Config, config_parser, load_config
 
@@ -27,13 +28,18 @@ def read_config(argv: list[str] | None = None, prog: str | None = None) -> Confi
 
 
 def prepare_process(argv: list[str] | None = None) -> None:
-    """What a train process does before anything else: restart under tcmalloc on the CPU (harness.malloc).
+    """What a train process does before anything else: restart under tcmalloc on the CPU (harness.malloc)."""
+    restart_under_malloc(lambda: read_config(argv))
 
-    A command line that does not parse is left to `main`, which says what is wrong with it.
+
+def restart_under_malloc(read: Callable[[], Config]) -> None:
+    """harness.malloc's restart, for the config `read` parses from the command line (silently).
+
+    A command line that does not parse is left to the command's `main`, which says what is wrong with it.
     """
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            cfg = read_config(argv)
+            cfg = read()
     except (Exception, SystemExit):
         return
     from ..harness.malloc import preload_or_note

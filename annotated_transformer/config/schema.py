@@ -115,8 +115,8 @@ class TrainConfig:
     clip_grad_norm: float = param(0.0, "clip the gradient's global norm to this (0: no clipping)")
     device: str = param("auto", "'auto' (cuda, else mps, else cpu) or an explicit torch device like 'cuda:1'")
     malloc: str = param("auto", "the C allocator of a CPU run: 'auto' (tcmalloc where the machine has it, else the "
-                        "system's), 'system', 'tcmalloc' (an error if missing) or a library's path; the train command "
-                        "restarts itself with it preloaded (CPU training ran 1.13-1.24x faster under tcmalloc than glibc's)")
+                        "system's), 'system', 'tcmalloc' (an error if missing) or a library's path; the train and benchmark "
+                        "commands restart themselves with it preloaded (CPU training ran 1.13-1.24x faster under tcmalloc than glibc's)")
     precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), 'bf16' or 'fp32'",
                            choices=("auto", "bf16", "fp32"))
     compile: bool = param(False, "wrap the model in torch.compile")

@@ -7,9 +7,9 @@ the same `cpu_15min.yaml` run trained 1.24x faster under tcmalloc (9.5 against 1
 `cpu_60min.yaml`'s epochs 1.13-1.17x faster, with the same losses to the last digit; under glibc
 one run of two also slowed down within the process (docs/performance.md, "tcmalloc"). A process
 cannot change its malloc once it runs, so on the CPU, where the machine has tcmalloc, the train
-command starts itself again with it preloaded (LD_PRELOAD) before torch is imported: the same
-arguments, and `exec` keeps the process id, so torchrun, a sweep and the run directory's lock see
-one process throughout.
+command (and the benchmark, to time steps as they train) starts itself again with it preloaded
+(LD_PRELOAD) before torch is imported: the same arguments, and `exec` keeps the process id, so
+torchrun, a sweep and the run directory's lock see one process throughout.
 """
 
 from __future__ import annotations

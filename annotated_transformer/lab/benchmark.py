@@ -43,6 +43,7 @@ import torch
 from ..config import Config, config_from_dict, config_to_dict
 from ..device import device_name, native_bf16, select_device, synchronize
 from ..errors import ConfigError
+from ..harness.malloc import malloc_in_use
 from ..loop import Log
 from ..masks import padding_mask
 from ..model_flops import train_step_flops
@@ -274,6 +275,7 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
     load_translation_data(cfg, log=None)  # build the cache once, before the timed children start
     result: dict[str, Any] = {
         "device": device_name(device), "config": cfg.name, "torch": torch.__version__,
+        "malloc": malloc_in_use() if device.type == "cpu" else None,
         "model": {"N": cfg.model.N, "N_dec": cfg.model.N_dec or cfg.model.N, "d_model": cfg.model.d_model,
                   "d_ff": cfg.model.d_ff, "h": cfg.model.h},
         "batch_tokens": cfg.data.batch_tokens, "compile": cfg.train.compile,
@@ -321,7 +323,8 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
 
 def format_summary(result: dict[str, Any]) -> str:
     """The headline lines of a benchmark result."""
-    lines = [f"device: {result['device']} | config {result['config']} | torch {result['torch']}"]
+    malloc = f" | malloc {result['malloc']}" if result.get("malloc") else ""
+    lines = [f"device: {result['device']}{malloc} | config {result['config']} | torch {result['torch']}"]
     if "train" in result:
         t = result["train"]
         lines.append(f"train  notebook  {t['notebook_tokens_per_s']:9.0f} tok/s | fast {t['fast_tokens_per_s']:9.0f} "

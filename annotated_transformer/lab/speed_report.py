@@ -17,6 +17,7 @@ import torch
 
 from ..config import Config
 from ..device import cpu_info, device_name, select_device
+from ..harness.malloc import malloc_in_use
 from .engine_benchmark import format_engines, median_rows
 
 TRAIN_SIDES = ("eager", "compiled")
@@ -34,7 +35,8 @@ def machine_line(device: torch.device) -> str:
         return device_name(device)
     f = cpu_flags()
     yes = {True: "yes", False: "no"}
-    return f"{device_name(device)} | AVX512-BF16 {yes[f['avx512_bf16']]}, AMX {yes[f['amx']]}, AVX2 {yes[f['avx2']]}"
+    return (f"{device_name(device)} | AVX512-BF16 {yes[f['avx512_bf16']]}, AMX {yes[f['amx']]}, AVX2 {yes[f['avx2']]} "
+            f"| malloc {malloc_in_use()}")
 
 
 def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: int = 20, warmup: int = 5,

@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from ..config import Config
 from ..device import amp_context, select_device
 from ..extensions.builder import build_training
+from ..harness.malloc import malloc_in_use
 from ..harness.schedules import build_scheduler
 from ..loop import Log
 
@@ -126,13 +127,14 @@ def summarize(events: Any, wall: float, steps: int, tokens: int, name: str, amp_
                   if e.key not in PHASES), key=lambda kv: -kv[1])[:8]
     return {"config": name, "steps": steps, "step_ms": step_ms, "tokens_per_s": tokens / wall,
             "precision": "bf16" if amp_dtype else "fp32", "threads": torch.get_num_threads(),
-            "ms": ms, "share": {k: v / step_ms for k, v in ms.items()}, "top_ops": top}
+            "malloc": malloc_in_use(), "ms": ms, "share": {k: v / step_ms for k, v in ms.items()}, "top_ops": top}
 
 
 def format_profile(result: dict[str, Any]) -> str:
     """The profile as a Markdown table: kind, ms per step, share; then the costliest operators."""
     lines = [f"{result['config']}: {result['step_ms']:.0f} ms/step, {result['tokens_per_s']:.0f} target tokens/s, "
-             f"{result['precision']}, {result['threads']} threads ({result['steps']} steps)", "",
+             f"{result['precision']}, {result['threads']} threads, malloc {result['malloc']} "
+             f"({result['steps']} steps)", "",
              "| kind | ms/step | share |", "|---|---:|---:|"]
     lines += [f"| {k} | {result['ms'][k]:.1f} | {100 * result['share'][k]:.1f}% |" for k in KINDS]
     lines += ["", "costliest operators (own time, ms/step): " + ", ".join(f"{k} {v:.1f}" for k, v in
