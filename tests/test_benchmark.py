@@ -42,7 +42,7 @@ def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path, 
     benchmark gives each side is tested below) and the matmul peak on small matrices (tested above)."""
     from annotated_transformer.lab import benchmark, hardware
 
-    monkeypatch.setattr(benchmark, "in_fresh_process", lambda what, fn, *args: fn(*args))
+    monkeypatch.setattr(benchmark, "in_fresh_process", lambda what, fn, *args, preload=None: fn(*args))
     monkeypatch.setattr(benchmark, "matmul_peak",
                         lambda device, dtype, n=None, repeats=20: hardware.matmul_peak(device, dtype, 512, 3))
     code, stdout, stderr = command(
@@ -132,12 +132,13 @@ def test_speed_report_takes_medians_of_interleaved_rounds(multi30k_dir, data_cac
 
     calls = []
 
-    def fake_training(side, cfg, steps, warmup):
+    def fake_training(side, cfg, steps, warmup, preload=None):
         calls.append("compiled" if cfg.train.compile else "eager")
         n = sum(c == calls[-1] for c in calls)  # this side's round: 1, 2, 3
         rate = {"eager": [100.0, 300.0, 200.0], "compiled": [150.0, 90.0, 120.0]}[calls[-1]][n - 1]
         return {"tokens_per_s": rate, "step_ms": 1000 / rate, "mfu": rate / 1000, "peak_flop_per_s": 1e12,
-                "warmup_s": 2.0 if cfg.train.compile else 0.1, "peak_mem_gb": 1.0, "precision": "fp32"}
+                "warmup_s": 2.0 if cfg.train.compile else 0.1, "peak_mem_gb": 1.0, "precision": "fp32",
+                "malloc": "system" if preload is None else preload.name}
 
     def fake_engines(checkpoint, limit=None, data_root=None, log=print):
         calls.append("engines")
@@ -150,10 +151,12 @@ def test_speed_report_takes_medians_of_interleaved_rounds(multi30k_dir, data_cac
 
     monkeypatch.setattr(benchmark, "measure_in_subprocess", fake_training)
     monkeypatch.setattr(engine_benchmark, "compare_engines", fake_engines)
+    library = tmp_path / "libpretend.so"  # train.malloc names it: the training sides get it, never loaded here
+    library.write_bytes(b"")
     code, stdout, stderr = command(
         "benchmark", "--config", "tiny", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
-        "train.precision=fp32", "train.device=cpu", "--all", "--checkpoint", tmp_path / "best.pt", "--rounds", "3",
-        "--out", tmp_path, "--json")
+        "train.precision=fp32", "train.device=cpu", f"train.malloc={library}", "--all", "--checkpoint",
+        tmp_path / "best.pt", "--rounds", "3", "--out", tmp_path, "--json")
     assert code == 0, stderr.decode()
     assert calls == ["eager", "compiled", "engines"] * 3  # interleaved
     result = json.loads(stdout)
@@ -172,6 +175,7 @@ def test_speed_report_takes_medians_of_interleaved_rounds(multi30k_dir, data_cac
     text = format_speed_report(result)
     assert "| eager | 200 |" in text and "| compiled | 120 |" in text and "compiled / eager: 0.60x" in text
     assert "| ct2-float32 | 40.0 (2.00x) |" in text
+    assert "training under malloc libpretend.so" in text.splitlines()[0]
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -1,5 +1,6 @@
 """train.malloc: a CPU training process restarts itself under tcmalloc where the machine has it (harness.malloc)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,8 +9,11 @@ import pytest
 
 from annotated_transformer.cli import run
 from annotated_transformer.errors import ConfigError
-from annotated_transformer.harness.malloc import (RESTARTED_ENV, library_to_preload, malloc_in_use,
+from annotated_transformer.config import load_config
+from annotated_transformer.harness import malloc
+from annotated_transformer.harness.malloc import (RESTARTED_ENV, library_to_preload, malloc_in_use, restart_with,
                                                   runs_on_cpu)
+from annotated_transformer.lab.hardware import in_fresh_process
 
 ROOT = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
@@ -43,13 +47,30 @@ def test_a_named_library_is_preloaded_or_refused_in_one_line(tcmalloc_dir, tmp_p
         library_to_preload("tcmalloc", "cpu", {}, [tmp_path / "nothing"])
     with pytest.raises(ConfigError, match="no such file"):
         library_to_preload(str(tmp_path / "libmissing.so"), "cpu", {}, [])
-    with pytest.raises(ConfigError, match="must be auto, system, tcmalloc or the path"):
-        library_to_preload("jemalloc", "cpu", {}, [])
+    with pytest.raises(ConfigError, match="must be auto, system, tcmalloc or the path"):  # checked with the config
+        load_config("copy.yaml", ["train.malloc=jemalloc"])
 
 
-def test_which_runs_are_on_the_cpu():
+def test_which_runs_are_on_the_cpu(tmp_path, monkeypatch):
     assert runs_on_cpu("cpu") and runs_on_cpu("cpu:0")
     assert not runs_on_cpu("cuda") and not runs_on_cpu("cuda:1") and not runs_on_cpu("mps")
+    driver = tmp_path / "nvidiactl"
+    driver.write_bytes(b"")
+    monkeypatch.setattr(malloc, "GPU_DEVICE_FILES", (str(driver),))  # a machine with a GPU driver
+    assert not runs_on_cpu("auto", {})
+    assert runs_on_cpu("auto", {"CUDA_VISIBLE_DEVICES": ""}) and runs_on_cpu("auto", {"CUDA_VISIBLE_DEVICES": "-1"})
+    monkeypatch.setattr(malloc, "GPU_DEVICE_FILES", (str(tmp_path / "none"),))
+    assert runs_on_cpu("auto", {})
+
+
+def test_a_restart_that_fails_is_a_note_and_the_process_goes_on(tcmalloc_dir, monkeypatch, capsys):
+    def refuse(*args):
+        raise PermissionError("not allowed")
+
+    monkeypatch.setattr(malloc.os, "execve", refuse)
+    restart_with(tcmalloc_dir / "libtcmalloc_minimal.so.4")  # returns instead of replacing the process
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("note: could not restart") and "not allowed" in err[0], err
 
 
 def test_the_first_line_names_the_malloc_that_is_mapped(tmp_path):
@@ -90,11 +111,12 @@ def _glibc_library(name: str) -> Path | None:
 
 @pytest.mark.slow
 @linux_only
-def test_the_train_script_restarts_itself_with_the_library_preloaded(tmp_path):
+@pytest.mark.parametrize("launcher", [[str(ROOT / "scripts" / "train.py")], ["-m", "annotated_transformer", "train"]])
+def test_the_train_command_restarts_itself_with_the_library_preloaded(tmp_path, launcher):
     lib = _glibc_library("libanl.so.1")  # glibc's asynchronous name lookup: harmless to preload
     if lib is None:
         pytest.skip("no libanl.so.1 beside libc.so.6 here")
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml",
+    proc = subprocess.run([sys.executable, *launcher, "--config", "copy.yaml",
                            "train.epochs=1", "train.device=cpu", f"train.out_dir={tmp_path / 'run'}",
                            f"train.malloc={lib}"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -111,9 +133,27 @@ def test_a_bad_malloc_setting_is_one_line_and_exit_2(capsys, command):
     assert err[0].startswith("error: train.malloc must be auto, system, tcmalloc or the path")
 
 
+def _malloc_here() -> dict[str, str]:
+    """What a fresh process started by the benchmark sees: its malloc and its LD_PRELOAD."""
+    return {"malloc": malloc_in_use(), "preload": os.environ.get("LD_PRELOAD", "")}
+
+
 @pytest.mark.slow
 @linux_only
-def test_the_benchmark_script_restarts_itself_with_the_library_preloaded(multi30k_dir, data_cache_dir):
+def test_the_benchmarks_training_processes_get_the_library_and_this_process_keeps_its_own(monkeypatch):
+    lib = _glibc_library("libanl.so.1")
+    if lib is None:
+        pytest.skip("no libanl.so.1 beside libc.so.6 here")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv(RESTARTED_ENV, raising=False)
+    assert in_fresh_process("probe", _malloc_here, preload=lib) == {"malloc": lib.resolve().name, "preload": str(lib)}
+    assert "LD_PRELOAD" not in os.environ and RESTARTED_ENV not in os.environ  # decoding here stays as it was
+    assert in_fresh_process("probe", _malloc_here) == {"malloc": "system", "preload": ""}
+
+
+@pytest.mark.slow
+@linux_only
+def test_the_benchmark_profiles_training_steps_under_the_library(multi30k_dir, data_cache_dir):
     lib = _glibc_library("libanl.so.1")
     if lib is None:
         pytest.skip("no libanl.so.1 beside libc.so.6 here")
@@ -128,8 +168,6 @@ def test_the_benchmark_script_restarts_itself_with_the_library_preloaded(multi30
 
 @linux_only
 def test_a_cpu_run_restarts_under_tcmalloc_or_says_how_to_install_it(monkeypatch, capsys, tcmalloc_dir, tmp_path):
-    from annotated_transformer.harness import malloc
-
     for name in ("LD_PRELOAD", RESTARTED_ENV, "RANK"):
         monkeypatch.delenv(name, raising=False)
     restarts = []
@@ -138,7 +176,11 @@ def test_a_cpu_run_restarts_under_tcmalloc_or_says_how_to_install_it(monkeypatch
     malloc.preload_or_note("auto", "cpu")
     assert restarts == [] and "sudo apt install libtcmalloc-minimal4" in capsys.readouterr().err
     malloc.preload_or_note("auto", "cuda")  # a GPU run: neither
+    malloc.preload_or_note("system", "cpu")  # the system's asked for: no note
+    monkeypatch.setenv("RANK", "1")
+    malloc.preload_or_note("auto", "cpu")  # under torchrun only rank 0 says it
     assert restarts == [] and capsys.readouterr().err == ""
+    monkeypatch.delenv("RANK")
     monkeypatch.setattr(malloc, "search_dirs", lambda environ: [tcmalloc_dir])
     malloc.preload_or_note("auto", "cpu")
     assert restarts == [tcmalloc_dir / "libtcmalloc_minimal.so.4"] and capsys.readouterr().err == ""

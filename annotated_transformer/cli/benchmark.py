@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import config_parser, load_config
+from ..config import Config, config_parser, load_config
 from ..errors import ConfigError
 from .options import add_checkpoint, add_device, add_limit, add_out
 
@@ -66,17 +66,9 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
     return parser
 
 
-def read_config(args: argparse.Namespace) -> Any:
+def read_config(args: argparse.Namespace) -> Config:
     """The config the benchmark measures: --config, --device, then the dotted overrides."""
     return load_config(args.config, [*([f"train.device={args.device}"] if args.device else []), *args.overrides])
-
-
-def prepare_process(argv: list[str] | None = None) -> None:
-    """Before anything else, as the train command does: restart under tcmalloc for a CPU config (train.malloc),
-    so that the training figures are a training run's (the timed children inherit the preload)."""
-    from .train import restart_under_malloc
-
-    restart_under_malloc(lambda: read_config(build_parser(None).parse_args(argv)))
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -149,9 +141,9 @@ def speed_report(args: argparse.Namespace, cfg: Any, log: Any) -> int:
 
 def profile_step(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--profile: the step's time by kind of work, profile.json in --out."""
-    from ..lab.step_profile import format_profile, profile_training_step
+    from ..lab.step_profile import format_profile, profile_in_fresh_process
 
-    result = profile_training_step(cfg, steps=args.steps, warmup=args.warmup, log=log)
+    result = profile_in_fresh_process(cfg, steps=args.steps, warmup=args.warmup, log=log)
     write_json(args.out, "profile.json", result)
     print(json.dumps(result) if args.json else format_profile(result))
     return 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-from collections.abc import Callable
+import os
 
 from ..config import Config, config_parser, load_config
+from ..harness.malloc import RESTARTED_ENV, preload_or_note
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -28,22 +29,17 @@ def read_config(argv: list[str] | None = None, prog: str | None = None) -> Confi
 
 
 def prepare_process(argv: list[str] | None = None) -> None:
-    """What a train process does before anything else: restart under tcmalloc on the CPU (harness.malloc)."""
-    restart_under_malloc(lambda: read_config(argv))
+    """What a train process does before anything else: restart under tcmalloc on the CPU (harness.malloc).
 
-
-def restart_under_malloc(read: Callable[[], Config]) -> None:
-    """harness.malloc's restart, for the config `read` parses from the command line (silently).
-
-    A command line that does not parse is left to the command's `main`, which says what is wrong with it.
+    A command line that does not parse is left to `main`, which says what is wrong with it.
     """
+    if RESTARTED_ENV in os.environ:  # restarted already: nothing to choose again
+        return
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            cfg = read()
+            cfg = read_config(argv)
     except (Exception, SystemExit):
         return
-    from ..harness.malloc import preload_or_note
-
     preload_or_note(cfg.train.malloc, cfg.train.device)
 
 

@@ -114,9 +114,11 @@ class TrainConfig:
     adam_eps: float = param(1e-9, "Adam's epsilon")
     clip_grad_norm: float = param(0.0, "clip the gradient's global norm to this (0: no clipping)")
     device: str = param("auto", "'auto' (cuda, else mps, else cpu) or an explicit torch device like 'cuda:1'")
-    malloc: str = param("auto", "the C allocator of a CPU run: 'auto' (tcmalloc where the machine has it, else the "
-                        "system's), 'system', 'tcmalloc' (an error if missing) or a library's path; the train and benchmark "
-                        "commands restart themselves with it preloaded (CPU training ran 1.13-1.24x faster under tcmalloc than glibc's)")
+    malloc: str = param("auto", "the C allocator of a training process: 'auto' (on the CPU, tcmalloc where the "
+                        "machine has it, else the system's), 'system', 'tcmalloc' (an error if missing) or a "
+                        "library's path (any device); the train command restarts itself with it preloaded, the "
+                        "benchmark times its training steps under it (CPU training ran 1.13-1.24x faster under "
+                        "tcmalloc than glibc's)")
     precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), 'bf16' or 'fp32'",
                            choices=("auto", "bf16", "fp32"))
     compile: bool = param(False, "wrap the model in torch.compile")
@@ -362,6 +364,9 @@ class Config:
                               f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
         if t.resume is True and t.overwrite:
             raise ConfigError("train.resume and train.overwrite are both true; pick one")
+        if t.malloc not in ("auto", "system", "tcmalloc") and "/" not in t.malloc:
+            raise ConfigError(f"train.malloc must be auto, system, tcmalloc or the path of a malloc library (.so); "
+                              f"got {t.malloc!r}")
 
     def _validate_data(self) -> None:
         """The data section's rules, and what the model needs from it."""

@@ -7,22 +7,25 @@ the same `cpu_15min.yaml` run trained 1.24x faster under tcmalloc (9.5 against 1
 `cpu_60min.yaml`'s epochs 1.13-1.17x faster, with the same losses to the last digit; under glibc
 one run of two also slowed down within the process (docs/performance.md, "tcmalloc"). A process
 cannot change its malloc once it runs, so on the CPU, where the machine has tcmalloc, the train
-command (and the benchmark, to time steps as they train) starts itself again with it preloaded
-(LD_PRELOAD) before torch is imported: the same arguments, and `exec` keeps the process id, so
-torchrun, a sweep and the run directory's lock see one process throughout.
+command starts itself again with it preloaded (LD_PRELOAD) once it has read its config, before it
+builds anything: the same arguments, and `exec` keeps the process id, so torchrun, a sweep and the
+run directory's lock see one process throughout. (The package and torch load twice: about 2.5 s
+more at start-up on a 2-core CPU.) The benchmark starts the processes that time training steps
+with it preloaded, and decodes in its own process with the system's malloc, as translating does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
 
-RESTARTED_ENV = "ANNOTATED_TRANSFORMER_MALLOC"  # set in the restarted process: the library it preloads
+RESTARTED_ENV = "ANNOTATED_TRANSFORMER_MALLOC"  # set in a process started with a library preloaded: that library
 TCMALLOC_FILES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")  # gperftools' (the minimal one has no profiler)
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD ROCm's driver nodes
 INSTALL_HINT = ("Debian/Ubuntu: `sudo apt install libtcmalloc-minimal4`; Fedora: `sudo dnf install gperftools-libs`; "
@@ -30,11 +33,11 @@ INSTALL_HINT = ("Debian/Ubuntu: `sudo apt install libtcmalloc-minimal4`; Fedora:
 
 
 def search_dirs(environ: Mapping[str, str]) -> list[Path]:
-    """Where to look for tcmalloc: LD_LIBRARY_PATH, this Python's prefix (conda), then the system's library folders."""
+    """Where to look for tcmalloc: LD_LIBRARY_PATH, this Python's prefixes (a venv's, conda's), the system's."""
     multiarch = sysconfig.get_config_var("MULTIARCH") or ""  # x86_64-linux-gnu on Debian and Ubuntu
     dirs = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-    dirs += [f"{sys.prefix}/lib", f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/usr/lib64", "/usr/lib",
-             "/usr/local/lib"]
+    dirs += [f"{sys.prefix}/lib", f"{sys.base_prefix}/lib", f"/usr/lib/{multiarch}", f"/lib/{multiarch}",
+             "/usr/lib64", "/usr/lib", "/usr/local/lib"]
     return list(dict.fromkeys(map(Path, dirs)))  # as paths, so /usr/lib/ (no multiarch) and /usr/lib count once
 
 
@@ -47,31 +50,33 @@ def find_tcmalloc(dirs: Iterable[Path]) -> Path | None:
     return None
 
 
-def runs_on_cpu(device: str) -> bool:
-    """Whether a run with train.device `device` trains on the CPU ('auto' does where no GPU driver is present)."""
+def runs_on_cpu(device: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a run with train.device `device` trains on the CPU.
+
+    'auto' does where no GPU driver is present, or where CUDA_VISIBLE_DEVICES hides every GPU ('' or -1).
+    """
     if device == "auto":
-        return not any(os.path.exists(node) for node in GPU_DEVICE_FILES)
+        hidden = environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
+        return hidden or not any(os.path.exists(node) for node in GPU_DEVICE_FILES)
     return device.split(":")[0] == "cpu"
 
 
 def auto_applies(device: str, environ: Mapping[str, str]) -> bool:
     """Whether 'auto' looks for tcmalloc: a CPU run on Linux, not yet restarted, with nothing preloaded by the user."""
     return (sys.platform.startswith("linux") and RESTARTED_ENV not in environ and not environ.get("LD_PRELOAD")
-            and runs_on_cpu(device))
+            and runs_on_cpu(device, environ))
 
 
 def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
                        dirs: Iterable[Path] | None = None) -> Path | None:
-    """The malloc library the train command should restart with, or None to go on as it is.
+    """The malloc library a training process should run with, or None to go on as it is.
 
-    'auto': tcmalloc, on Linux, for a run on the CPU, where one is found and the user preloads nothing
-    already; 'system': never; 'tcmalloc': tcmalloc or an error; a path: that library or an error.
+    `setting` is train.malloc, checked by the config. 'auto': tcmalloc, on Linux, for a run on the CPU,
+    where one is found and the user preloads nothing already; 'system': never; 'tcmalloc': tcmalloc or
+    an error; a path: that library or an error.
     """
     if setting == "system" or RESTARTED_ENV in environ:  # the restarted process does not restart again
         return None
-    if setting not in ("auto", "tcmalloc") and "/" not in setting:
-        raise ConfigError(f"train.malloc must be auto, system, tcmalloc or the path of a malloc library (.so); "
-                          f"got {setting!r}")
     if not sys.platform.startswith("linux"):
         if setting == "auto":
             return None
@@ -95,27 +100,58 @@ def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
 
 
 def restart_with(library: Path) -> None:
-    """Replace this process with the same command, `library` preloaded (never returns)."""
+    """Replace this process with the same command, `library` preloaded; if that fails, say so and go on."""
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))
     env[RESTARTED_ENV] = str(library)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # orig_argv keeps -m, -X and the script
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)  # orig_argv keeps -m, -X, the script
+    except OSError as exc:
+        print(f"note: could not restart {sys.executable or 'Python'} with {library} preloaded ({exc}); going on "
+              "with the system's malloc (train.malloc=system skips the restart)", file=sys.stderr, flush=True)
 
 
-def preload_or_note(setting: str, device: str) -> None:
-    """At the start of a train process: restart under tcmalloc where `library_to_preload` says so.
-
-    Where 'auto' finds none for a CPU run, rank 0 says in one line how to install it.
-    """
+def training_malloc(setting: str, device: str) -> Path | None:
+    """`library_to_preload` for this process; where 'auto' finds none for a CPU run, rank 0 says how to get one."""
     library = library_to_preload(setting, device, os.environ)
-    if library is not None:
-        return restart_with(library)
-    if setting == "auto" and auto_applies(device, os.environ) and os.environ.get("RANK", "0") == "0":
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if library is None and setting == "auto" and auto_applies(device, os.environ) and rank0:
         print("note: training on the CPU with the system's malloc; under tcmalloc cpu_15min trained 1.24x faster "
               f"on a 2-core Intel CPU: install it and training uses it ({INSTALL_HINT}; train.malloc in "
               "docs/training.md)", file=sys.stderr, flush=True)
+    return library
+
+
+def preload_or_note(setting: str, device: str) -> None:
+    """At the start of a train process: restart under the `training_malloc` library, if there is one."""
+    library = training_malloc(setting, device)
+    if library is not None:
+        restart_with(library)
+
+
+@contextlib.contextmanager
+def preloaded_for_children(library: Path | None) -> Iterator[None]:
+    """Processes started in this block run with `library` preloaded (LD_PRELOAD); this one's malloc is unchanged.
+
+    For the benchmark, which times training steps in fresh processes as training runs them, and decoding in
+    this one as the translate command does.
+    """
+    if library is None:
+        yield
+        return
+    before = {key: os.environ.get(key) for key in ("LD_PRELOAD", RESTARTED_ENV)}
+    os.environ["LD_PRELOAD"] = ":".join(filter(None, [str(library), before["LD_PRELOAD"]]))
+    os.environ[RESTARTED_ENV] = str(library)  # what `malloc_in_use` names there
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def malloc_in_use(environ: Mapping[str, str] = os.environ, maps: str = "/proc/self/maps") -> str:

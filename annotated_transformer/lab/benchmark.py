@@ -43,7 +43,7 @@ import torch
 from ..config import Config, config_from_dict, config_to_dict
 from ..device import device_name, native_bf16, select_device, synchronize
 from ..errors import ConfigError
-from ..harness.malloc import malloc_in_use
+from ..harness.malloc import malloc_in_use, training_malloc
 from ..loop import Log
 from ..masks import padding_mask
 from ..model_flops import train_step_flops
@@ -150,12 +150,16 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         "datasheet_peak_flop_per_s": datasheet_peak(device) if amp_dtype else None,
         "attention": side_cfg.model.attention_kernel, "peak_mem_gb": process_peak_memory_gb(device),
         "loss_finite": all(math.isfinite(x) for x in losses), "steps": steps, "warmup": warmup, "warmup_s": warmup_s,
+        "malloc": malloc_in_use(),
     }
 
 
-def measure_in_subprocess(side: str, cfg: Config, steps: int, warmup: int) -> dict[str, Any]:
-    """`measure_training` in a fresh process (spawn): peak memory is that side's alone."""
-    return in_fresh_process(f"{side} training benchmark", measure_training, side, config_to_dict(cfg), steps, warmup)
+def measure_in_subprocess(side: str, cfg: Config, steps: int, warmup: int, preload: Path | None = None
+                          ) -> dict[str, Any]:
+    """`measure_training` in a fresh process (spawn): peak memory is that side's alone; `preload` its malloc
+    library (`harness.malloc.training_malloc`), as training runs."""
+    return in_fresh_process(f"{side} training benchmark", measure_training, side, config_to_dict(cfg), steps, warmup,
+                            preload=preload)
 
 
 # --------------------------------------------------------------------------- decoding
@@ -275,21 +279,21 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
     load_translation_data(cfg, log=None)  # build the cache once, before the timed children start
     result: dict[str, Any] = {
         "device": device_name(device), "config": cfg.name, "torch": torch.__version__,
-        "malloc": malloc_in_use() if device.type == "cpu" else None,
         "model": {"N": cfg.model.N, "N_dec": cfg.model.N_dec or cfg.model.N, "d_model": cfg.model.d_model,
                   "d_ff": cfg.model.d_ff, "h": cfg.model.h},
         "batch_tokens": cfg.data.batch_tokens, "compile": cfg.train.compile,
     }
     if train:
-        sides = {}
+        sides, preload = {}, training_malloc(cfg.train.malloc, cfg.train.device)
         for side in ("notebook", "fast"):
             log(f"training, {side} side: {warmup} warm-up + {steps} timed steps ...")
-            sides[side] = measure_in_subprocess(side, cfg, steps, warmup)
+            sides[side] = measure_in_subprocess(side, cfg, steps, warmup, preload)
             s = sides[side]
             log(f"  {s['tokens_per_s']:9.0f} tokens/s | {s['step_ms']:8.1f} ms/step | "
                 f"{s['tokens_per_step']:6.0f} tokens/step | {s['precision']} | MFU {100 * s['mfu']:.1f}% "
                 f"of {s['peak_flop_per_s'] / 1e9:.0f} GFLOP/s | peak mem {s['peak_mem_gb']:.2f} GB")
         ref, fast = sides["notebook"], sides["fast"]
+        result["malloc"] = fast["malloc"] if device.type == "cpu" else None  # the training steps'
         result["train"] = {
             "notebook_tokens_per_s": ref["tokens_per_s"], "fast_tokens_per_s": fast["tokens_per_s"],
             "ratio": fast["tokens_per_s"] / ref["tokens_per_s"], "mfu": fast["mfu"], "notebook_mfu": ref["mfu"],
@@ -323,7 +327,7 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
 
 def format_summary(result: dict[str, Any]) -> str:
     """The headline lines of a benchmark result."""
-    malloc = f" | malloc {result['malloc']}" if result.get("malloc") else ""
+    malloc = f" | training under malloc {result['malloc']}" if result.get("malloc") else ""
     lines = [f"device: {result['device']}{malloc} | config {result['config']} | torch {result['torch']}"]
     if "train" in result:
         t = result["train"]

@@ -12,11 +12,13 @@ import math
 import multiprocessing as mp
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..device import synchronize
+from ..harness.malloc import preloaded_for_children
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, repeats: int = 20) -> float:
@@ -79,13 +81,14 @@ def _put_result(queue: Any, fn: Any, *args: Any) -> None:
         queue.put({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def in_fresh_process(what: str, fn: Any, *args: Any) -> dict[str, Any]:
+def in_fresh_process(what: str, fn: Any, *args: Any, preload: Path | None = None) -> dict[str, Any]:
     """`fn(*args)` (a module-level function returning a dict) in a fresh spawned process, so peak memory
-    is its own; a failure there is one RuntimeError naming `what`."""
+    is its own, with the malloc library `preload` preloaded there; a failure is one RuntimeError naming `what`."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_put_result, args=(queue, fn, *args))
-    proc.start()
+    with preloaded_for_children(preload):
+        proc.start()
     result = queue.get()
     proc.join()
     if "error" in result:

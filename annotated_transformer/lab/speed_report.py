@@ -17,7 +17,7 @@ import torch
 
 from ..config import Config
 from ..device import cpu_info, device_name, select_device
-from ..harness.malloc import malloc_in_use
+from ..harness.malloc import training_malloc
 from .engine_benchmark import format_engines, median_rows
 
 TRAIN_SIDES = ("eager", "compiled")
@@ -35,8 +35,7 @@ def machine_line(device: torch.device) -> str:
         return device_name(device)
     f = cpu_flags()
     yes = {True: "yes", False: "no"}
-    return (f"{device_name(device)} | AVX512-BF16 {yes[f['avx512_bf16']]}, AMX {yes[f['amx']]}, AVX2 {yes[f['avx2']]} "
-            f"| malloc {malloc_in_use()}")
+    return f"{device_name(device)} | AVX512-BF16 {yes[f['avx512_bf16']]}, AMX {yes[f['amx']]}, AVX2 {yes[f['avx2']]}"
 
 
 def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: int = 20, warmup: int = 5,
@@ -53,11 +52,12 @@ def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: i
     train: dict[str, list[dict[str, Any]]] = {side: [] for side in TRAIN_SIDES}
     engine_rounds: list[list[dict[str, Any]]] = []
     engines: dict[str, Any] = {}
+    preload = training_malloc(cfg.train.malloc, cfg.train.device)  # training as it runs; decoding as translate does
     for r in range(rounds):
         for side in TRAIN_SIDES:
             log(f"round {r + 1}/{rounds}: training {side}, {warmup} warm-up + {steps} timed steps ...")
             side_cfg = replace(cfg, train=replace(cfg.train, compile=side == "compiled"))
-            train[side].append(measure_in_subprocess("fast", side_cfg, steps, warmup))
+            train[side].append(measure_in_subprocess("fast", side_cfg, steps, warmup, preload))
         log(f"round {r + 1}/{rounds}: decoding engines ...")
         engines = compare_engines(checkpoint, limit=limit, data_root=cfg.data.root or None, log=log)
         engine_rounds.append(engines["rows"])
@@ -66,7 +66,7 @@ def measure_speed_report(cfg: Config, checkpoint: str, rounds: int = 3, steps: i
            for side, runs in train.items()}
     for side, runs in train.items():
         med[side]["tokens_per_s_all"] = [x["tokens_per_s"] for x in runs]
-        med[side]["precision"] = runs[0]["precision"]
+        med[side]["precision"], med[side]["malloc"] = runs[0]["precision"], runs[0].get("malloc", "system")
     return {"machine": machine_line(device), "torch": torch.__version__, "config": cfg.name,
             "checkpoint": checkpoint, "rounds": rounds, "steps": steps, "warmup": warmup, "train": med,
             "compiled_over_eager": med["compiled"]["tokens_per_s"] / med["eager"]["tokens_per_s"],
@@ -77,7 +77,7 @@ def format_speed_report(result: dict[str, Any]) -> str:
     """The report as a header and two Markdown tables."""
     t = result["train"]
     lines = [f"machine: {result['machine']} | torch {result['torch']} | config {result['config']} | "
-             f"medians of {result['rounds']} interleaved rounds", "",
+             f"training under malloc {t['eager']['malloc']} | medians of {result['rounds']} interleaved rounds", "",
              "| training | tokens/s | ms/step | MFU | precision | warm-up s (compilation) | peak mem GB |",
              "|---|---:|---:|---:|---|---:|---:|"]
     for side in TRAIN_SIDES:

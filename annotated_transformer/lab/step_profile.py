@@ -23,12 +23,13 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..config import Config
+from ..config import Config, config_from_dict, config_to_dict
 from ..device import amp_context, select_device
 from ..extensions.builder import build_training
-from ..harness.malloc import malloc_in_use
+from ..harness.malloc import malloc_in_use, training_malloc
 from ..harness.schedules import build_scheduler
 from ..loop import Log
+from .hardware import in_fresh_process
 
 KINDS = ("matmul", "attention", "elementwise", "loss", "optimizer", "overhead")
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_mkldnn_linear", "aten::matmul",
@@ -111,6 +112,20 @@ def profile_training_step(cfg: Config, steps: int = 10, warmup: int = 3, log: Lo
             _step(p, batch)
         wall = time.perf_counter() - t0
     return summarize(prof.events(), wall, steps, sum(b.ntokens for b in chosen), cfg.name, amp_dtype)
+
+
+def profile_in_fresh_process(cfg: Config, steps: int = 10, warmup: int = 3, log: Log | None = print
+                             ) -> dict[str, Any]:
+    """`profile_training_step` in a fresh process under the config's train.malloc, as training runs its steps."""
+    if log:
+        log(f"profiling {steps} training steps of {cfg.name} after {warmup} warm-up steps ...")
+    preload = training_malloc(cfg.train.malloc, cfg.train.device)
+    return in_fresh_process("the training profile", _profile_config_dict, config_to_dict(cfg), steps, warmup,
+                            preload=preload)
+
+
+def _profile_config_dict(cfg_dict: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
+    return profile_training_step(config_from_dict(cfg_dict), steps, warmup, log=None)
 
 
 def summarize(events: Any, wall: float, steps: int, tokens: int, name: str, amp_dtype: torch.dtype | None
