@@ -1,7 +1,7 @@
 """Train a Transformer: `uv run python scripts/train.py --config cpu_15min.yaml [section.key=value ...]`.
 
 The same command runs one process (CPU, one GPU) or one rank of many under
-`torchrun --nproc_per_node=N scripts/train.py --config base.yaml`. The code is
+`uv run torchrun --nproc_per_node=N scripts/train.py --config base.yaml`. The code is
 annotated_transformer/cli/train.py (also `python -m annotated_transformer train`).
 """
 

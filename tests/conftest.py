@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.config import Config
+from annotated_transformer.config import Config, DataConfig
 from annotated_transformer.config import load_config
 
 @pytest.fixture()
@@ -23,17 +23,21 @@ def no_charts(monkeypatch):
     monkeypatch.setattr(run_end, "write_charts", lambda run, log: None)
 
 
-DEFAULT_MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
+# Where the data is without MULTI30K_DIR: beside the checkout (CI's layout), then where training downloads it.
+DEFAULT_MULTI30K_DIRS = (Path(__file__).resolve().parents[2] / "shared/data/multi30k",
+                         Path(DataConfig().cache_dir).expanduser() / "multi30k")
 
 
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     """The folder with the six Multi30k .gz files (skips, or fails under REQUIRE_MULTI30K=1, when absent)."""
     env = os.environ.get("MULTI30K_DIR")
-    folder = Path(env).expanduser() if env else DEFAULT_MULTI30K_DIR
+    found = [d for d in DEFAULT_MULTI30K_DIRS if (d / "train.de.gz").is_file()]
+    folder = Path(env).expanduser() if env else (found or DEFAULT_MULTI30K_DIRS)[0]
     if not (folder / "train.de.gz").is_file():
-        reason = (f"Multi30k data not found in {folder} "
-                  f"({'from MULTI30K_DIR' if env else 'set MULTI30K_DIR to the folder with the six .gz files'})")
+        reason = (f"Multi30k data not found in {folder} " + ("(from MULTI30K_DIR)" if env else
+                  f"or {DEFAULT_MULTI30K_DIRS[1]} (set MULTI30K_DIR to the folder with the six .gz files, or "
+                  "train a Multi30k config once: it downloads them)"))
         if os.environ.get("REQUIRE_MULTI30K") == "1":
             pytest.fail(f"{reason}; REQUIRE_MULTI30K=1 makes this an error")
         pytest.skip(reason)
