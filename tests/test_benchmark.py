@@ -214,3 +214,54 @@ def test_engines_rounds_take_medians(tmp_path, command, monkeypatch):
     assert (ours["greedy_per_s"], ours["latency_ms"], ct2["beam5_per_s"]) == (20.0, 6.0, 10.0)
     assert ours["greedy_per_s_all"] == [10.0, 30.0, 20.0]
     assert ct2["greedy_ratio"] == pytest.approx(2.0) and ct2["latency_ratio"] == pytest.approx(3.0)
+
+
+def test_products_are_the_ones_a_training_step_computes_for_every_linear_layer_of_the_model():
+    """benchmark --products times the model's own layer shapes, and its products are autograd's."""
+    from torch import nn
+
+    from annotated_transformer.config import load_config
+    from annotated_transformer.lab.product_benchmark import (FORWARD, INPUT_GRAD, PRODUCTS, WEIGHT_GRAD,
+                                                             WEIGHT_GRAD_COPIED, WEIGHT_GRAD_TRANSPOSED,
+                                                             linear_shapes)
+
+    cfg = load_config("cpu_15min.yaml", ["model.N=1"])  # a SentencePiece config: the generator's size is known
+    m = cfg.model
+    model = make_model(cfg.data.spm_vocab_size, cfg.data.spm_vocab_size, N=m.N, d_model=m.d_model, d_ff=m.d_ff,
+                       h=m.h, tie_embeddings=m.tie_embeddings)
+    in_model = {(layer.in_features, layer.out_features) for layer in model.modules() if isinstance(layer, nn.Linear)}
+    assert set(linear_shapes(cfg).values()) == in_model
+    assert "generator" not in linear_shapes(load_config("tiny.yaml", []))  # a word vocabulary's size needs the data
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, requires_grad=True)
+    w = torch.randn(3, 5, requires_grad=True)
+    dy = torch.randn(6, 3)
+    y = nn.functional.linear(x, w)
+    y.backward(dy)
+    assert torch.allclose(PRODUCTS[FORWARD](x, w, dy), y)
+    assert torch.allclose(PRODUCTS[INPUT_GRAD](x, w, dy), x.grad)
+    assert torch.allclose(PRODUCTS[WEIGHT_GRAD](x, w, dy), w.grad)
+    assert torch.allclose(PRODUCTS[WEIGHT_GRAD_COPIED](x, w, dy), w.grad)
+    assert torch.allclose(PRODUCTS[WEIGHT_GRAD_TRANSPOSED](x, w, dy), w.grad)
+
+
+def test_the_products_table_reports_every_product_against_the_peak(command, monkeypatch):
+    from annotated_transformer.lab import product_benchmark
+
+    monkeypatch.setattr(product_benchmark, "matmul_peak", lambda device, dtype: 4e9)  # 4 GFLOP/s, to check the shares
+    code, stdout, stderr = command("benchmark", "--config", "cpu_15min.yaml", "--products", "--steps", "1", "--json",
+                                   "model.d_model=32", "model.d_ff=64", "data.batch_tokens=16",
+                                   "data.spm_vocab_size=50", "train.device=cpu")
+    assert code == 0, stderr.decode()
+    result = json.loads(stdout)
+    assert result["rows"] == 16 and result["peak_gflops"] == pytest.approx(4.0)
+    layers = {(r["layer"], r["in"], r["out"]) for r in result["table"]}
+    assert layers == {("attention projection", 32, 32), ("feed-forward w_1", 32, 64), ("feed-forward w_2", 64, 32),
+                      ("generator", 32, 50)}
+    for r in result["table"]:
+        flops = 0 if r["product"] == product_benchmark.COPY else 2 * 16 * r["in"] * r["out"]
+        assert r["ms"] > 0 and r["gflops"] == pytest.approx(flops / (r["ms"] / 1e3) / 1e9)
+        assert r["of_peak"] == pytest.approx(r["gflops"] / 4.0)
+    assert len(result["table"]) == 4 * 6  # five products and the copy, for each kind of layer
+    assert "products of cpu_15min" in stderr.decode()  # progress goes to stderr with --json

@@ -6,6 +6,7 @@
     benchmark --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min
     benchmark --config cpu_15min.yaml --extensions --rounds 5
     benchmark --config cpu_15min.yaml --profile --steps 20
+    benchmark --config base.yaml --products
     benchmark --config cpu_15min.yaml --all --checkpoint runs/cpu_15min --rounds 3
 
 What each side does is described in annotated_transformer/lab/benchmark.py. With --json, stdout is one
@@ -56,6 +57,9 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
                         "(training tokens/s, decoding sentences/s) against the plain model, interleaved rounds")
     parser.add_argument("--profile", action="store_true", help="instead: where a training step's time goes "
                         "(matmul, attention, elementwise, loss, optimizer, overhead), torch.profiler over --steps steps")
+    parser.add_argument("--products", action="store_true", help="instead: each linear layer's matrix products "
+                        "(forward, input gradient, weight gradient) alone, data.batch_tokens rows, against the "
+                        "measured matmul peak")
     parser.add_argument("--all", action="store_true", help="instead: the whole speed picture for --checkpoint, side "
                         "by side: training eager vs compiled (tokens/s, MFU, compilation) and our decoders against "
                         "CTranslate2 float32/int8 (sent/s, batch-1 latency, BLEU), medians of --rounds interleaved rounds")
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return compare_extensions(args, cfg, log)
     if args.profile:
         return profile_step(args, cfg, log)
+    if args.products:
+        return time_products(args, cfg, log)
     from ..lab.benchmark import format_summary, run_benchmark
 
     result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
@@ -146,6 +152,18 @@ def profile_step(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     result = profile_in_fresh_process(cfg, steps=args.steps, warmup=args.warmup, log=log)
     write_json(args.out, "profile.json", result)
     print(json.dumps(result) if args.json else format_profile(result))
+    return 0
+
+
+def time_products(args: argparse.Namespace, cfg: Any, log: Any) -> int:
+    """--products: the linear layers' products against the peak, products.json in --out."""
+    from ..lab.product_benchmark import format_products, measure_products
+
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be at least 1 (--products times each product --steps times), got {args.steps}")
+    result = measure_products(cfg, repeats=args.steps, log=log)
+    write_json(args.out, "products.json", result)
+    print(json.dumps(result) if args.json else format_products(result))
     return 0
 
 
