@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer.model_flops import train_step_flops
@@ -216,13 +217,25 @@ def test_engines_rounds_take_medians(tmp_path, command, monkeypatch):
     assert ct2["greedy_ratio"] == pytest.approx(2.0) and ct2["latency_ratio"] == pytest.approx(3.0)
 
 
+class _RecordProducts(TorchDispatchMode):
+    """Records the shapes and strides of the operands of every matrix product run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.operands = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.mm.default:
+            self.operands.append(tuple((tuple(a.shape), a.stride()) for a in args[:2]))
+        return func(*args, **(kwargs or {}))
+
+
 def test_products_are_the_ones_a_training_step_computes_for_every_linear_layer_of_the_model():
-    """benchmark --products times the model's own layer shapes, and its products are autograd's."""
+    """benchmark --products times the model's own layer shapes, and autograd's products in autograd's layouts."""
     from torch import nn
 
     from annotated_transformer.config import load_config
     from annotated_transformer.lab.product_benchmark import (FORWARD, INPUT_GRAD, PRODUCTS, WEIGHT_GRAD,
-                                                             WEIGHT_GRAD_COPIED, WEIGHT_GRAD_TRANSPOSED,
                                                              linear_shapes)
 
     cfg = load_config("cpu_15min.yaml", ["model.N=1"])  # a SentencePiece config: the generator's size is known
@@ -231,31 +244,41 @@ def test_products_are_the_ones_a_training_step_computes_for_every_linear_layer_o
                        h=m.h, tie_embeddings=m.tie_embeddings)
     in_model = {(layer.in_features, layer.out_features) for layer in model.modules() if isinstance(layer, nn.Linear)}
     assert set(linear_shapes(cfg).values()) == in_model
-    assert "generator" not in linear_shapes(load_config("tiny.yaml", []))  # a word vocabulary's size needs the data
+    notes = []
+    assert "generator" not in linear_shapes(load_config("tiny.yaml", []), notes.append)  # word vocabulary: data
+    assert len(notes) == 1 and "generator is left out" in notes[0]
 
     torch.manual_seed(0)
-    x = torch.randn(6, 5, requires_grad=True)
-    w = torch.randn(3, 5, requires_grad=True)
-    dy = torch.randn(6, 3)
-    y = nn.functional.linear(x, w)
-    y.backward(dy)
-    assert torch.allclose(PRODUCTS[FORWARD](x, w, dy), y)
-    assert torch.allclose(PRODUCTS[INPUT_GRAD](x, w, dy), x.grad)
-    assert torch.allclose(PRODUCTS[WEIGHT_GRAD](x, w, dy), w.grad)
-    assert torch.allclose(PRODUCTS[WEIGHT_GRAD_COPIED](x, w, dy), w.grad)
-    assert torch.allclose(PRODUCTS[WEIGHT_GRAD_TRANSPOSED](x, w, dy), w.grad)
+    x = torch.randn(6, 5, requires_grad=True)  # (M, k)
+    w = torch.randn(3, 5, requires_grad=True)  # (n, k)
+    dy = torch.randn(6, 3)  # (M, n)
+    with _RecordProducts() as autograd_products:
+        y = nn.functional.linear(x, w)
+        y.backward(dy)
+    with _RecordProducts() as ours, torch.no_grad():
+        values = {name: PRODUCTS[name](x, w, dy) for name in (FORWARD, INPUT_GRAD, WEIGHT_GRAD)}
+    assert sorted(ours.operands) == sorted(autograd_products.operands)  # the same products, operands laid out alike
+    assert ((3, 6), (1, 3)) in [a for pair in ours.operands for a in pair]  # dY^T as a transposed view
+    torch.testing.assert_close(values[FORWARD], y)
+    torch.testing.assert_close(values[INPUT_GRAD], x.grad)
+    torch.testing.assert_close(values[WEIGHT_GRAD], w.grad)
+    for name, product in PRODUCTS.items():  # the variants in other layouts compute the same weight gradient
+        if name not in values:
+            got = product(x.detach(), w.detach(), dy)
+            torch.testing.assert_close(got, w.grad)
+            assert got.is_contiguous()  # in W's layout, as a gradient is accumulated
 
 
 def test_the_products_table_reports_every_product_against_the_peak(command, monkeypatch):
     from annotated_transformer.lab import product_benchmark
 
     monkeypatch.setattr(product_benchmark, "matmul_peak", lambda device, dtype: 4e9)  # 4 GFLOP/s, to check the shares
-    code, stdout, stderr = command("benchmark", "--config", "cpu_15min.yaml", "--products", "--steps", "1", "--json",
-                                   "model.d_model=32", "model.d_ff=64", "data.batch_tokens=16",
-                                   "data.spm_vocab_size=50", "train.device=cpu")
+    args = ["--config", "cpu_15min.yaml", "--products", "--steps", "1", "--warmup", "0", "model.d_model=32",
+            "model.d_ff=64", "data.batch_tokens=16", "data.spm_vocab_size=50", "train.device=cpu"]
+    code, stdout, stderr = command("benchmark", *args, "--json")
     assert code == 0, stderr.decode()
     result = json.loads(stdout)
-    assert result["rows"] == 16 and result["peak_gflops"] == pytest.approx(4.0)
+    assert result["rows"] == 16 and result["peak_gflops"] == pytest.approx(4.0) and result["warmup"] == 0
     layers = {(r["layer"], r["in"], r["out"]) for r in result["table"]}
     assert layers == {("attention projection", 32, 32), ("feed-forward w_1", 32, 64), ("feed-forward w_2", 64, 32),
                       ("generator", 32, 50)}
@@ -265,3 +288,17 @@ def test_the_products_table_reports_every_product_against_the_peak(command, monk
         assert r["of_peak"] == pytest.approx(r["gflops"] / 4.0)
     assert len(result["table"]) == 4 * 6  # five products and the copy, for each kind of layer
     assert "products of cpu_15min" in stderr.decode()  # progress goes to stderr with --json
+
+    code, stdout, _ = command("benchmark", *args)
+    rows = [line for line in stdout.decode().splitlines() if line.startswith("| ") and not line.startswith("| layer")
+            and " -> " in line]
+    assert code == 0 and len(rows) == 4 * 6
+    assert all(row.count("|") == 6 for row in rows)  # five cells, the copy's rate cells empty
+    assert sum(row.endswith("|  |  |") for row in rows) == 4  # one copy row per layer
+
+
+def test_products_with_no_timed_calls_is_one_clear_line(command):
+    code, stdout, stderr = command("benchmark", "--config", "cpu_15min.yaml", "--products", "--steps", "0")
+    lines = stderr.decode().strip().splitlines()
+    assert code == 2 and stdout == b"" and len(lines) == 1
+    assert lines[0].startswith("error: --steps must be at least 1") and "--products" in lines[0]

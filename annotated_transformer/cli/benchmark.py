@@ -34,8 +34,9 @@ def int_list(text: str) -> list[int]:
 def build_parser(prog: str | None) -> argparse.ArgumentParser:
     """The benchmark's options: what to time, on which weights, and the tables instead of the default one."""
     parser = config_parser("Benchmark training and decoding: fast path vs the notebook's pipeline.", prog)
-    parser.add_argument("--steps", type=int, default=10, help="timed training steps per side (median reported)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first")
+    parser.add_argument("--steps", type=int, default=10, help="timed training steps per side (median reported); "
+                        "--products: timed calls of each product")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first; --products: untimed calls")
     add_checkpoint(parser, required=False, help="trained weights for the decoding figures: a run directory or a .pt "
                    "file (without it decoding runs on untrained weights of the config's model)")
     parser.add_argument("--one-sentence", type=int, default=100, metavar="N",
@@ -159,9 +160,10 @@ def time_products(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--products: the linear layers' products against the peak, products.json in --out."""
     from ..lab.product_benchmark import format_products, measure_products
 
-    if args.steps < 1:
-        raise ConfigError(f"--steps must be at least 1 (--products times each product --steps times), got {args.steps}")
-    result = measure_products(cfg, repeats=args.steps, log=log)
+    if args.steps < 1 or args.warmup < 0:
+        raise ConfigError(f"--steps must be at least 1 and --warmup at least 0 (got {args.steps}, {args.warmup}); "
+                          "--products calls each product that often")
+    result = measure_products(cfg, repeats=args.steps, warmup=args.warmup, log=log)
     write_json(args.out, "products.json", result)
     print(json.dumps(result) if args.json else format_products(result))
     return 0

@@ -4,9 +4,11 @@ Each linear layer y = x W^T costs a training step three products: the forward x 
 gradient dY W and the weight gradient dY^T x. Autograd hands the last one its first operand as a
 transposed view, which a BLAS or oneDNN may read more slowly than a row-major matrix; this table
 times each product alone, in the config's precision, with data.batch_tokens rows, plus the weight
-gradient from row-major copies (of dY^T, or of x^T for its transpose) and the copy of dY^T itself, to
-show what that layout costs.
-`scripts/benchmark.py --products` prints it (docs/performance.md, "The base model on an Intel AMX CPU").
+gradient from row-major copies (of dY^T; or of x^T, for its transpose, then copied back into W's
+layout) and the copy of dY^T itself, to show what that layout costs.
+It runs in the benchmark's own process, under the system's malloc unless one is preloaded
+(LD_PRELOAD). `scripts/benchmark.py --products` prints it (docs/performance.md, "The base model on an
+Intel AMX CPU").
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from .hardware import matmul_peak
 
 FORWARD, INPUT_GRAD, WEIGHT_GRAD = "forward x W^T", "input gradient dY W", "weight gradient dY^T x"
 WEIGHT_GRAD_COPIED = "weight gradient, dY^T copied first"
-WEIGHT_GRAD_TRANSPOSED = "weight gradient as (x^T dY)^T, x^T copied first"
+WEIGHT_GRAD_TRANSPOSED = "weight gradient as (x^T dY)^T, x^T and the result copied"
 COPY = "the copy of dY^T alone"
 
 
-def linear_shapes(cfg: Config) -> dict[str, tuple[int, int]]:
+def linear_shapes(cfg: Config, log: Callable[[str], None] | None = None) -> dict[str, tuple[int, int]]:
     """(in, out) features of each kind of linear layer in the config's model.
 
     The generator is included where the vocabulary's size is in the config (SentencePiece);
@@ -39,6 +41,9 @@ def linear_shapes(cfg: Config) -> dict[str, tuple[int, int]]:
               "feed-forward w_2": (m.d_ff, m.d_model)}
     if cfg.data.tokenizer == "spm":
         shapes["generator"] = (m.d_model, cfg.data.spm_vocab_size)
+    elif log:
+        log(f"the generator is left out: data.tokenizer={cfg.data.tokenizer}'s vocabulary size is known only "
+            "once the data is read")
     return shapes
 
 
@@ -61,23 +66,26 @@ PRODUCTS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.T
     INPUT_GRAD: lambda x, w, dy: dy @ w,  # (M, n) @ (n, k)
     WEIGHT_GRAD: lambda x, w, dy: dy.t() @ x,  # (n, M) view @ (M, k): as autograd computes it
     WEIGHT_GRAD_COPIED: lambda x, w, dy: dy.t().contiguous() @ x,  # the same from a row-major (n, M)
-    WEIGHT_GRAD_TRANSPOSED: lambda x, w, dy: (x.t().contiguous() @ dy).t(),  # (k, M) @ (M, n): copies the smaller x
+    # (k, M) @ (M, n), then the (n, k) result into W's row-major layout, as a gradient must be: pays where x is small
+    WEIGHT_GRAD_TRANSPOSED: lambda x, w, dy: (x.t().contiguous() @ dy).t().contiguous(),
 }
 
 
-def time_layer(rows: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int) -> dict[str, float]:
+def time_layer(rows: int, k: int, n: int, dtype: torch.dtype, device: torch.device, repeats: int,
+               warmup: int = 2) -> dict[str, float]:
     """Seconds of each of PRODUCTS for a layer k -> n over `rows` rows, and of the transposing copy alone."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows, k, generator=gen).to(device, dtype)  # (M, k)
     w = torch.randn(n, k, generator=gen).to(device, dtype)  # (n, k)
     dy = torch.randn(rows, n, generator=gen).to(device, dtype)  # (M, n)
-    seconds = {name: median_seconds(lambda f=f: f(x, w, dy), device, repeats)
+    seconds = {name: median_seconds(lambda f=f: f(x, w, dy), device, repeats, warmup)
                for name, f in PRODUCTS.items()}
-    seconds[COPY] = median_seconds(lambda: dy.t().contiguous(), device, repeats)
+    seconds[COPY] = median_seconds(lambda: dy.t().contiguous(), device, repeats, warmup)
     return seconds
 
 
-def measure_products(cfg: Config, repeats: int = 10, log: Callable[[str], None] = print) -> dict[str, Any]:
+def measure_products(cfg: Config, repeats: int = 10, warmup: int = 2, log: Callable[[str], None] = print
+                     ) -> dict[str, Any]:
     """Every product of every kind of linear layer: ms, GFLOP/s and the share of the peak measured here."""
     device = select_device(cfg.train.device)
     dtype = resolve_amp_dtype(cfg.train.precision, device) or torch.float32
@@ -86,23 +94,22 @@ def measure_products(cfg: Config, repeats: int = 10, log: Callable[[str], None] 
         f"{device_name(device)} ...")
     peak = matmul_peak(device, dtype)
     table = []
-    for layer, (k, n) in linear_shapes(cfg).items():
-        for product, s in time_layer(rows, k, n, dtype, device, repeats).items():
+    for layer, (k, n) in linear_shapes(cfg, log).items():
+        for product, s in time_layer(rows, k, n, dtype, device, repeats, warmup).items():
             flops = 0 if product == COPY else 2 * rows * k * n
             table.append({"layer": layer, "in": k, "out": n, "product": product, "ms": s * 1e3,
                           "gflops": flops / s / 1e9, "of_peak": flops / s / peak})
-    return {"config": cfg.name, "device": device_name(device),
-            "dtype": str(dtype).removeprefix("torch."), "rows": rows, "peak_gflops": peak / 1e9, "repeats": repeats,
-            "table": table}
+    return {"config": cfg.name, "device": device_name(device), "dtype": str(dtype).removeprefix("torch."),
+            "rows": rows, "peak_gflops": peak / 1e9, "repeats": repeats, "warmup": warmup, "table": table}
 
 
 def format_products(result: dict[str, Any]) -> str:
     """The products table as Markdown, one row per layer and product."""
     lines = [f"{result['config']}: each linear layer's products, {result['rows']} rows, {result['dtype']}, "
              f"{result['device']}; measured peak {result['peak_gflops']:,.0f} GFLOP/s "
-             f"(medians of {result['repeats']})", "",
+             f"(medians of {result['repeats']} after {result['warmup']})", "",
              "| layer (in -> out) | product | ms | GFLOP/s | of the peak |", "| --- | --- | ---: | ---: | ---: |"]
     for r in result["table"]:
-        rate = f"{r['gflops']:,.0f} | {r['of_peak']:.1%}" if r["gflops"] else " | "
+        rate = " | " if r["product"] == COPY else f"{r['gflops']:,.0f} | {r['of_peak']:.1%}"
         lines.append(f"| {r['layer']} ({r['in']} -> {r['out']}) | {r['product']} | {r['ms']:.2f} | {rate} |")
     return "\n".join(lines)
