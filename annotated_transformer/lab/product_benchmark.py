@@ -89,9 +89,8 @@ def measure_products(cfg: Config, repeats: int = 10, warmup: int = 2, log: Calla
     """Every product of every kind of linear layer: ms, GFLOP/s and the share of the peak measured here."""
     device = select_device(cfg.train.device)
     dtype = resolve_amp_dtype(cfg.train.precision, device) or torch.float32
-    rows = cfg.data.batch_tokens
-    log(f"products of {cfg.name}'s linear layers, {rows} rows, {str(dtype).removeprefix('torch.')} on "
-        f"{device_name(device)} ...")
+    rows, dtype_name, name = cfg.data.batch_tokens, str(dtype).removeprefix("torch."), device_name(device)
+    log(f"products of {cfg.name}'s linear layers, {rows} rows, {dtype_name} on {name} ...")
     peak = matmul_peak(device, dtype)
     table = []
     for layer, (k, n) in linear_shapes(cfg, log).items():
@@ -99,7 +98,7 @@ def measure_products(cfg: Config, repeats: int = 10, warmup: int = 2, log: Calla
             flops = 0 if product == COPY else 2 * rows * k * n
             table.append({"layer": layer, "in": k, "out": n, "product": product, "ms": s * 1e3,
                           "gflops": flops / s / 1e9, "of_peak": flops / s / peak})
-    return {"config": cfg.name, "device": device_name(device), "dtype": str(dtype).removeprefix("torch."),
+    return {"config": cfg.name, "device": name, "dtype": dtype_name,
             "rows": rows, "peak_gflops": peak / 1e9, "repeats": repeats, "warmup": warmup, "table": table}
 
 
