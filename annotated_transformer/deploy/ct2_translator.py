@@ -1,8 +1,8 @@
 """`CT2Translator`: a model exported by `ct2_export.py` (scripts/export.py), translated by CTranslate2 instead of PyTorch.
 
-    from annotated_transformer.deploy.ct2_translator import CT2Translator
-    tr = CT2Translator.from_dir("exported/cpu_45min")
-    tr.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+    from annotated_transformer import Translator
+    tr = Translator.load("exported/cpu_45min", beam=5)    # a CT2Translator, as CT2Translator.from_dir gives
+    tr.translate("Ein Mann fährt Fahrrad.")
 
 `Translator`'s interface and rules, from their shared `TextTranslator`: a sentence is encoded by the
 run's own text pipeline (so truncation and unknown tokens are ours), handed to the engine as our

@@ -1,15 +1,17 @@
 """`Translator`: the one public way to use a trained model from Python.
 
     from annotated_transformer import Translator
-    tr = Translator.from_checkpoint("runs/base/best.pt")
-    tr.translate(["Ein Mann fährt Fahrrad."], beam_size=5)
+    tr = Translator.load("runs/base", beam=5)          # what a command's --checkpoint takes
+    tr.translate("Ein Mann fährt Fahrrad.")             # a str gives a str
+    tr.translate(["Ein Mann.", "Eine Frau."])           # a list (or tuple) of str gives a list
 
 Sentences are encoded with the run's own TextPipeline (saved in the checkpoint), sorted by
 length so each batch holds sentences of similar length, decoded with the cached batched
 greedy search or beam search (`inference.translate_ids`), and returned in input order.
 
 What a command's --checkpoint names is resolved here too (`resolve_checkpoint`): a run directory
-or .pt file gives this Translator, an exported folder `CT2Translator` (`load_translator`).
+or .pt file gives this Translator, an exported folder `CT2Translator` (`load_translator`, and
+`Translator.load`, which hands out either).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..extensions.local_attention import LocalAttentionModel
 from ..extensions.token_merging import with_token_merging
 from ..model import EncoderDecoder
 from .ct2_translator import CT2Translator
-from .text_translator import TextTranslator
+from .text_translator import TextTranslator, checked_alpha, checked_count
 
 
 def decode_amp_dtype(device: torch.device) -> torch.dtype | None:
@@ -137,15 +139,37 @@ class Translator(TextTranslator):
         self.to(device)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
-        """Load a checkpoint written by training (or by averaging); `device=None` picks cuda/mps/cpu.
+    def load(cls, path: str | Path, *, beam: int | None = None, alpha: float | None = None,
+             device: str | torch.device | None = None, quantize: str = "none") -> Translator | CT2Translator:
+        """What a command's --checkpoint takes, ready to translate: a run directory, a .pt file or an exported folder.
 
-        The device is chosen and checked by `select_device`, as training's is.
+        A run directory stands for the weights its final scores used (`resolve_checkpoint`); an exported
+        folder gives a `CT2Translator`, with the same `translate`. `beam` and `alpha` replace the
+        checkpoint's decode.beam_size and decode.alpha (None keeps them); `device=None` picks
+        cuda/mps/cpu (CTranslate2: cpu); `quantize` is "none", "int8" or "bf16", as the commands' --quantize.
+        A path or setting that cannot work is one UserError line, the commands' own.
         """
+        beam = None if beam is None else checked_count("beam", beam)
+        alpha = None if alpha is None else checked_alpha(alpha)
+        translator = load_translator(path, device=None if device is None else str(device), quantize=quantize)
+        if beam is not None:
+            translator.config.decode.beam_size = beam
+        if alpha is not None:
+            translator.config.decode.alpha = alpha
+        return translator
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
+        """Our decoder on a run directory or .pt file written by training (or averaging); `device=None` picks
+        cuda/mps/cpu, checked by `select_device` as training's is. `load` takes exported folders too."""
+        engine, file = resolve_checkpoint(path)
+        if engine != "torch":
+            raise ConfigError(f"{path} is an exported model folder: load it with Translator.load (CTranslate2), or "
+                              "pass the run directory or .pt file it was exported from")
         dev = select_device("auto" if device is None else str(device), option="device")
-        payload = load_checkpoint(path)
+        payload = load_checkpoint(file)
         if payload.get("text") is None:
-            raise CheckpointError(f"{path} holds a model without a text vocabulary (the copy task?); "
+            raise CheckpointError(f"{file} holds a model without a text vocabulary (the copy task?); "
                                   "only translation checkpoints can translate text")
         from ..data.text import TextPipeline
 
@@ -156,9 +180,9 @@ class Translator(TextTranslator):
             model.load_state_dict(payload["model"])
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0]
-            raise CheckpointError(f"{path}: the weights do not fit the saved config ({first[:160]})") from None
+            raise CheckpointError(f"{file}: the weights do not fit the saved config ({first[:160]})") from None
         translator = cls(model, text, cfg, dev)  # __init__ moves it to dev
-        translator.checkpoint = Path(path)
+        translator.checkpoint = file
         return translator
 
     def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
