@@ -35,7 +35,8 @@ def test_notebook_is_stored_without_outputs():
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
-    first = nb.cells[0]
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")  # it opens with its title
+    first = next(c for c in nb.cells if c.cell_type == "code")
     assert "parameters" in first.metadata.get("tags", [])
     assert 'RUN_DIR = ""' in first.source and 'CHECKPOINT = ""' in first.source
 
@@ -75,7 +76,8 @@ def run_notebook(nb, kernel: str, data_dir: Path, cache_dir: Path, overrides: tu
     train = [f"data.root={data_dir}", f"data.cache_dir={cache_dir}", "train.max_steps=20", *overrides]
     injected = nbformat.v4.new_code_cell(f"TRAIN_OVERRIDES = {train!r}\n"
                                          "import sys\nprint(sys.executable)")
-    nb.cells.insert(1, injected)
+    parameters = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(parameters + 1, injected)  # after the parameters cell, where papermill puts its own
     client = nbclient.NotebookClient(nb, kernel_name=kernel, timeout=600,
                                      resources={"metadata": {"path": str(NOTEBOOK.parent)}})
     try:
