@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the appendix in docs/lab/ too
 
 
 def prose(path: Path) -> str:
@@ -38,7 +38,7 @@ def test_every_relative_link_reaches_a_file_and_a_heading():
             path, _, fragment = target.partition("#")
             dest = (page.parent / path).resolve() if path else page
             if not dest.exists():
-                broken.append(f"{page.name}: {target} (no such file)")
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
             elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
-                broken.append(f"{page.name}: {target} (no such heading)")
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
     assert broken == []
