@@ -111,7 +111,7 @@ def quicker_config(cfg: Config, device: torch.device) -> str:
     """The warning's advice: on a CPU, the shipped config that trains a translator there in minutes ('' when
     none is quicker than this run: on a GPU, for the copy task, or for cpu_15min itself)."""
     if device.type == "cpu" and cfg.data.dataset == "multi30k" and cfg.name != "cpu_15min":
-        return "for a translator on a CPU in about 15 minutes use --config cpu_15min.yaml"
+        return "for a translator on a CPU in about 10-20 minutes of training use --config cpu_15min.yaml"
     return ""
 
 
