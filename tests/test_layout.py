@@ -60,7 +60,7 @@ LAYERS = {
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
     "harness.progress": 7, "harness.run_end": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7,
     "lab.extension_benchmark": 7, "lab.shape_benchmark": 7, "lab.step_profile": 7, "lab.seed_statistics": 7,
-    "harness.trainer": 8, "lab.sweep": 8, "lab.speed_report": 8,
+    "harness.trainer": 8, "lab.sweep": 8, "lab.speed_report": 8, "lab.gpu_check": 8,
     "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }
 CORE = {name for name, layer in LAYERS.items() if layer <= 3}

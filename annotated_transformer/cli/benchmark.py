@@ -7,6 +7,7 @@
     benchmark --config cpu_15min.yaml --extensions --rounds 5
     benchmark --config cpu_15min.yaml --profile --steps 20
     benchmark --config base.yaml --products
+    benchmark --config base.yaml --gpu --out runs/gpu_check
     benchmark --config cpu_15min.yaml --all --checkpoint runs/cpu_15min --rounds 3
 
 What each side does is described in annotated_transformer/lab/benchmark.py. With --json, stdout is one
@@ -34,8 +35,9 @@ def int_list(text: str) -> list[int]:
 def build_parser(prog: str | None) -> argparse.ArgumentParser:
     """The benchmark's options: what to time, on which weights, and the tables instead of the default one."""
     parser = config_parser("Benchmark training and decoding: fast path vs the notebook's pipeline.", prog)
-    parser.add_argument("--steps", type=int, default=10, help="timed training steps per side (median reported); "
-                        "--products: timed calls of each product")
+    parser.add_argument("--steps", type=int, default=None, help="timed training steps per side (median reported; "
+                        "default 10); --products: timed calls of each product; --gpu: timed steps a mode and batch "
+                        "size (default 30)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first; --products: untimed calls")
     add_checkpoint(parser, required=False, help="trained weights for the decoding figures: a run directory or a .pt "
                    "file (without it decoding runs on untrained weights of the config's model)")
@@ -61,6 +63,15 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--products", action="store_true", help="instead: each linear layer's matrix products "
                         "(forward, input gradient, weight gradient) alone, data.batch_tokens rows, against the "
                         "measured matmul peak")
+    parser.add_argument("--gpu", action="store_true", help="instead: the GPU check, in one call of a few minutes: "
+                        "the measured bf16 peak, the training step eager / compiled / captured at the config's batch "
+                        "size and at 16k tokens (tokens/s, ms/step, MFU, GPU busy share), then the train command for "
+                        "--train-seconds (epochs, validation time, the whole run's estimate, val BLEU); gpu_check.json "
+                        "in --out (docs/gpu.md)")
+    parser.add_argument("--modes", default=None, metavar="A,B", help="--gpu: the step modes to time (eager, compiled, "
+                        "captured; default: all three on a GPU, eager and compiled on a CPU)")
+    parser.add_argument("--train-seconds", type=float, default=150.0, metavar="S",
+                        help="--gpu: seconds of the timed training run (0: none; default 150)")
     parser.add_argument("--all", action="store_true", help="instead: the whole speed picture for --checkpoint, side "
                         "by side: training eager vs compiled (tokens/s, MFU, compilation) and our decoders against "
                         "CTranslate2 float32/int8 (sent/s, batch-1 latency, BLEU), medians of --rounds interleaved rounds")
@@ -79,6 +90,8 @@ def read_config(args: argparse.Namespace) -> Config:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Print the benchmark's table (or JSON) for a config."""
     args = build_parser(prog).parse_args(argv)
+    if args.steps is None:
+        args.steps = 30 if args.gpu else 10
     cfg = read_config(args)
     if args.checkpoint:
         from ..deploy.translator import torch_checkpoint
@@ -87,6 +100,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.gpu:
+        return check_gpu(args, cfg, log)
     if args.all:
         return speed_report(args, cfg, log)
     if args.engines:
@@ -128,6 +143,17 @@ def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     result["rows"], result["rounds"] = median_rows(rounds, result["beam"]), len(rounds)
     write_json(args.out, "engines.json", result)
     print(json.dumps(result) if args.json else format_engines(result))
+    return 0
+
+
+def check_gpu(args: argparse.Namespace, cfg: Any, log: Any) -> int:
+    """--gpu: the GPU check's table, gpu_check.json in --out (written after each part)."""
+    from ..lab.gpu_check import format_gpu_check, gpu_check
+
+    modes = args.modes.split(",") if args.modes else None
+    result = gpu_check(cfg, args.overrides, steps=args.steps, warmup=args.warmup, modes=modes,
+                       train_seconds=args.train_seconds, out_dir=args.out, log=log)
+    print(json.dumps(result) if args.json else format_gpu_check(result))
     return 0
 
 
