@@ -21,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
-from .kv_cache import AttentionCache, QueryGrid
+from .kv_cache import AttentionCache
 
 
 def attention(
@@ -66,13 +65,13 @@ class MultiHeadedAttention(nn.Module):
         self.h = h
         linear = nn.Linear(d_model, d_model)
         self.linears = nn.ModuleList(copy.deepcopy(linear) for _ in range(4))  # W^Q, W^K, W^V, W^O (clones)
-        self.dropout = Dropout(p=dropout)
+        self.dropout = nn.Dropout(p=dropout)
         self.fused = fused  # False: always the explicit `attention`; None: fused except on the CPU
         self.attn: Tensor | None = None  # the notebook's: the latest probabilities, when a hook keeps them
         self.hooks: list[AttentionHook] = []
 
-    def _heads(self, x: Tensor, linear: nn.Module, grid: QueryGrid | None = None) -> Tensor:
-        y = linear(x) if grid is None else grid.group(linear(x))  # (B, L, d); grid: (b, slots, d)
+    def _heads(self, x: Tensor, linear: nn.Module) -> Tensor:
+        y = linear(x)  # (B, L, d)
         return y.view(y.size(0), -1, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
 
     def forward(
@@ -80,8 +79,7 @@ class MultiHeadedAttention(nn.Module):
         cache: AttentionCache | None = None,
     ) -> Tensor:
         """query (B, T, d), key/value (B, S, d), mask (B, 1 or T, S) -> (B, T, d)."""
-        grid = cache.grid if cache is not None else None  # beam search: a sentence's hypotheses query together
-        q = self._heads(query, self.linears[0], grid)  # (B, h, T, d_k)
+        q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
         B = q.size(0)
         if cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v  # memory projected on the first step
@@ -103,4 +101,4 @@ class MultiHeadedAttention(nn.Module):
         for hook in self.hooks:
             hook(self, k, probs)
         x = x.transpose(1, 2).reshape(B, -1, self.h * self.d_k)  # (B, T, d)
-        return self.linears[3](x if grid is None else grid.ungroup(x))
+        return self.linears[3](x)

@@ -15,7 +15,7 @@ from torch import Tensor
 from .decoding import length_limits
 from .kv_cache import DecoderCache
 from .model import EncoderDecoder
-from .query_grid import QueryGrid
+from .query_grid import QueryGrid, QueryLayout, grouped_queries
 
 
 def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
@@ -107,19 +107,20 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: i
     lp = length_penalty(torch.arange(L + 1, device=device), alpha)  # (L+1,) lp of every |Y| up to L
     beams = _start_beams(model, src, src_mask, limits, k, start_symbol)
     cache = model.init_cache()
-    for t in range(1, L):
-        val, parent, token = _rank_extensions(model, beams, cache, k)  # (b, k) each, best first
-        # Keep the k - f best; a slot without a real candidate (-inf: too few live rows) is not kept.
-        kept = (torch.arange(k, device=device) < beams.budget.unsqueeze(1)) & val.isfinite()  # (b, k)
-        at_limit = (limits.index_select(0, beams.sent) <= t + 1).unsqueeze(1)  # (b, 1)
-        ended = kept & ((token == end_symbol) | at_limit)  # (b, k)
-        _keep_best_finished(beams, val, parent, token, ended, t, lp[t], out, best, best_len)
-        beams.budget = beams.budget - ended.sum(dim=1)
-        live = kept & ~ended  # (b, k)
-        go_on = _can_still_improve(beams, live, val, best, limits, lp, t)  # (b,)
-        if not bool(go_on.any()):
-            break
-        beams = _advance(beams, live & go_on.unsqueeze(1), go_on, val, parent, token, cache)
+    with grouped_queries(model) as layout:  # each sentence's hypotheses query its memory together
+        for t in range(1, L):
+            val, parent, token = _rank_extensions(model, beams, cache, k, layout)  # (b, k) each, best first
+            # Keep the k - f best; a slot without a real candidate (-inf: too few live rows) is not kept.
+            kept = (torch.arange(k, device=device) < beams.budget.unsqueeze(1)) & val.isfinite()  # (b, k)
+            at_limit = (limits.index_select(0, beams.sent) <= t + 1).unsqueeze(1)  # (b, 1)
+            ended = kept & ((token == end_symbol) | at_limit)  # (b, k)
+            _keep_best_finished(beams, val, parent, token, ended, t, lp[t], out, best, best_len)
+            beams.budget = beams.budget - ended.sum(dim=1)
+            live = kept & ~ended  # (b, k)
+            go_on = _can_still_improve(beams, live, val, best, limits, lp, t)  # (b,)
+            if not bool(go_on.any()):
+                break
+            beams = _advance(beams, live & go_on.unsqueeze(1), go_on, val, parent, token, cache)
     return out[:, : int(best_len.max()) + 1]
 
 
@@ -150,14 +151,12 @@ def _start_beams(model: EncoderDecoder, src: Tensor, src_mask: Tensor, limits: T
                   seq=torch.full((n, 1), start_symbol, dtype=torch.long, device=src.device))
 
 
-def _rank_extensions(model: EncoderDecoder, beams: _Beams, cache: DecoderCache,
-                     k: int) -> tuple[Tensor, Tensor, Tensor]:
+def _rank_extensions(model: EncoderDecoder, beams: _Beams, cache: DecoderCache, k: int,
+                     layout: QueryLayout) -> tuple[Tensor, Tensor, Tensor]:
     """Each working sentence's k best one-token extensions: (fp32 sums, parent rows (-1: none), tokens), (b, k)."""
     b, device = beams.sent.numel(), beams.sent.device
     grid_row = beams.work * k + beams.slot  # (n,) row's place in the (b*k) slot grid
-    queries = QueryGrid(grid_row, b, k)
-    for _, src_cache in cache.layers:  # each sentence's rows read its memory together
-        src_cache.grid = queries
+    layout.grid = QueryGrid(grid_row, b, k)  # each sentence's rows read its memory together
     x = model.decode(beams.memory, beams.mask, beams.seq[:, -1:], None, cache)  # (n, 1, d)
     # Generator.forward is exactly log_softmax(logits(x)); projecting once gives both the logits
     # (argmax with greedy_decode's tie-breaking, which bf16 makes matter) and fp32 log-probs.

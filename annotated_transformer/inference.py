@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from .beam_search import beam_search
-from .cpu_linear import onednn_linears
+from .fast.cpu_linear import onednn_linears
 from .data.buckets import pad_rows
 from .decoding import greedy_decode, strip_special
 from .device import amp_context

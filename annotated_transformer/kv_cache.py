@@ -7,8 +7,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .query_grid import QueryGrid
-
 
 @dataclass
 class AttentionCache:
@@ -21,7 +19,6 @@ class AttentionCache:
     static: bool
     k: Tensor | None = None  # (B, h, t, d_k)
     v: Tensor | None = None  # (B, h, t, d_k)
-    grid: QueryGrid | None = None  # encoder-decoder attention in beam search: rows grouped by sentence
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keep this step's keys/values (appended after the earlier ones in self-attention); return all kept."""

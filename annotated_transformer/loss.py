@@ -7,7 +7,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .fused_loss import smoothed_cross_entropy  # a speed detail, kept out of the teaching path
 
 
 def _xlogx(p: float) -> float:
@@ -62,30 +61,23 @@ class LabelSmoothing(nn.Module):
             loss = loss - self.fill * logp_rest
         return loss.masked_fill(target == p, 0.0).sum()
 
-    def from_logits(self, logits: Tensor, target: Tensor) -> Tensor:
-        """`forward(log_softmax(logits), target)`, fused: the same value, much less memory traffic (fused_loss.py)."""
-        assert logits.size(1) == self.size, f"expected {self.size} classes, got {logits.size(1)}"
-        return smoothed_cross_entropy(logits, target, self)
-
 
 class SimpleLossCompute:
     """Apply the generator, then the criterion; return (summed loss for logging, loss divided by `norm`).
 
-    With the notebook's pair (a `Generator` and `LabelSmoothing`) the two run fused on the logits
-    (`LabelSmoothing.from_logits`), unless `fused=False`: same value, less time and memory.
+    (`fast.FusedLossCompute` computes the same loss with the log-softmax fused in, for speed.)
     """
 
-    def __init__(self, generator: nn.Module, criterion: nn.Module, fused: bool = True) -> None:
+    def __init__(self, generator: nn.Module, criterion: nn.Module) -> None:
         self.generator = generator
         self.criterion = criterion
-        self.fused = fused and hasattr(generator, "logits") and hasattr(criterion, "from_logits")
 
     def __call__(self, x: Tensor, y: Tensor, norm: float | Tensor) -> tuple[Tensor, Tensor]:
         """x: decoder output (B, T, d); y: target ids (B, T); norm: the token count to divide by."""
-        if self.fused:
-            logits = self.generator.logits(x)  # (B, T, V)
-            loss = self.criterion.from_logits(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-        else:
-            logp = self.generator(x)  # (B, T, V)
-            loss = self.criterion(logp.reshape(-1, logp.size(-1)), y.reshape(-1))
+        logp = self.generator(x)  # (B, T, V)
+        loss = self.criterion(logp.reshape(-1, logp.size(-1)), y.reshape(-1))
         return loss.detach(), loss / norm
+
+    def loss_of_logits(self, logits: Tensor, y: Tensor) -> Tensor:
+        """The criterion's summed loss on unnormalised scores: logits (N, V), y (N,) (R-Drop's two passes)."""
+        return self.criterion(torch.log_softmax(logits, dim=-1), y)

@@ -6,8 +6,8 @@ V vocabulary size. Masks are boolean with True = "may attend", as in the noteboo
 
 `norm_first` chooses where LayerNorm sits: pre-norm (True, the notebook) x + Sublayer(LayerNorm(x)),
 with a final LayerNorm after each stack; post-norm (False, the paper, Section 3.1)
-LayerNorm(x + Sublayer(x)). Attention is `attention.py`, read first. Every dropout is
-`fast_dropout.Dropout`: nn.Dropout with a cheaper mask on the CPU. The extensions (`extensions/`)
+LayerNorm(x + Sublayer(x)). Attention is `attention.py`, read first. Dropout is PyTorch's nn.Dropout, as in
+the notebook (training installs a faster CPU mask from outside: `fast/`). The extensions (`extensions/`)
 subclass these classes or hook into attention; nothing here knows of them.
 """
 
@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadedAttention, attention  # noqa: F401 - equation 1 and Section 3.2.2
-from .fast_dropout import Dropout  # nn.Dropout with a cheaper mask on the CPU; the same module otherwise
 from .kv_cache import AttentionCache, DecoderCache
 from .masks import subsequent_mask  # noqa: F401 - the decoder's mask, public here as in the notebook
 
@@ -49,7 +48,7 @@ class PositionwiseFeedForward(nn.Module):
         super().__init__()
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """(B, L, d) -> (B, L, d)."""
@@ -62,7 +61,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, size: int, dropout: float, norm_first: bool = True, eps: float = 1e-6) -> None:
         super().__init__()
         self.norm = LayerNorm(size, eps=eps)
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> Tensor:
@@ -164,7 +163,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, max_len: int = 5000) -> None:
         super().__init__()
-        self.dropout = Dropout(p=dropout)
+        self.dropout = nn.Dropout(p=dropout)
         position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (max_len, 1)
         div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
         pe = torch.zeros(max_len, d_model)

@@ -1,4 +1,4 @@
-"""CPU kernel choices: oneDNN fp32 linears while decoding (cpu_linear.py), explicit attention on the CPU."""
+"""CPU kernel choices: oneDNN fp32 linears while decoding (fast/cpu_linear.py), explicit attention on the CPU."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from annotated_transformer import cpu_linear
+from annotated_transformer.fast import cpu_linear
 from annotated_transformer.attention import MultiHeadedAttention
-from annotated_transformer.cpu_linear import ENV, MIN_MACS, OneDNNLinear, onednn_available, onednn_linears
+from annotated_transformer.fast.cpu_linear import ENV, MIN_MACS, OneDNNLinear, onednn_available, onednn_linears
 from annotated_transformer.inference import translate_ids
 from annotated_transformer.model import make_model
 

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from annotated_transformer import Generator, LabelSmoothing, SimpleLossCompute, rate
-from annotated_transformer import fused_loss
+from annotated_transformer.fast import FusedLossCompute
+from annotated_transformer.fast import loss as fused_loss
+from annotated_transformer.fast.loss import smoothed_cross_entropy
 from annotated_transformer.harness.schedules import build_scheduler
 from annotated_transformer.optim import build_optimizer
 
@@ -102,7 +104,7 @@ def test_fused_from_logits_matches_log_softmax_then_divergence(smoothing, monkey
     target = torch.randint(0, V, (41,))
     target[::6] = pad
     crit = LabelSmoothing(V, pad, smoothing)
-    fused = crit.from_logits(logits, target)
+    fused = smoothed_cross_entropy(logits, target, crit)
     (2.5 * fused).backward()
     g_fused = logits.grad.clone()
     logits.grad = None
@@ -123,12 +125,12 @@ def test_fused_loss_on_large_bf16_logits_matches_the_fp32_reference(monkeypatch)
     target = torch.randint(1, V, (10,))
     target[4] = pad
     crit = LabelSmoothing(V, pad, 0.1)
-    (0.25 * crit.from_logits(logits, target)).backward()
+    (0.25 * smoothed_cross_entropy(logits, target, crit)).backward()
     reference = logits.detach().float().requires_grad_()
     expected = crit(reference.log_softmax(-1), target)
     (0.25 * expected).backward()
     assert torch.isfinite(logits.grad.float()).all()
-    assert torch.allclose(crit.from_logits(logits.detach(), target), expected, rtol=1e-5)
+    assert torch.allclose(smoothed_cross_entropy(logits.detach(), target, crit), expected, rtol=1e-5)
     assert torch.allclose(logits.grad.float(), reference.grad, atol=2e-3)
     assert logits.grad.dtype == torch.bfloat16
 
@@ -136,7 +138,7 @@ def test_fused_loss_on_large_bf16_logits_matches_the_fp32_reference(monkeypatch)
 def test_fused_loss_keeps_only_the_logits_between_the_passes():
     crit = LabelSmoothing(50, 0, 0.1)
     logits = torch.randn(30, 50, requires_grad=True)
-    loss = crit.from_logits(logits, torch.randint(0, 50, (30,)))
+    loss = smoothed_cross_entropy(logits, torch.randint(0, 50, (30,)), crit)
     saved = loss.grad_fn.saved_tensors
     big = [t for t in saved if t.numel() >= logits.numel()]
     assert len(big) == 1 and big[0].data_ptr() == logits.data_ptr()  # the logits themselves, no (N, V) gradient
@@ -151,11 +153,11 @@ def test_fused_loss_compute_matches_unfused_in_bf16():
     for fused in (True, False):
         gen.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            total, normed = SimpleLossCompute(gen, crit, fused=fused)(x, y, 7.0)
+            total, normed = (FusedLossCompute if fused else SimpleLossCompute)(gen, crit)(x, y, 7.0)
         normed.backward()
         results.append((total, gen.proj.weight.grad.clone()))
     (t_f, g_f), (t_u, g_u) = results
-    assert SimpleLossCompute(gen, crit).fused and not SimpleLossCompute(gen, crit, fused=False).fused
+    assert FusedLossCompute(gen, crit).fused and not FusedLossCompute(gen, torch.nn.KLDivLoss()).fused
     # CPU autocast runs the unfused log-softmax in bf16; the fused path works in fp32.
     assert t_f.dtype == torch.float32
     assert torch.allclose(t_f, t_u.float(), rtol=1e-2)
@@ -167,6 +169,6 @@ def test_fused_loss_in_eval_keeps_no_gradient_and_gives_the_same_value():
     crit = LabelSmoothing(11, 1, 0.1)
     logits, target = torch.randn(20, 11), torch.randint(0, 11, (20,))
     with torch.no_grad():
-        value = crit.from_logits(logits, target)
+        value = smoothed_cross_entropy(logits, target, crit)
     assert not value.requires_grad
     assert torch.allclose(value, crit(logits.log_softmax(-1), target), atol=1e-5)

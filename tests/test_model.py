@@ -230,7 +230,7 @@ def test_tied_embeddings_share_one_matrix():
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_cpu_dropout_keeps_the_right_fraction_and_scales(p):
-    from annotated_transformer.fast_dropout import Dropout
+    from annotated_transformer.fast.dropout import FastDropout as Dropout
 
     d = Dropout(p).train()
     torch.manual_seed(0)
@@ -252,7 +252,7 @@ def test_cpu_dropout_keeps_the_right_fraction_and_scales(p):
 @pytest.mark.parametrize("p, dtype", [(0.1, torch.bfloat16), (0.25, torch.float32), (0.5, torch.float32)])
 def test_cpu_dropout_mask_is_the_documented_threshold_on_16_bit_words(p, dtype):
     """The integer-arithmetic mask keeps exactly the elements whose random word clears the threshold."""
-    from annotated_transformer.fast_dropout import Dropout
+    from annotated_transformer.fast.dropout import FastDropout as Dropout
 
     x = torch.randn(37, 53).to(dtype)
     torch.manual_seed(5)
@@ -268,7 +268,7 @@ def test_cpu_dropout_mask_is_the_documented_threshold_on_16_bit_words(p, dtype):
 
 def test_cpu_dropout_backward_scales_in_fp32_and_rounds_once():
     """The gradient is grad * keep * 1/(1-p) rounded once to bf16, not grad times a bf16-rounded scale."""
-    from annotated_transformer.fast_dropout import Dropout
+    from annotated_transformer.fast.dropout import FastDropout as Dropout
 
     torch.manual_seed(7)
     x = (torch.rand(41, 67) + 0.5).bfloat16().requires_grad_()  # no zeros: y == 0 marks a dropped element

@@ -24,6 +24,8 @@ from annotated_transformer.harness.resume import RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
 from annotated_transformer.loss_meter import LossMeter
 from annotated_transformer.harness.schedules import build_scheduler
+from annotated_transformer.fast import fused_adam_pays
+from annotated_transformer.fast.loss import smoothed_cross_entropy
 from annotated_transformer.optim import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +188,7 @@ def test_accumulation_under_ddp_with_compile_all_reduces_once_per_step(tmp_path,
             return fut
 
         wrapped.register_comm_hook(None, counting_hook)
-        opt = build_optimizer(model)
+        opt = build_optimizer(model, fused=fused_adam_pays(model))  # as training builds it
         _, state = run_epoch(batches, wrapped, loss_compute, opt, build_scheduler(opt, 16, 1.0, 10), accum_iter=2,
                              log=None)
     finally:
@@ -211,7 +213,7 @@ def test_the_fused_loss_backward_leaves_its_saved_gradient_intact():
     crit = LabelSmoothing(7, 2, 0.1)
     logits = torch.randn(5, 7, requires_grad=True)
     target = torch.tensor([0, 3, 2, 6, 1])
-    loss = crit.from_logits(logits, target)
+    loss = smoothed_cross_entropy(logits, target, crit)
     (2.0 * loss).backward(retain_graph=True)
     first = logits.grad.clone()
     logits.grad = None
@@ -226,7 +228,7 @@ def test_train_step_never_reads_a_tensor_on_the_host(monkeypatch):
     model, loss_compute, batches = tiny_model_and_batches(n=2)
     for b in batches:
         b.global_ntokens = 2 * b.ntokens
-    opt = build_optimizer(model)
+    opt = build_optimizer(model, fused=fused_adam_pays(model))  # as training builds it
     sched = build_scheduler(opt, 16, 1.0, 10)
 
     def forbidden(*args, **kwargs):
@@ -248,7 +250,7 @@ def test_train_step_runs_under_cuda_sync_debug_mode_error():
     model = model.cuda()
     loss_compute = SimpleLossCompute(model.generator, loss_compute.criterion)
     batches = [b.to("cuda") for b in batches]
-    opt = build_optimizer(model)
+    opt = build_optimizer(model, fused=fused_adam_pays(model))  # as training builds it
     sched = build_scheduler(opt, 16, 1.0, 10)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

@@ -12,6 +12,7 @@ from torch import nn
 from ..config import Config
 from ..data.loader import Resegment
 from ..device import resolve_amp_dtype
+from ..fast import FusedLossCompute, fused_adam_pays, speed_up
 from ..loop import Objective
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import EncoderDecoder, make_model
@@ -44,14 +45,15 @@ def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device
                               torch.dtype | None]:
     """Model (on `device`), loss, training objective (None: teacher forcing), optimizer and autocast dtype.
 
+    The model, loss and optimizer are the notebook's with `fast/`'s speed installed on them (same results).
     The schedule needs the loader's length, so the Trainer builds it."""
     t = cfg.train
-    model = build_model(cfg, src_vocab, tgt_vocab).to(device)
-    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
+    model = speed_up(build_model(cfg, src_vocab, tgt_vocab).to(device))
+    loss_compute = FusedLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
     # validate() lets at most one of them be on
     objective = (build_r_drop(cfg.r_drop.alpha, pad) or build_cutoff(cfg.cutoff.rate)
                  or build_objective(cfg.scheduled_sampling, cfg.guided_attention, model, pad))
-    optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps, fused=fused_adam_pays(model))
     return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
 
 

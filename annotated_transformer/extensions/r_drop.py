@@ -47,7 +47,7 @@ class RDropObjective:
         logits = loss_compute.generator.logits(out)  # (2B, T, V)
         V = logits.size(-1)
         y = batch.tgt_y.reshape(-1)  # (B*T,)
-        both = loss_compute.criterion.from_logits(logits.reshape(-1, V), torch.cat([y, y]))
+        both = loss_compute.loss_of_logits(logits.reshape(-1, V), torch.cat([y, y]))
         ce = both / 2  # the mean of the two passes' summed losses: comparable with a plain step's loss
         kl = symmetric_kl(logits[:B].reshape(-1, V), logits[B:].reshape(-1, V), y != self.pad)
         self.last_kl = kl.detach() / (y != self.pad).sum().clamp(min=1)

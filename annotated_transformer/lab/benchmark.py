@@ -10,9 +10,8 @@ peak memory is its own):
 * fast: this project's path. Tokenised once and cached, length-bucketed batches of about
   `data.batch_tokens` tokens, attention as `model.attention_kernel` says (auto: PyTorch's fused
   kernel on GPUs, the explicit product on CPUs, where it is faster), bf16 autocast where the hardware
-  has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), fused Adam, the cheaper
-  CPU dropout mask of `fast_dropout.Dropout`, the loss fused with the log-softmax
-  (`LabelSmoothing.from_logits`), optional torch.compile.
+  has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), and what `fast/` installs: fused
+  Adam, the cheaper CPU dropout mask, the loss fused with the log-softmax; optional torch.compile.
 
 Both sides run the real `run_epoch`, one optimizer step per call, timed from asking the loader for
 a batch to the end of the optimizer step (the device synchronised). Throughput counts target
@@ -59,18 +58,10 @@ from .hardware import (
 # --------------------------------------------------------------------------- training, one side
 
 
-def notebook_dropout(model: torch.nn.Module) -> None:
-    """Give every dropout layer back PyTorch's own implementation (the notebook's nn.Dropout)."""
-    from ..fast_dropout import Dropout
-
-    for m in model.modules():
-        if isinstance(m, Dropout):
-            m.__class__ = torch.nn.Dropout
-
-
 def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> dict[str, Any]:
     """One side's model, loader, loss, optimizer and precision: the notebook's ('notebook') or ours ('fast')."""
     from ..data.notebook_pipeline import notebook_dataloader
+    from ..fast import FusedLossCompute, fused_adam_pays, speed_up
     from ..loss import LabelSmoothing, SimpleLossCompute
     from ..extensions.builder import build_model
     from ..harness.schedules import build_scheduler
@@ -87,15 +78,15 @@ def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> d
         amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
         loader = data.train_loader(cfg.train.seed, pin_memory=device.type == "cuda")
     model = build_model(run_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device)
-    if notebook:
-        notebook_dropout(model)
+    if not notebook:
+        speed_up(model)
     criterion = LabelSmoothing(len(text.tgt_vocab), text.pad_id, cfg.train.label_smoothing)
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
-                                fused=False if notebook else None)
+                                fused=not notebook and fused_adam_pays(model))
     scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
     train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not notebook) else model
     # The notebook side keeps its order: log-softmax, then the divergence on log-probabilities.
-    loss_compute = SimpleLossCompute(model.generator, criterion, fused=not notebook)
+    loss_compute = (SimpleLossCompute if notebook else FusedLossCompute)(model.generator, criterion)
     return dict(side_cfg=run_cfg, amp_dtype=amp_dtype, loader=loader, model=model, train_model=train_model,
                 loss_compute=loss_compute, optimizer=optimizer, scheduler=scheduler)
 

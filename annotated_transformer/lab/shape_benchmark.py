@@ -12,8 +12,9 @@ from ..config import Config
 from ..data.batch import Batch
 from ..device import select_device, synchronize
 from ..loop import Log, run_epoch
-from ..loss import LabelSmoothing, SimpleLossCompute
+from ..loss import LabelSmoothing
 from ..extensions.builder import build_model
+from ..fast import FusedLossCompute, fused_adam_pays, speed_up
 from ..harness.schedules import build_scheduler
 from ..optim import build_optimizer
 
@@ -24,10 +25,10 @@ def shape_sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps:
     amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
     V = 8000
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg, V, V).to(device)
-    optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps)
+    model = speed_up(build_model(cfg, V, V).to(device))
+    optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps, fused=fused_adam_pays(model))
     scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
-    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, 2, cfg.train.label_smoothing))
+    loss_compute = FusedLossCompute(model.generator, LabelSmoothing(V, 2, cfg.train.label_smoothing))
     rows = []
     for tokens in batch_tokens:
         for length in lengths:

@@ -1,8 +1,8 @@
-"""Dropout with a cheaper random mask on the CPU: a speed detail kept out of the model's teaching path.
+"""nn.Dropout with a cheaper random mask on the CPU (`FastDropout`), installed on a built model by `fast.speed_up`.
 
-`model.py` uses this `Dropout` wherever the notebook uses `nn.Dropout`. It is `nn.Dropout` (same
-parameters, same state_dict, same behaviour on every device but the CPU in training mode) with a
-faster mask there; `lab.benchmark.notebook_dropout` swaps it back for PyTorch's own.
+The model's classes use PyTorch's nn.Dropout, as the notebook does; `speed_up` turns each of them into a
+FastDropout in place (same parameters, same state_dict, the same behaviour on every device but the CPU in
+training mode). docs/performance.md has the measurements behind it.
 """
 
 from __future__ import annotations
@@ -11,18 +11,16 @@ import torch
 from torch import Tensor, nn
 
 
-class Dropout(nn.Dropout):
+class FastDropout(nn.Dropout):
     """nn.Dropout with a cheaper random mask on the CPU; identical behaviour elsewhere.
 
-    PyTorch's CPU dropout draws one random float per element, which costs more than the matmul
-    around it (about 270 ms for the base model's 15.5M feed-forward activations on a 2-core
-    machine: a third of a training step). Here one random 64-bit integer gives four 16-bit words,
+    PyTorch's CPU dropout draws one random float per element, which can cost more than the matmul
+    around it. Here one random 64-bit integer gives four 16-bit words,
     each uniform over [-2^15, 2^15); an element is kept when its word clears a threshold, so it is
     kept with probability 1 - p to within 2^-16, and the kept ones are scaled by 1 / (1 - p), as
-    nn.Dropout does: about 4x faster. The mask is made with integer arithmetic (clamping the word
-    to [threshold - 1, threshold] leaves 0 or 1) and multiplied in and scaled in one pass each way
-    (`_ScaledMask`): on a 2-core AMD EPYC (Zen 5) the boolean mask and `torch.where` it replaces took
-    3.1x as long, forward and backward, for the same values. Draws come from torch's global generator, so
+    nn.Dropout does. The mask is made with integer arithmetic (clamping the word to
+    [threshold - 1, threshold] leaves 0 or 1) and multiplied in and scaled in one pass each way
+    (`_ScaledMask`), cheaper than a boolean mask and `torch.where`. Draws come from torch's global generator, so
     seeded runs (and resumed ones) repeat exactly.
     """
 

@@ -1,29 +1,54 @@
-"""LabelSmoothing on logits with the log-softmax fused in: a speed detail kept out of the teaching path.
+"""LabelSmoothing on logits with the log-softmax fused in (`FusedLossCompute`): a speed detail kept out of the
+teaching path, which computes the same loss with `loss.SimpleLossCompute`.
 
-`LabelSmoothing.from_logits(logits, target)` equals `forward(log_softmax(logits), target)`. Here the
+`smoothed_cross_entropy(logits, target, crit)` equals `crit(log_softmax(logits), target)`. Here the
 log-softmax and the divergence are computed in one sweep over row chunks that stay in cache, in
 fp32, keeping only each row's log-sum-exp; the backward pass sweeps the logits once more for the
 gradient (softmax - t, times the incoming gradient, zero on padding rows), written once in the
 logits' dtype. (Made in the forward pass, the gradient would be kept between the passes and need
 one more pass over (N, V) to be multiplied by the incoming 1 / tokens.) Unfused, autograd keeps an
 fp32 (N, V) copy of the log-probabilities and makes about six more full passes over (N, V) tensors
-(casts, log-softmax backward, the divergence's scatter): a tenth of a base-model CPU step.
+(casts, log-softmax backward, the divergence's scatter).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from .loss import LabelSmoothing
+from ..loss import LabelSmoothing, SimpleLossCompute
+
+
+class FusedLossCompute(SimpleLossCompute):
+    """SimpleLossCompute with the generator's log-softmax fused into LabelSmoothing: the same loss, less time.
+
+    Other criteria (or a generator without `logits`) take SimpleLossCompute's own path.
+    """
+
+    def __init__(self, generator, criterion) -> None:
+        super().__init__(generator, criterion)
+        self.fused = isinstance(criterion, LabelSmoothing) and hasattr(generator, "logits")
+
+    def __call__(self, x: Tensor, y: Tensor, norm: float | Tensor) -> tuple[Tensor, Tensor]:
+        """x: decoder output (B, T, d); y: target ids (B, T); norm: the token count to divide by."""
+        if not self.fused:
+            return super().__call__(x, y, norm)
+        logits = self.generator.logits(x)  # (B, T, V)
+        loss = self.loss_of_logits(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        return loss.detach(), loss / norm
+
+    def loss_of_logits(self, logits: Tensor, y: Tensor) -> Tensor:
+        """The criterion's summed loss on logits (N, V), fused (fp32 scalar)."""
+        if not self.fused:
+            return super().loss_of_logits(logits, y)
+        return smoothed_cross_entropy(logits, y, self.criterion)
 
 
 def smoothed_cross_entropy(logits: Tensor, target: Tensor, crit: LabelSmoothing) -> Tensor:
     """logits (N, V) in any float dtype, target (N,) -> `crit`'s summed divergence (fp32 scalar), fused."""
+    assert logits.size(1) == crit.size, f"expected {crit.size} classes, got {logits.size(1)}"
     return _SmoothedCrossEntropy.apply(logits, target, crit)
 
 

@@ -1,0 +1,103 @@
+"""fast/: speed installed on the notebook's classes from outside, and the same results with it off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from annotated_transformer.beam_search import beam_search
+from annotated_transformer.extensions.builder import build_training
+from annotated_transformer.fast import FastDropout, FusedLossCompute, fused_adam_pays, slow_down, speed_up
+from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
+from annotated_transformer.masks import padding_mask, subsequent_mask
+from annotated_transformer.model import make_model
+from annotated_transformer.query_grid import grouped_queries
+
+
+def small_model(dropout: float = 0.1) -> nn.Module:
+    torch.manual_seed(0)
+    return make_model(23, 23, N=2, d_model=32, d_ff=64, h=4, dropout=dropout, tie_embeddings=True)
+
+
+def batch() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(3, 23, (3, 7), generator=g), torch.randint(3, 23, (3, 6), generator=g)
+    src[0, 5:] = 0
+    return src, tgt, padding_mask(src, 0), subsequent_mask(tgt.size(1)).expand(3, -1, -1)
+
+
+def test_make_model_builds_the_notebooks_classes_and_speed_up_swaps_only_the_dropout():
+    model = small_model()
+    kinds = {type(m) for m in model.modules()}
+    assert nn.Dropout in kinds and FastDropout not in kinds
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    dropouts = [m for m in model.modules() if type(m) is nn.Dropout]
+    assert speed_up(model) is model
+    assert all(type(m) is FastDropout for m in dropouts) and nn.Dropout not in {type(m) for m in model.modules()}
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(before[k], after[k]) for k in before)
+    slow_down(model)
+    assert all(type(m) is nn.Dropout for m in dropouts)
+
+
+@pytest.mark.parametrize("dropout, mode", [(0.0, "train"), (0.3, "eval")])
+def test_outputs_and_gradients_are_the_same_with_speed_on_and_off(dropout, mode):
+    """Where no random mask is drawn, the installed speed changes nothing: outputs, loss and every gradient."""
+    results = []
+    for fast in (False, True):
+        model = small_model(dropout)
+        getattr(model, mode)()
+        if fast:
+            speed_up(model)
+        crit = LabelSmoothing(23, 0, 0.1)
+        loss_compute = (FusedLossCompute if fast else SimpleLossCompute)(model.generator, crit)
+        src, tgt, src_mask, tgt_mask = batch()
+        out = model(src, tgt, src_mask, tgt_mask)
+        total, loss = loss_compute(out, torch.roll(tgt, -1, 1), 11.0)
+        loss.backward()
+        results.append((out.detach(), total, {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (out_a, loss_a, grads_a), (out_b, loss_b, grads_b) = results
+    assert torch.equal(out_a, out_b)
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-5)  # the fused loss sums in another order
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_fast_dropout_draws_a_mask_of_the_same_rate_as_pytorchs():
+    torch.manual_seed(2)
+    x = torch.ones(200, 500)
+    kept = {cls: (cls(0.3).train()(x) != 0).float().mean().item() for cls in (nn.Dropout, FastDropout)}
+    assert abs(kept[nn.Dropout] - 0.7) < 0.01 and abs(kept[FastDropout] - 0.7) < 0.01
+
+
+def test_training_builds_the_speed_in(tiny_config):
+    model, loss_compute, _, optimizer, _ = build_training(tiny_config(), 50, 50, 2, torch.device("cpu"))
+    assert type(loss_compute) is FusedLossCompute and loss_compute.fused
+    assert {type(m) for m in model.modules()} & {nn.Dropout, FastDropout} == {FastDropout}
+    assert fused_adam_pays(model) and optimizer.defaults["fused"]
+
+
+def test_beam_search_groups_queries_only_while_it_runs_and_gives_the_layers_back_after_an_error():
+    model = small_model().eval()
+    linears = [(layer.src_attn.linears[0], layer.src_attn.linears[3]) for layer in model.decoder.layers]
+    src, _, src_mask, _ = batch()
+    with torch.no_grad():
+        out = beam_search(model, src, src_mask, 9, 1, 2, beam_size=3)
+    assert out.size(0) == 3
+    assert [(layer.src_attn.linears[0], layer.src_attn.linears[3]) for layer in model.decoder.layers] == linears
+    with pytest.raises(RuntimeError, match="inside the search"), grouped_queries(model):
+        assert type(model.decoder.layers[0].src_attn.linears[0]) is not nn.Linear
+        raise RuntimeError("inside the search")
+    assert all(type(m) is nn.Linear for pair in linears for m in pair)
+    assert [(layer.src_attn.linears[0], layer.src_attn.linears[3]) for layer in model.decoder.layers] == linears
+    assert {k for k in model.state_dict()} == {k for k in small_model().state_dict()}
+
+
+def test_the_plain_optimizer_is_pytorchs_adam_and_training_asks_for_the_fused_one():
+    from annotated_transformer.optim import build_optimizer
+
+    model = small_model()
+    assert not build_optimizer(model).defaults["fused"]
+    assert build_optimizer(model, fused=fused_adam_pays(model)).defaults["fused"]
