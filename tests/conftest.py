@@ -3,6 +3,15 @@
 Real Multi30k data: the six files are found through $MULTI30K_DIR, else in the `shared/data/multi30k`
 folder beside the project checkout. Without them the tests that need them are skipped, unless
 REQUIRE_MULTI30K=1 (CI), where a missing folder is a failure.
+
+Every CPU kind the project meets runs the same suite (Intel with AMX, AMD Zen 4/5 with AVX512-BF16, AVX2-only
+CPUs in fp32), so the suite fixes what would otherwise come from the shell that started it: two compute threads
+here and in the processes the tests start, and no malloc preloaded or tuned (they change page faults and
+timings, and a preloaded library is inherited by every child). The variables that choose kernels on purpose
+stay: ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY and MKL_ENABLE_INSTRUCTIONS run an older CPU's path on a newer
+one (`ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2` is an AVX2-only CPU in
+fp32; `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` is bf16 without AMX, as on AMD), and
+ANNOTATED_TRANSFORMER_ONEDNN_LINEAR=1 decodes fp32 through oneDNN as on AMD CPUs.
 """
 
 from __future__ import annotations
@@ -12,8 +21,18 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.config import Config, DataConfig
-from annotated_transformer.config import load_config
+# Set before torch starts its thread pool in this process, and inherited by every process a test starts.
+TEST_THREADS = 2
+os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(TEST_THREADS)
+for _name in [n for n in os.environ if n.startswith("MALLOC_")] + ["LD_PRELOAD", "GLIBC_TUNABLES"]:
+    os.environ.pop(_name, None)
+
+import torch  # noqa: E402
+
+torch.set_num_threads(TEST_THREADS)
+
+from annotated_transformer.config import Config, DataConfig  # noqa: E402
+from annotated_transformer.config import load_config  # noqa: E402
 
 @pytest.fixture()
 def no_charts(monkeypatch):
@@ -52,10 +71,16 @@ def data_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_config(multi30k_dir: Path, data_cache_dir: Path):
-    """A factory: the tiny Multi30k config with the real data and the session cache, plus overrides."""
+    """A factory: the tiny Multi30k config with the real data and the session cache, in fp32, plus overrides.
+
+    fp32, because `train.precision=auto` is bf16 on CPUs with AVX512-BF16 or AMX and fp32 elsewhere, and a short
+    run's figures (a val BLEU above 0, the session's tiny checkpoint) would then differ by CPU kind. A test of bf16
+    training passes `train.precision=bf16` (a later override wins).
+    """
 
     def make(*overrides: str) -> Config:
-        return load_config("tiny", [f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}", *overrides])
+        return load_config("tiny", [f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
+                                    "train.precision=fp32", *overrides])
 
     return make
 

@@ -148,6 +148,17 @@ def test_evaluate_scores_the_exported_model(tiny_checkpoint, exported, multi30k_
     assert Path(b["hypotheses"]).parent == exported  # written inside the exported folder
 
 
+def int8_products_exact() -> bool:
+    """Whether this CPU has VNNI for CTranslate2's int8 products (and the tests' MKL is not limited below it)."""
+    import os
+
+    from annotated_transformer.device import cpu_info
+
+    flags = (cpu_info("flags") or "").split()
+    limited = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "").upper() in ("AVX2", "AVX", "SSE4_2")
+    return ("avx512_vnni" in flags or "avx_vnni" in flags) and not limited
+
+
 def test_int8_export_is_smaller_and_close(tiny_checkpoint, exported, tmp_path, command):
     from annotated_transformer.deploy.ct2_translator import CT2Translator
 
@@ -161,7 +172,11 @@ def test_int8_export_is_smaller_and_close(tiny_checkpoint, exported, tmp_path, c
     tgt = [r.hypotheses[0] for r in full.engine.translate_batch(src, beam_size=1, max_decoding_length=20)]
     a, b = full.engine.score_batch(src, tgt), small.engine.score_batch(src, tgt)  # the same pairs, scored twice
     diffs = [abs(x - y) for ra, rb in zip(a, b) for x, y in zip(ra.log_probs, rb.log_probs)]
-    assert 0 < max(diffs) < 0.5 and sum(diffs) / len(diffs) < 0.1  # quantised (not the same weights), and close
+    # Quantised (not the same weights), and close. How close depends on the CPU's int8 products: with VNNI (Intel
+    # AVX512-VNNI or AVX-VNNI, AMD Zen 4/5) they are exact, measured max 0.009, mean 0.003; an AVX2-only CPU sums
+    # pairs of u8*s8 products in 16 bits, which saturate: max 0.34, mean 0.17 (MKL limited to AVX2 on an AMX CPU).
+    bound_max, bound_mean = (0.1, 0.02) if int8_products_exact() else (1.0, 0.3)
+    assert 0 < max(diffs) < bound_max and sum(diffs) / len(diffs) < bound_mean
 
 
 def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_path, command):

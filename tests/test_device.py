@@ -159,6 +159,19 @@ def test_precision_auto_is_fp32_on_gpus_that_only_emulate_bf16(monkeypatch, capa
     assert devices.resolve_amp_dtype("bf16", gpu) == torch.bfloat16
 
 
+@pytest.mark.parametrize(("cap", "bf16_flags", "native"), [
+    ("", True, True), ("", False, False), ("AVX2", True, False), ("avx512_core", True, False),
+    ("AVX512_CORE_BF16", True, True), ("AVX512_CORE_AMX", True, True), ("AVX512_CORE_BF16", False, False)])
+def test_cpu_bf16_is_native_only_where_the_cpu_has_it_and_onednn_may_use_it(monkeypatch, cap, bf16_flags, native):
+    # An AVX2 cap makes oneDNN emulate bf16 (about 14x slower steps than AMX), so 'auto' must pick fp32 there.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16_flags)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    cpu = torch.device("cpu")
+    assert devices.native_bf16(cpu) is native
+    assert devices.resolve_amp_dtype("auto", cpu) == (torch.bfloat16 if native else None)
+
+
 def test_a_cuda_device_turns_off_cudnn_attention():
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:

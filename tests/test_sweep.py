@@ -123,6 +123,7 @@ QUICK_TRAIN = textwrap.dedent("""
     import os, sys, time
     from annotated_transformer.cli import main
     from annotated_transformer.harness import run_end
+    from annotated_transformer.harness.tasks import TranslationTask
     from annotated_transformer.harness.trainer import Trainer
 
     run_end.write_charts = lambda run, log: None
@@ -137,6 +138,16 @@ QUICK_TRAIN = textwrap.dedent("""
         return real_should_stop(self)
 
     Trainer._should_stop = should_stop
+
+    # Validation BLEU one point above the model's: a short run's can be exactly 0 on one CPU kind and not on
+    # another, and the sweep's bookkeeping of the target is what is tested (test scores stay as scored).
+    real_score = TranslationTask.score
+
+    def score(self, model, device, split="val", *args, **kwargs):
+        scored = real_score(self, model, device, split, *args, **kwargs)
+        return {**scored, "bleu": scored["bleu"] + 1.0} if split == "val" else scored
+
+    TranslationTask.score = score
     main(["train", *sys.argv[1:]])
 """)
 SWEEP = textwrap.dedent(f"""
@@ -153,7 +164,8 @@ def _sweep_args(out: Path, grid: Path, multi30k_dir: Path, cache: Path) -> list[
     return ["--config", "tiny", "--grid", str(grid), "--seeds", "2", "--parallel", "2", "--out", str(out),
             f"data.root={multi30k_dir}", f"data.cache_dir={cache}", "data.max_sentence_len=10",
             "data.long_policy=skip", f"train.max_steps={MAX_STEPS}", "train.warmup=10", "train.log_every=5",
-            "train.bleu_every=1", "train.target_bleu=0.000001", "decode.max_len_a=5", "train.device=cpu"]
+            "train.bleu_every=1", "train.target_bleu=0.000001", "decode.max_len_a=5", "train.device=cpu",
+            "train.precision=fp32"]  # a val BLEU above 0 after one short epoch: fp32 on every CPU kind
 
 
 @pytest.mark.slow

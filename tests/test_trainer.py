@@ -24,7 +24,7 @@ from annotated_transformer.harness.resume import RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
 from annotated_transformer.loss_meter import LossMeter
 from annotated_transformer.harness.schedules import build_scheduler
-from annotated_transformer.fast import fused_adam_pays
+from annotated_transformer.fast import FusedLossCompute, fused_adam_pays, speed_up
 from annotated_transformer.fast.loss import smoothed_cross_entropy
 from annotated_transformer.optim import build_optimizer
 
@@ -41,7 +41,8 @@ def tiny_model_and_batches(n: int = 4, V: int = 12, seed: int = 0):
         t = torch.randint(4, V, (3, 6), generator=g)
         t[:, 0] = 0
         batches.append(Batch(t, t.clone(), pad=2))
-    return model, SimpleLossCompute(model.generator, LabelSmoothing(V, 2, 0.1)), batches
+    # With the speed training installs (fast/): the step these tests check is the one training runs.
+    return speed_up(model), FusedLossCompute(model.generator, LabelSmoothing(V, 2, 0.1)), batches
 
 
 def all_tensors(obj):
@@ -248,7 +249,7 @@ def test_train_step_never_reads_a_tensor_on_the_host(monkeypatch):
 def test_train_step_runs_under_cuda_sync_debug_mode_error():
     model, loss_compute, batches = tiny_model_and_batches(n=2)
     model = model.cuda()
-    loss_compute = SimpleLossCompute(model.generator, loss_compute.criterion)
+    loss_compute = FusedLossCompute(model.generator, loss_compute.criterion)
     batches = [b.to("cuda") for b in batches]
     opt = build_optimizer(model, fused=fused_adam_pays(model))  # as training builds it
     sched = build_scheduler(opt, 16, 1.0, 10)
