@@ -1,16 +1,15 @@
-"""The training loop, as the notebook has it: `TrainState`, one `train_step`, `run_epoch` (a train loop
-and an evaluation loop). The harness (`annotated_transformer.harness`) builds a run around it.
+"""The training loop, as the notebook has it: `TrainState`, one `train_step`, and `run_epoch`.
 
 Loss normalisation: a step's loss is the sum of the per-token losses of its `accum_iter` micro-batches
 on every rank, divided by their total number of non-padding target tokens, so the gradient is that of
 one big batch however the tokens are split. Every rank knows that total (all follow one batch plan,
 `data.loader`) and divides by (global tokens / world size), because DDP averages gradients over ranks.
-The loss is summed on the device and read once per log interval (`loss_meter.LossMeter`).
+The harness runs the same `train_step` in its own loop (`harness.train_loop`: logs, resuming, ranks).
 """
 
 from __future__ import annotations
 
-import math
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -24,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .data.batch import Batch
 from .device import amp_context
 from .loss import SimpleLossCompute
-from .loss_meter import Log, LossMeter, diverged, log_window, world_size
+
+Log = Callable[[str], None]
 # (model, batch, loss_compute, norm, step) -> (summed loss, loss / norm): a training loss other than teacher forcing
 Objective = Callable[[nn.Module, Batch, SimpleLossCompute, float, int], tuple[Tensor, Tensor]]
 
@@ -114,99 +114,45 @@ def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCom
     return loss_sum, grad_norm
 
 
-def _groups(data_iter: Iterable[Batch], size: int) -> Iterator[list[Batch]]:
+def batch_groups(data_iter: Iterable[Batch], size: int) -> Iterator[list[Batch]]:
     """Consecutive lists of `size` batches (the last may be shorter), drawn only when asked for."""
     it = iter(data_iter)
     while group := list(islice(it, size)):
         yield group
 
 
-def train_loop(
-    data_iter: Iterable[Batch],
-    model: nn.Module,
-    loss_compute: SimpleLossCompute,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    state: TrainState,
-    *,
-    accum_iter: int = 1,
-    device: torch.device | str | None = None,
-    amp_dtype: torch.dtype | None = None,
-    clip_grad_norm: float = 0.0,
-    max_steps: int = 0,
-    log_every: int = 50,
-    log: Log | None = print,
-    on_log: Callable[[dict[str, float]], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    progress: Any = None,
-    meter: LossMeter | None = None,
-    objective: Objective | None = None,
-) -> float:
-    """One epoch of `train_step`s over `data_iter` (`accum_iter` micro-batches each); the mean loss per token.
-
-    Every `log_every` steps the window's loss, tokens/s and learning rate go to `log` (a line) and
-    `on_log` (a dict), and a non-finite loss raises `TrainingDiverged`. `should_stop` is asked after
-    every step; `max_steps` > 0 stops when `state.step` reaches it; `progress` (a tqdm-like bar)
-    advances once per step; `meter` carries the loss sums of an epoch resumed mid-way; `objective`
-    replaces the teacher-forced loss (see `train_step`). The loss is summed over ranks and divided
-    by the tokens of all ranks.
-    """
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    meter = meter if meter is not None else LossMeter(device)
-    model.train()
-    ws = world_size()
-    for group in _groups(data_iter, accum_iter):
-        group = [b.to(device, non_blocking=True) for b in group]
-        loss_sum, grad_norm = train_step(group, model, loss_compute, optimizer, scheduler, amp_dtype=amp_dtype,
-                                         clip_grad_norm=clip_grad_norm, ws=ws, objective=objective, step=state.step)
-        tokens = sum(b.ntokens for b in group)
-        meter.add(loss_sum, tokens, grad_norm)
-        state.step += 1
-        state.micro_step += len(group)
-        state.samples += sum(len(b) for b in group)
-        state.tokens += tokens
-        if progress is not None:
-            progress.update(1)
-        if state.step % log_every == 0:
-            log_window(meter, state, optimizer, log, on_log, progress, log_every)
-        if (max_steps and state.step >= max_steps) or (should_stop is not None and should_stop()):
-            break
-    loss = meter.read_epoch()
-    if not math.isfinite(loss):
-        raise diverged(state, "the epoch's loss", loss, state.step - state.step % log_every)
-    return loss
-
-
-@torch.no_grad()
-def evaluate_loss(data_iter: Iterable[Batch], model: nn.Module, loss_compute: SimpleLossCompute, *,
-                  device: torch.device | str | None = None, amp_dtype: torch.dtype | None = None) -> float:
-    """Mean loss per token over `data_iter` in eval mode (no dropout, no gradients), summed over ranks."""
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    meter = LossMeter(device)
-    model.eval()
-    for batch in data_iter:
-        batch = batch.to(device, non_blocking=True)
-        with amp_context(device, amp_dtype):
-            out = model(batch.src, batch.tgt, batch.src_mask, batch.tgt_mask)  # (B, T, d)
-            meter.add(loss_compute(out, batch.tgt_y, 1.0)[0], batch.ntokens)
-    return meter.read_epoch()
-
-
 def run_epoch(data_iter: Iterable[Batch], model: nn.Module, loss_compute: SimpleLossCompute,
               optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None, mode: str = "train",
-              accum_iter: int = 1, train_state: TrainState | None = None, **options: Any) -> tuple[float, TrainState]:
-    """The notebook's entry point: `train_loop` (mode='train') or `evaluate_loss` (mode='eval').
+              accum_iter: int = 1, train_state: TrainState | None = None, log_every: int = 40,
+              log: Log | None = print) -> tuple[float, TrainState]:
+    """One pass over `data_iter`: a `train_step` every `accum_iter` batches, or (mode='eval') the loss alone.
 
-    Returns (mean loss per token, state); `options` go to the loop (see `train_loop`; evaluation
-    takes only `device` and `amp_dtype`).
+    Returns (mean loss per target token, state). The loss is summed on the device and read at the end
+    and on the log lines (every `log_every` steps, as the notebook prints every 40 batches).
     """
     if mode not in ("train", "eval"):
         raise ValueError(f"mode must be 'train' or 'eval', got {mode!r}")
-    state = train_state if train_state is not None else TrainState()
-    if mode == "eval":
-        return evaluate_loss(data_iter, model, loss_compute, device=options.get("device"),
-                             amp_dtype=options.get("amp_dtype")), state
-    if optimizer is None or scheduler is None:
+    if mode == "train" and (optimizer is None or scheduler is None):
         raise ValueError("training needs an optimizer and a scheduler")
-    return train_loop(data_iter, model, loss_compute, optimizer, scheduler, state, accum_iter=accum_iter,
-                      **options), state
+    state = train_state if train_state is not None else TrainState()
+    device = next(model.parameters()).device
+    model.train(mode == "train")
+    total, tokens, window, start = torch.zeros((), device=device), 0, 0, time.perf_counter()
+    for group in batch_groups(data_iter, accum_iter if mode == "train" else 1):
+        group = [b.to(device) for b in group]
+        n = sum(b.ntokens for b in group)
+        if mode == "train":
+            loss_sum, _ = train_step(group, model, loss_compute, optimizer, scheduler)
+            state.step, state.micro_step = state.step + 1, state.micro_step + len(group)
+            state.samples, state.tokens = state.samples + sum(len(b) for b in group), state.tokens + n
+        else:
+            with torch.no_grad():
+                b = group[0]
+                loss_sum = loss_compute(model(b.src, b.tgt, b.src_mask, b.tgt_mask), b.tgt_y, 1.0)[0]
+        total, tokens, window = total + loss_sum, tokens + n, window + n
+        if mode == "train" and log is not None and state.step % log_every == 1:
+            elapsed, lr = time.perf_counter() - start, optimizer.param_groups[0]["lr"]
+            log(f"step {state.step:6d} | loss {loss_sum.item() / n:6.2f} | {window / elapsed:7.1f} tokens/s | "
+                f"lr {lr:6.1e}")
+            window, start = 0, time.perf_counter()
+    return (total / max(tokens, 1)).item(), state

@@ -15,7 +15,7 @@ from annotated_transformer.extensions.ema import WeightAverage, build_weight_ave
 from annotated_transformer.harness.checkpointing import load_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
 from annotated_transformer.harness.trainer import Trainer, train_worker
-from annotated_transformer.loop import evaluate_loss
+from annotated_transformer.harness.train_loop import evaluate_loss
 from annotated_transformer.model import make_model
 
 QUIET = ["train.progress=false", "train.device=cpu", "train.log_every=1"]

@@ -44,7 +44,7 @@ def test_layout_doc_matches_the_tree():
 LAYERS = {
     "errors": 0, "files": 0, "masks": 0, "kv_cache": 0, "query_grid": 0, "model_flops": 0,
     "attention": 1,
-    "config": 1, "device": 1, "loss_meter": 1,
+    "config": 1, "device": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "fast": 3,  # speed installed on the core's classes from outside: imports the loss, never imported by the core
     "loop": 3, "decoding": 3, "beam_search": 3, "inference": 4,
@@ -53,7 +53,7 @@ LAYERS = {
     "extensions.ema": 0, "extensions.bidirectional": 0,
     "extensions.objective": 4, "extensions.builder": 5,
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
-    "harness.schedules": 4, "harness.malloc": 4, "lab.notebook_decoding": 4,
+    "harness.schedules": 4, "harness.malloc": 4, "harness.loss_meter": 4, "harness.train_loop": 5, "lab.notebook_decoding": 4,
     "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
     "lab.product_benchmark": 5,
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,

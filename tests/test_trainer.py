@@ -22,7 +22,7 @@ from annotated_transformer.harness.checkpointing import load_checkpoint, save_ch
 from annotated_transformer.harness.distributed import DistInfo
 from annotated_transformer.harness.resume import RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
-from annotated_transformer.loss_meter import LossMeter
+from annotated_transformer.harness.loss_meter import LossMeter
 from annotated_transformer.harness.schedules import build_scheduler
 from annotated_transformer.fast import FusedLossCompute, fused_adam_pays, speed_up
 from annotated_transformer.fast.loss import smoothed_cross_entropy
@@ -360,7 +360,7 @@ def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, t
 
 def test_a_resumed_log_window_times_only_the_steps_of_this_process(monkeypatch):
     """A window continued from last.pt keeps its earlier steps' loss, but its tokens/s counts only new steps."""
-    import annotated_transformer.loss_meter as loss_meter
+    import annotated_transformer.harness.loss_meter as loss_meter
 
     stopped = LossMeter()
     stopped.add(torch.tensor(30.0), tokens=1000)  # steps run before the stop, in another process

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, TrainState, make_model, run_epoch
+from annotated_transformer.harness.train_loop import LoopHooks, train_loop
 
 
 def make_batch(rows: list[list[int]], pad: int = 2) -> Batch:
@@ -112,11 +113,12 @@ def test_max_steps_and_should_stop():
     batches = [make_batch(random_rows(g, 4, 12)) for _ in range(10)]
     model, lc, _ = setup()
     opt, sch = sgd(model)
-    _, st = run_epoch(batches, model, lc, opt, sch, max_steps=4, log=None)
+    st = TrainState()
+    train_loop(batches, model, lc, opt, sch, st, max_steps=4, hooks=LoopHooks(log=None))
     assert st.step == 4
-    calls = []
-    _, st2 = run_epoch(batches, model, lc, opt, sch, should_stop=lambda: len(calls) >= 2 or calls.append(1),
-                       log=None)
+    calls, st2 = [], TrainState()
+    train_loop(batches, model, lc, opt, sch, st2,
+               hooks=LoopHooks(log=None, should_stop=lambda: len(calls) >= 2 or calls.append(1)))
     assert st2.step == 3
 
 
@@ -126,10 +128,14 @@ def test_log_lines_report_step_loss_throughput_and_lr():
     model, lc, _ = setup()
     opt, sch = sgd(model)
     lines, records = [], []
-    run_epoch(batches, model, lc, opt, sch, log_every=2, log=lines.append, on_log=records.append)
+    train_loop(batches, model, lc, opt, sch, TrainState(), log_every=2,
+               hooks=LoopHooks(log=lines.append, on_log=records.append))
     assert len(lines) == 2 and "step" in lines[0] and "tok/s" in lines[0] and "lr" in lines[0]
     assert [r["step"] for r in records] == [2, 4]
     assert all(r["loss"] > 0 and r["tokens_per_s"] > 0 and r["lr"] == 1.0 for r in records)
+    lines = []  # the notebook's run_epoch prints on steps 1, 41, 81, ... (every log_every)
+    _, st = run_epoch(batches, model, lc, opt, sch, log_every=2, log=lines.append)
+    assert st.step == 4 and len(lines) == 2 and lines[0].startswith("step      1 | loss ") and "lr 1.0e+00" in lines[0]
 
 
 def test_train_state_has_no_shared_default():

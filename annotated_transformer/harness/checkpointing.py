@@ -34,7 +34,7 @@ from ..config import Config, apply_dict
 from ..errors import CheckpointError, ConfigError, TrainingDiverged
 from ..files import atomic_write, run_dir_error, writing
 from ..loop import Log, unwrap_model
-from ..loss_meter import weights_finite, world_size
+from .loss_meter import weights_finite, world_size
 
 if TYPE_CHECKING:  # run_dir and resume import this module
     from .distributed import DistInfo

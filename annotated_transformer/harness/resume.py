@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..loop import TrainState, unwrap_model
-from ..loss_meter import LossMeter, world_size
+from .loss_meter import LossMeter, world_size
 from .distributed import host_group
 
 if TYPE_CHECKING:

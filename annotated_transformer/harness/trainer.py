@@ -25,8 +25,9 @@ from tqdm import tqdm
 from ..config import Config, config_to_dict
 from ..errors import DistributedError, TrainingDiverged, UserError
 from ..extensions.builder import build_ema, build_training
-from ..loop import TrainState, evaluate_loss, train_loop
-from ..loss_meter import LossMeter
+from ..loop import TrainState
+from .loss_meter import LossMeter
+from .train_loop import LoopHooks, evaluate_loss, train_loop
 from ..model_flops import train_step_flops
 from . import progress
 from .checkpointing import Checkpointer, improves
@@ -166,9 +167,9 @@ class Trainer:
                 self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler, self.train_state,
                 accum_iter=t.accum_steps, device=self.device, amp_dtype=self.amp_dtype,
                 clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
-                log=self.write if self.info.is_main else None, on_log=self._on_log,
-                should_stop=self._should_stop, progress=None if bar.disable else bar, meter=self.run_state.meter,
-                objective=self.objective)
+                hooks=LoopHooks(log=self.write if self.info.is_main else None, on_log=self._on_log,
+                                should_stop=self._should_stop, progress=None if bar.disable else bar),
+                meter=self.run_state.meter, objective=self.objective)
         self.train_state.train_seconds += time.perf_counter() - self.step_clock + t_data
         self.train_state.flops += self.compute(first_batch, max(first_batch, self.loader.taken))
         return loss

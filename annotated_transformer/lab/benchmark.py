@@ -94,7 +94,7 @@ def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> d
 def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
     """Time `warmup + steps` optimizer steps of one side ('notebook' or 'fast'); return its figures."""
     from ..data import load_translation_data
-    from ..loop import run_epoch
+    from ..loop import train_step
 
     cfg = config_from_dict(cfg_dict)
     device = select_device(cfg.train.device)
@@ -118,8 +118,10 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
         except StopIteration:  # a short epoch: start the next one
             it = iter(loader)
             batch = next(it)
-        loss, _ = run_epoch([batch], p["train_model"], p["loss_compute"], p["optimizer"], p["scheduler"],
-                            device=device, amp_dtype=amp_dtype, log=None)  # ends with a host sync (the loss)
+        p["train_model"].train()
+        loss_sum, _ = train_step([batch.to(device, non_blocking=True)], p["train_model"], p["loss_compute"],
+                                 p["optimizer"], p["scheduler"], amp_dtype=amp_dtype)
+        loss = loss_sum.item() / max(batch.ntokens, 1)  # a host sync, as a training loop's log line makes
         synchronize(device)
         dt = time.perf_counter() - t0
         if i < warmup:

@@ -11,7 +11,7 @@ import torch
 from ..config import Config
 from ..data.batch import Batch
 from ..device import select_device, synchronize
-from ..loop import Log, run_epoch
+from ..loop import Log, train_step
 from ..loss import LabelSmoothing
 from ..extensions.builder import build_model
 from ..fast import FusedLossCompute, fused_adam_pays, speed_up
@@ -41,8 +41,7 @@ def shape_sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps:
             for i in range(steps + 1):
                 synchronize(device)
                 t0 = time.perf_counter()
-                run_epoch([batch], model, loss_compute, optimizer, scheduler, device=device, amp_dtype=amp_dtype,
-                          log=None)
+                train_step([batch.to(device)], model, loss_compute, optimizer, scheduler, amp_dtype=amp_dtype)
                 synchronize(device)
                 if i:
                     times.append(time.perf_counter() - t0)

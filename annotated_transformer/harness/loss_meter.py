@@ -9,18 +9,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .errors import TrainingDiverged
-
-if TYPE_CHECKING:
-    from .loop import TrainState
-
-Log = Callable[[str], None]
+from ..errors import TrainingDiverged
+from ..loop import Log, TrainState
 
 
 def world_size() -> int:
