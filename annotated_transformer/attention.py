@@ -7,8 +7,7 @@ through PyTorch's fused kernel, or explicitly (`attention`) when `fused=False` o
 inside attention. `fused=None` (the default) takes the fused kernel on GPUs and the explicit product
 on the CPU, where it is the faster of the two: PyTorch's CPU kernel falls back to an unfused path
 with its own, slower dropout mask in training, and its flash kernel costs more than the explicit
-product for the decoder's one-position queries (on a 2-core AMD EPYC, Zen 5, attention's part of a
-training step fell from 34 to 19 ms; docs/performance.md).
+product for the decoder's one-position queries (docs/performance.md).
 """
 
 from __future__ import annotations

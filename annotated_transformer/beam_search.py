@@ -34,10 +34,10 @@ TOP_BLOCK = 64  # entries per block in `top_indices`: 64 and 8,000 pieces ran fa
 def top_indices(scores: Tensor, c: int) -> Tensor:
     """scores (n, V) -> (n, c): each row's c largest entries' indices, largest first, as `topk` gives them.
 
-    `topk` selects over the whole row and took 3.5 ms for 640 rows of 8,000 on an Intel AMX CPU,
-    more than the log-softmax. Here one vectorised pass takes each block of TOP_BLOCK entries'
-    maximum; the c largest entries lie in the c blocks with the largest maxima, so `topk` then only
-    ranks those blocks and their c * TOP_BLOCK entries (1.7 ms). Equal entries may come in another
+    `topk` over the whole row can cost more on a CPU than the log-softmax (docs/performance.md). Here
+    one vectorised pass takes each block of TOP_BLOCK entries' maximum; the c largest entries lie in
+    the c blocks with the largest maxima, so `topk` then only ranks those blocks and their
+    c * TOP_BLOCK entries. Equal entries may come in another
     order than `topk`'s; the rows' scores are the same. On GPUs and for small V, `topk` itself.
     """
     n, V = scores.shape

@@ -28,11 +28,10 @@ GPU_SETUP = 'docs/gpu.md'
 _warned = False  # the NVML check runs once per process
 
 # oneDNN, which runs PyTorch's bf16 matrix products on the CPU, compiles a kernel for every new
-# shape and keeps the most recently used ones, 1,024 by default. Bucketed batches need more: one
-# epoch of cpu_15min.yaml has 145 (batch, source, target) shapes, each with its own products forward
-# and backward, so with the default every step compiled its kernels again (about 6 ms a product,
-# against 0.2-0.9 ms to run one). Read by oneDNN when it makes its first kernel; a value the user
-# sets wins.
+# shape and keeps the most recently used ones, 1,024 by default. Bucketed batches need more: an
+# epoch brings a hundred or more (batch, source, target) shapes, each with its own products forward
+# and backward, so with the default every step compiled its kernels again, which costs more than
+# running them. Read by oneDNN when it makes its first kernel; a value the user sets wins.
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE_CAPACITY = 16384
 
@@ -40,10 +39,9 @@ ONEDNN_CACHE_CAPACITY = 16384
 # freed) its own mapping, unmapped when freed, and returns free memory at the top of its heap to
 # the system beyond a trim threshold. Decoding makes and drops tensors of many MB every step (beam
 # search's logits: 640 hypotheses x 8,000 pieces, 20 MB), so each came back from the system and
-# was faulted in page by page again: 4 ms to fill a 20 MB bias copy, twice as long as a
-# log-softmax over it. Keeping freed blocks up to 32 MB (glibc's largest mapping threshold) in the
-# heap made beam search 1.13x faster on an Intel AMX CPU (docs/performance.md); training steps
-# measured no gain, so only the Translator sets it. The cost: the process keeps its peak heap
+# was faulted in page by page again, which took longer than a log-softmax over it. Keeping freed
+# blocks up to 32 MB (glibc's largest mapping threshold) in the heap made beam search faster
+# (docs/performance.md); training steps measured no gain, so only the Translator sets it. The cost: the process keeps its peak heap
 # instead of shrinking after it. Settings the user gives glibc win.
 MALLOC_MMAP_THRESHOLD = 32 << 20
 MALLOC_TRIM_THRESHOLD = 1 << 30
@@ -54,11 +52,10 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's option numbers, from gl
 def configure_backends(device: torch.device) -> None:
     """Process-wide kernel choices for `device`; called wherever a device is chosen.
 
-    On CUDA, scaled_dot_product_attention may pick cuDNN's fused attention first (H100, recent
-    PyTorch). cuDNN builds an execution plan for every new (batch, length) shape, about 0.2 s
-    each time, and here nearly every batch and every decoding step has a new shape: measured on
-    an H100, it made the first epoch's steps 250-400 ms instead of 35-45 ms and batched decoding
-    about 45 ms a step. The memory-efficient and flash kernels need no plan, so cuDNN's is off.
+    On CUDA, scaled_dot_product_attention may pick cuDNN's fused attention first (recent PyTorch).
+    cuDNN builds an execution plan for every new (batch, length) shape, and here nearly every batch
+    and every decoding step has a new shape, which made steps several times slower on a GPU
+    (docs/performance.md). The memory-efficient and flash kernels need no plan, so cuDNN's is off.
 
     On the CPU, oneDNN's cache of compiled kernels is enlarged (see ONEDNN_CACHE_CAPACITY) for the
     same reason: bucketed batches and decoding steps bring many shapes.

@@ -1,11 +1,9 @@
 """fp32 linear layers through oneDNN while decoding on the CPU: a speed detail kept out of the model.
 
 PyTorch sends an fp32 `nn.Linear` on the CPU to Intel MKL's sgemm. On AMD processors MKL takes a
-slower code path: on a 2-core AMD EPYC (Zen 5) it ran the decoder's matrix products at 170-210
-GFLOP/s, where oneDNN (PyTorch's other CPU matmul library, the one bf16 autocast already uses)
-ran the same products at 310-360 GFLOP/s: 1.7x for the layers, 2.3x for the 8,000-piece output
-projection, and 400-470 GFLOP/s once each weight is reordered into oneDNN's blocked layout (done
-on its first product). `onednn_linears(model)` sends the fp32
+slower code path than oneDNN (PyTorch's other CPU matmul library, the one bf16 autocast already
+uses), more so once each weight is reordered into oneDNN's blocked layout (done on its first
+product; docs/performance.md has the measurements). `onednn_linears(model)` sends the fp32
 linears of `model` through oneDNN for as long as it is open, where that pays: on a non-Intel CPU,
 with no gradient and no autocast, and for products of at least `MIN_MACS` multiply-adds (below
 that oneDNN's fixed cost per call is larger than MKL's).
@@ -31,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# Rows x in x out from which oneDNN is faster than MKL on the Zen 5 above (microseconds, MKL/oneDNN):
-# 1x256x256 5/15, 16x256x256 18/21, 32x256x256 28/26; 4x256x1024 47/30; 1x256x8000 126/73.
+# Multiply-adds from which oneDNN was measured faster than MKL on an AMD CPU (below, its fixed cost per call wins).
 MIN_MACS = 1 << 20
 
 # The batch size oneDNN is told to reorder a weight for; the reordered weight serves any number of rows.

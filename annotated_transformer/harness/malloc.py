@@ -2,10 +2,8 @@
 
 A CPU training step allocates and frees hundreds of tensors whose sizes change with every batch
 shape, among the many small blocks oneDNN keeps for its compiled kernels. glibc's malloc searches
-its heap for each; tcmalloc takes a block from a list per size class. On a 2-core Intel AMX VM
-the same `cpu_15min.yaml` run trained 1.24x faster under tcmalloc (9.5 against 11.8 minutes) and
-`cpu_60min.yaml`'s epochs 1.13-1.17x faster, with the same losses to the last digit; under glibc
-one run of two also slowed down within the process (docs/performance.md, "tcmalloc"). A process
+its heap for each; tcmalloc takes a block from a list per size class, which trains faster with the
+same losses to the last digit (docs/performance.md, "tcmalloc"). A process
 cannot change its malloc once it runs, so on the CPU, where the machine has tcmalloc, the train
 command starts itself again with it preloaded (LD_PRELOAD) once it has read its config, before it
 builds anything: the same arguments, and `exec` keeps the process id, so torchrun, a sweep and the

@@ -7,8 +7,7 @@ times each product alone, in the config's precision, with data.batch_tokens rows
 gradient from row-major copies (of dY^T; or of x^T, for its transpose, then copied back into W's
 layout) and the copy of dY^T itself, to show what that layout costs.
 It runs in the benchmark's own process, under the system's malloc unless one is preloaded
-(LD_PRELOAD). `scripts/benchmark.py --products` prints it (docs/performance.md, "The base model on an
-Intel AMX CPU").
+(LD_PRELOAD). `scripts/benchmark.py --products` prints it (docs/performance.md has its figures).
 """
 
 from __future__ import annotations
