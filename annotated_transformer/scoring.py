@@ -10,7 +10,9 @@ The two tokenisation modes of the TextPipeline are scored differently:
         Multi30k figures (and the notebook era's) report; it is not comparable with
         detokenised sacreBLEU.
   spm   Hypotheses are detokenised text and references the raw reference lines: the standard
-        detokenised, cased sacreBLEU (13a tokenizer) is the headline "bleu", with "bleu_lc" beside.
+        detokenised, cased sacreBLEU is the headline "bleu", with "bleu_lc" beside. Its tokenizer is
+        the one sacreBLEU itself picks for the target language: 13a, or zh, ja-mecab, ko-mecab for
+        Chinese, Japanese, Korean targets ("char" where MeCab is not installed; the signature says).
 
 Both modes add "chrf" (chrF2: character 6-grams, beta 2, sacreBLEU's defaults) on the same strings.
 """
@@ -51,19 +53,37 @@ def headline_key(mode: str) -> str:
     return "bleu_lc" if mode == "word" else "bleu"
 
 
-def corpus_scores(hyps: list[str], refs: list[str], mode: str) -> dict[str, Score]:
+# sacreBLEU's own tokenizer for these target languages (what its command line picks); 13a for every other.
+LANG_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
+
+
+def bleu_tokenizer(mode: str, lang: str | None = None) -> str:
+    """sacreBLEU's `tokenize` for a tokenisation mode and target language: "none" in word mode (the model's own
+    tokens), else 13a or the target language's (LANG_TOKENIZERS), "char" where that one's MeCab is missing."""
+    _check_mode(mode)
+    # Word mode compares the model's own tokens: re-tokenising them with 13a would split them again.
+    if mode == "word":
+        return "none"
+    tokenize = LANG_TOKENIZERS.get(lang or "", "13a")
+    try:
+        BLEU(tokenize=tokenize)
+    except RuntimeError:  # ja-mecab / ko-mecab need pip install 'sacrebleu[ja]' / 'sacrebleu[ko]'
+        return "char"
+    return tokenize
+
+
+def corpus_scores(hyps: list[str], refs: list[str], mode: str, lang: str | None = None) -> dict[str, Score]:
     """BLEU (cased "bleu" and lowercased "bleu_lc") and chrF ("chrf") of hypotheses against one reference each.
 
     `mode` is the TextPipeline's: "word" (space-joined tokens on both sides, scored as they are)
-    or "spm" (detokenised hypotheses against raw references, sacreBLEU's 13a tokenizer).
+    or "spm" (detokenised hypotheses against raw references, tokenised by sacreBLEU as `bleu_tokenizer`
+    says for the target language `lang`: 13a for English and German).
     """
-    _check_mode(mode)
+    tokenize = bleu_tokenizer(mode, lang)
     if not hyps:
         raise ValueError("no hypotheses to score: BLEU needs at least one translated sentence")
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references; they must pair up one to one")
-    # Word mode compares the model's own tokens: re-tokenising them with 13a would split them again.
-    tokenize = "none" if mode == "word" else "13a"
     metrics = {
         "bleu": BLEU(tokenize=tokenize, force=mode == "word"),
         "bleu_lc": BLEU(tokenize=tokenize, lowercase=True, force=mode == "word"),
@@ -109,7 +129,7 @@ def score_translations(hyps: list[str], raw_refs: list[str], text,
     The references are put in the form `text`'s mode compares against (`bleu_references`); returns
     the headline score (`headline_key`) and every score of `corpus_scores` ("bleu", "bleu_lc", "chrf").
     """
-    scores = corpus_scores(hyps, bleu_references(raw_refs, text, tokenised), text.mode)
+    scores = corpus_scores(hyps, bleu_references(raw_refs, text, tokenised), text.mode, text.tgt_lang)
     return scores[headline_key(text.mode)], scores
 
 
@@ -117,12 +137,13 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
                      alpha: float | None = None, output: str | None = None, show: int = 0,
                      as_json: bool = False, data_root: str | None = None,
                      limit: int | None = None) -> dict[str, Any]:
-    """The evaluate command's work: a Multi30k split translated, its hypotheses written and scored.
+    """The evaluate command's work: a split of the model's data (Multi30k or its own files) translated, its
+    hypotheses written and scored.
 
     `translator` was loaded from `checkpoint` (which names the hypotheses file beside it unless `output`
     does); the figures are printed (as one JSON object with `as_json`) and returned.
     """
-    from .data import read_split, resolve_multi30k_dir
+    from .data import open_corpus
     from .errors import ConfigError
     from .files import atomic_write
 
@@ -131,7 +152,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     cfg = translator.config
     if data_root is not None:
         cfg.data.root = data_root
-    src_lines, ref_lines = read_split(resolve_multi30k_dir(cfg.data), split, cfg.data.src_lang, cfg.data.tgt_lang)
+    src_lines, ref_lines = open_corpus(cfg.data).read(split)
     if limit:
         src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
     k = beam or cfg.decode.beam_size

@@ -16,6 +16,7 @@ Invalid combinations raise `ConfigError` with a one-line message; scripts turn t
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,12 +70,19 @@ class ModelConfig:
 class DataConfig:
     """Which data, how it is tokenised, and how it is batched."""
 
-    dataset: str = param("multi30k", "'multi30k' (de->en translation) or 'copy' (synthetic copy task)",
-                         choices=("multi30k", "copy"))
+    dataset: str = param("multi30k", "'multi30k' (image captions, de->en or en->de), 'files' (your own parallel text: "
+                         "data.train, data.val, data.test) or 'copy' (synthetic copy task)",
+                         choices=("multi30k", "files", "copy"))
     root: str | None = param(None, "folder holding the six Multi30k .gz files (else $MULTI30K_DIR, else download)")
+    train: str | None = param(None, "data.dataset=files: the training files' path prefix: PREFIX.<src_lang> and "
+                              "PREFIX.<tgt_lang>, plain or .gz, one sentence a line (docs/own_data.md)")
+    val: str | None = param(None, "data.dataset=files: the validation files' prefix (BLEU, best.pt), as data.train")
+    test: str | None = param(None, "data.dataset=files: the test files' prefix, as data.train (optional: without it "
+                             "the final scores are on val)")
     cache_dir: str = param("~/.cache/annotated_transformer", "where downloads and tokenised caches are kept")
-    src_lang: str = param("de", "source language code", choices=("de", "en"))
-    tgt_lang: str = param("en", "target language code", choices=("de", "en"))
+    src_lang: str = param("de", "source language code (Multi30k: 'de' or 'en'; data.dataset=files: its files' "
+                          "suffix, e.g. 'fr')")
+    tgt_lang: str = param("en", "target language code (the other of 'de' and 'en' for Multi30k)")
     tokenizer: str = param("word", "'word' (spaCy rule-based tokenizer) or 'spm' (joint SentencePiece subwords)",
                            choices=("word", "spm"))
     lowercase: bool = param(False, "lowercase all text before tokenising")
@@ -351,12 +359,12 @@ class Config:
         d, t = self.data, self.train
         if t.stop_at_target and not t.target_bleu:
             raise ConfigError("train.stop_at_target=true needs train.target_bleu (the validation BLEU to stop at)")
-        if t.target_bleu and (d.dataset != "multi30k" or t.bleu_every == 0):
-            raise ConfigError("train.target_bleu needs validation BLEU: translation data (data.dataset=multi30k) "
-                              "and train.bleu_every of 1 or more")
+        if t.target_bleu and (d.dataset == "copy" or t.bleu_every == 0):
+            raise ConfigError("train.target_bleu needs validation BLEU: translation data (data.dataset=multi30k or "
+                              "files) and train.bleu_every of 1 or more")
         if t.epochs == 0 and t.max_steps == 0:
             raise ConfigError("train.epochs and train.max_steps are both 0: set one of them to train")
-        if d.dataset == "multi30k" and t.best_metric == "bleu" and t.bleu_every == 0:
+        if d.dataset != "copy" and t.best_metric == "bleu" and t.bleu_every == 0:
             raise ConfigError("train.best_metric=bleu needs validation BLEU, but train.bleu_every is 0; "
                               "set train.bleu_every to 1 or more, or train.best_metric=loss")
         if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
@@ -373,6 +381,7 @@ class Config:
         m, d, t = self.model, self.data, self.train
         if d.src_lang == d.tgt_lang:
             raise ConfigError(f"data.src_lang and data.tgt_lang are both '{d.src_lang}'; they must differ")
+        self._validate_corpus()
         if d.max_sentence_len < 3:
             raise ConfigError(f"data.max_sentence_len must be at least 3 (<s>, a token, </s>), "
                               f"got {d.max_sentence_len}")
@@ -386,10 +395,30 @@ class Config:
                 raise ConfigError(f"data.copy_seq_len must be at least 2, got {d.copy_seq_len}")
             if t.best_metric == "bleu":
                 raise ConfigError("train.best_metric 'bleu' needs translation data; use 'loss' for the copy task")
-        if m.tie_embeddings and d.dataset == "multi30k" and d.tokenizer != "spm":
+        if m.tie_embeddings and d.dataset != "copy" and d.tokenizer != "spm":
             raise ConfigError(
                 "model.tie_embeddings needs one vocabulary shared by source and target: set data.tokenizer=spm"
             )
+
+    def _validate_corpus(self) -> None:
+        """Which languages and files data.dataset can read."""
+        d = self.data
+        named = [f"data.{key}" for key in ("train", "val", "test") if getattr(d, key)]
+        if d.dataset != "files" and named:
+            raise ConfigError(f"{', '.join(named)} name your own files, which data.dataset={d.dataset} does not read; "
+                              "set data.dataset=files")
+        if d.dataset == "multi30k" and {d.src_lang, d.tgt_lang} != {"de", "en"}:
+            raise ConfigError(f"Multi30k is German and English, not {d.src_lang}->{d.tgt_lang}: set data.src_lang and "
+                              "data.tgt_lang to de and en (either way round), or data.dataset=files for your own text")
+        if d.dataset == "files":
+            missing = [f"data.{key}" for key in ("train", "val") if not getattr(d, key)]
+            if missing:
+                raise ConfigError(f"data.dataset=files needs {' and '.join(missing)}: the path prefix of the "
+                                  f"{d.src_lang}/{d.tgt_lang} files (PREFIX.{d.src_lang} and PREFIX.{d.tgt_lang})")
+            for key in ("src_lang", "tgt_lang"):
+                if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", getattr(d, key)):
+                    raise ConfigError(f"data.{key} '{getattr(d, key)}' is not a language code (letters, digits, - "
+                                      "and _): it ends the file names")
 
     def _validate_extensions(self) -> None:
         """The rules of the extensions' sections."""
@@ -432,9 +461,9 @@ class Config:
         for key, value in {"subword_sampling.alpha": sw.alpha, "r_drop.alpha": rd.alpha}.items():
             if value < 0:
                 raise ConfigError(f"{key} must not be negative (0: off), got {value}")
-        if sw.alpha and (d.dataset != "multi30k" or d.tokenizer != "spm"):
+        if sw.alpha and (d.dataset == "copy" or d.tokenizer != "spm"):
             raise ConfigError("subword_sampling needs SentencePiece subwords: set data.tokenizer=spm "
-                              "(and data.dataset=multi30k), or subword_sampling.alpha=0")
+                              "(and translation data), or subword_sampling.alpha=0")
         if sw.nbest == 0 or sw.nbest == 1 or sw.nbest < -1:
             raise ConfigError(f"subword_sampling.nbest must be -1 (the whole lattice) or at least 2, got {sw.nbest}")
         if not 0 <= self.ema.decay < 1:
@@ -450,13 +479,13 @@ class Config:
         if bi.epochs >= self.train.epochs > 0:
             raise ConfigError(f"bidirectional.epochs ({bi.epochs}) must be below train.epochs ({self.train.epochs}): "
                               f"the last epochs train the source -> target direction alone")
-        if bi.epochs and (d.dataset != "multi30k" or d.tokenizer != "spm"):
+        if bi.epochs and (d.dataset == "copy" or d.tokenizer != "spm"):
             raise ConfigError("bidirectional training reads each pair both ways, which needs one vocabulary for "
-                              "both languages: set data.tokenizer=spm (and data.dataset=multi30k), or "
+                              "both languages: set data.tokenizer=spm (and translation data), or "
                               "bidirectional.epochs=0")
-        if self.cutoff.rate and d.dataset != "multi30k":
+        if self.cutoff.rate and d.dataset == "copy":
             raise ConfigError("cutoff replaces source words by <unk>, which the copy task has not: use it with "
-                              "data.dataset=multi30k, or cutoff.rate=0")
+                              "data.dataset=multi30k or files, or cutoff.rate=0")
         objectives = [name for name, on in (("r_drop", rd.alpha), ("cutoff", self.cutoff.rate),
                                             ("scheduled_sampling or guided_attention",
                                              self.scheduled_sampling.rate or self.guided_attention.weight)) if on]

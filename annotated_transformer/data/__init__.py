@@ -1,10 +1,11 @@
-"""Data: batches and masks, the copy task, and Multi30k (download, tokenisation, vocabulary, batching)."""
+"""Data: batches and masks, the copy task, and parallel text, Multi30k or your own files (tokenisation,
+vocabulary, batching)."""
 
 from .batch import Batch
 from .copy_task import COPY_PAD, COPY_START, data_gen
 from .loader import TrainLoader
 from .multi30k import MULTI30K_FILES, read_split, resolve_multi30k_dir
-from .translation_data import Split, TranslationData, load_translation_data
+from .translation_data import Split, TranslationData, load_translation_data, open_corpus
 from .notebook_pipeline import notebook_collate, notebook_dataloader, notebook_raw_batches
 from .text import TextPipeline
 from .vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
@@ -26,6 +27,7 @@ __all__ = [
     "Vocab",
     "data_gen",
     "load_translation_data",
+    "open_corpus",
     "read_split",
     "notebook_collate",
     "notebook_dataloader",

@@ -1,18 +1,19 @@
 """The tokenised-data cache: every split tokenised and numericalised once, kept on disk.
 
-    <data.cache_dir>/multi30k-<key>/
+    <data.cache_dir>/<data.dataset>-<key>/     multi30k-<key>, or files-<key> for your own files
         text/            the TextPipeline (vocabularies or SentencePiece model), TextPipeline.save format
         train.npz ...    per split: concatenated ids (<s> ... </s>, untruncated) + offsets, for each side
         val.refs.json    word mode: val and test targets as BLEU compares them (spaCy tokens joined by
         test.refs.json   spaces), so a machine without spaCy scores BLEU from the cache
         manifest.json    the settings the key was made from, and the build statistics
 
-The key is a hash of everything that changes the ids: the data checksums, the tokenisation
-settings, the tokeniser versions and the format version. The ids are stored untruncated:
-data.max_sentence_len and data.long_policy are applied when loading (a few milliseconds), so changing
-them does not tokenise everything again. A cache folder is built under a
-temporary name and renamed into place when complete, so a folder with the final name is
-always whole; two processes building at once both produce the same folder and one rename wins.
+The key is a hash of everything that changes the ids: the data checksums (Multi30k's published
+ones, or the sha256 of each of your own files), the languages, the tokenisation settings, the
+tokeniser versions and the format version. The ids are stored untruncated: data.max_sentence_len
+and data.long_policy are applied when loading (a few milliseconds), so changing them does not
+tokenise everything again. A cache folder is built under a temporary name and renamed into place
+when complete, so a folder with the final name is always whole; two processes building at once
+both produce the same folder and one rename wins.
 """
 
 from __future__ import annotations
@@ -50,11 +51,13 @@ def _version(package: str) -> str:
         return ABSENT
 
 
-def cache_settings(data_cfg: Any) -> dict[str, Any]:
-    """What the cached ids depend on (only the settings of the active tokenizer)."""
+def cache_settings(data_cfg: Any, fingerprint: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the cached ids depend on (only the settings of the active tokenizer); `fingerprint` identifies the
+    data files (the corpus's `fingerprint()`; Multi30k's checksums when None)."""
     d = data_cfg
+    data = dict(sorted(MULTI30K_FILES.items())) if fingerprint is None else fingerprint
     settings: dict[str, Any] = {
-        "format": CACHE_FORMAT, "data": dict(sorted(MULTI30K_FILES.items())), "src_lang": d.src_lang,
+        "format": CACHE_FORMAT, "data": data, "src_lang": d.src_lang,
         "tgt_lang": d.tgt_lang, "tokenizer": d.tokenizer, "lowercase": bool(d.lowercase),
     }
     if d.tokenizer == "word":
@@ -69,22 +72,23 @@ def cache_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
-def cache_folder(data_cfg: Any) -> Path:
-    """The cache folder of these data settings."""
-    return Path(data_cfg.cache_dir).expanduser() / f"multi30k-{cache_key(cache_settings(data_cfg))}"
+def cache_folder(data_cfg: Any, fingerprint: dict[str, str] | None = None) -> Path:
+    """The cache folder of these data settings and files (named after data.dataset: multi30k-KEY, files-KEY)."""
+    key = cache_key(cache_settings(data_cfg, fingerprint))
+    return Path(data_cfg.cache_dir).expanduser() / f"{data_cfg.dataset}-{key}"
 
 
-def find_cache_folder(data_cfg: Any) -> Path:
+def find_cache_folder(data_cfg: Any, fingerprint: dict[str, str] | None = None) -> Path:
     """The cache folder to read: `cache_folder`, or, where spaCy is not installed (a machine that trains
     from a cache prepared elsewhere), the newest complete word-mode cache of the same settings built
     with any spaCy version. A cache found that way is only read: without spaCy none can be built."""
-    folder = cache_folder(data_cfg)
-    settings = cache_settings(data_cfg)
+    folder = cache_folder(data_cfg, fingerprint)
+    settings = cache_settings(data_cfg, fingerprint)
     if data_cfg.tokenizer != "word" or settings["spacy"] != ABSENT or (folder / MANIFEST).is_file():
         return folder
     want = {k: v for k, v in settings.items() if k != "spacy"}
     found = []
-    for manifest in folder.parent.glob(f"multi30k-*/{MANIFEST}"):
+    for manifest in folder.parent.glob(f"{data_cfg.dataset}-*/{MANIFEST}"):
         try:
             got = json.loads(manifest.read_text(encoding="utf-8"))["settings"]
             if {k: v for k, v in got.items() if k != "spacy"} == want:

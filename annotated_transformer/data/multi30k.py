@@ -1,4 +1,4 @@
-"""Multi30k task 1 (de<->en Flickr30k captions): find, download and verify the six raw files.
+"""Multi30k task 1 (de<->en Flickr30k captions): find, download, verify and read the six raw files.
 
 Where the files come from, in order:
 
@@ -23,11 +23,13 @@ import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
 from ..files import give_default_permissions
+from .own_files import split_lines
 
 MULTI30K_FILES: dict[str, str] = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -182,12 +184,7 @@ def _read_lines(path: Path) -> list[str]:
         raise DataError(f"Multi30k file {path} is unreadable ({exc}); {_FIX}") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"Multi30k file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); {_FIX}") from None
-    # Split on '\n' only: str.splitlines would also break at characters like U+2028 inside a
-    # caption and misalign the two languages. Surrounding whitespace carries no meaning here.
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.strip() for line in lines]
+    return split_lines(text)
 
 
 def read_split(root: Path, split: str, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
@@ -201,3 +198,30 @@ def read_split(root: Path, split: str, src_lang: str, tgt_lang: str) -> tuple[li
         raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the two files do not "
                         f"belong together; replace them with the canonical files, or {_FIX}")
     return src, tgt
+
+
+@dataclass(eq=False)
+class Multi30k:
+    """Multi30k's three splits in one direction (de->en or en->de), as a corpus: read on first use."""
+
+    root: Path  # the folder of the six verified files (resolve_multi30k_dir)
+    src_lang: str
+    tgt_lang: str
+    name: str = "Multi30k"
+    splits: tuple[str, ...] = tuple(SPLIT_FILES)
+    _lines: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict, repr=False)
+
+    @property
+    def location(self) -> str:
+        """The folder of the files (for the log and the statistics)."""
+        return str(self.root)
+
+    def read(self, split: str) -> tuple[list[str], list[str]]:
+        """The aligned source and target lines of `split` (read once, then kept)."""
+        if split not in self._lines:
+            self._lines[split] = read_split(self.root, split, self.src_lang, self.tgt_lang)
+        return self._lines[split]
+
+    def fingerprint(self) -> dict[str, str]:
+        """The six files' checksums: every file was verified against them (either direction reads all six)."""
+        return dict(sorted(MULTI30K_FILES.items()))

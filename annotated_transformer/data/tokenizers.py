@@ -17,15 +17,21 @@ from .vocab import BOS, EOS, PAD, SPECIALS, UNK
 
 @cache
 def spacy_tokenizer(lang: str) -> Any:
-    """spaCy's tokenizer for `lang` ('de', 'en'): the `*_core_*_sm` pipelines' tokenizer, with no model download."""
+    """spaCy's rule-based tokenizer for `lang` ('de', 'en', 'fr', ...: `spacy.blank(lang)`, no model download)."""
     try:
         import spacy
     except ImportError:
         # Training from a data cache prepared elsewhere needs no spaCy (data/cache.py finds the cache).
         raise UserError("word-mode text (data.tokenizer=word) is tokenised with spaCy, which is not installed "
                         "here: pip install 'spacy>=3.7,<4'") from None
-
-    return spacy.blank(lang).tokenizer
+    try:
+        return spacy.blank(lang).tokenizer
+    except ImportError as exc:  # a language spaCy does not know, or one whose tokenizer needs another package
+        known = "E048" not in str(exc)
+        reason = f"it needs a package that is not installed: {str(exc).split('. ')[0]}" if known else \
+            "spaCy does not know the language"
+        raise ConfigError(f"data.tokenizer=word has no word tokenizer for '{lang}' ({reason}); set "
+                          "data.tokenizer=spm: SentencePiece learns subwords of any language") from None
 
 
 def _normalise(text: str, lowercase: bool) -> str:

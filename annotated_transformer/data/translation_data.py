@@ -1,4 +1,5 @@
-"""Multi30k, ready to train on: verified files -> tokenised, numericalised, cached splits -> loaders.
+"""Parallel text, ready to train on: Multi30k (either direction) or your own files -> tokenised,
+numericalised, cached splits -> loaders.
 
     data = load_translation_data(cfg)                       # first time: builds the cache (seconds)
     loader = data.train_loader(seed=42, rank=0, world_size=1)
@@ -9,7 +10,8 @@
 
 Under torch.distributed, rank 0 downloads, verifies and builds the cache while the other ranks
 wait for it; then every rank loads the same cache. The vocabulary comes from the training split
-only (the notebook also counted validation and test words).
+only (the notebook also counted validation and test words). `data.dataset` picks the corpus:
+`multi30k` (multi30k.py) or `files`, your own (own_files.py); both read the same way from here on.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ from .buckets import (
 )
 from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
 from .loader import Resegment, TrainLoader
-from .multi30k import SPLIT_FILES, read_split, resolve_multi30k_dir
+from .multi30k import Multi30k, resolve_multi30k_dir
+from .own_files import OwnFiles
 from .text import TextPipeline, truncate_ids
-from .tokenizers import word_tokenize_many
+from .tokenizers import spacy_tokenizer, word_tokenize_many
 
-SPLITS = tuple(SPLIT_FILES)  # ("train", "val", "test")
+Corpus = Multi30k | OwnFiles  # splits, read(split) -> (source lines, target lines), fingerprint(), name, location
+DATASETS = ("multi30k", "files")  # the values of data.dataset that are translation data
 
 
 @dataclass(eq=False)  # compared by identity: element-wise == on lists of arrays is meaningless
@@ -134,10 +138,23 @@ def apply_long_policy(src: list[np.ndarray], tgt: list[np.ndarray], max_sentence
     return out_src, out_tgt, keep, truncated, skipped
 
 
-def build_cache(d: DataConfig, root: Path, log: Callable[[str], None] | None = None) -> Path:
+def open_corpus(d: DataConfig, log: Callable[[str], None] | None = None) -> Corpus:
+    """The corpus data.dataset names: Multi30k (found, downloaded, verified) or your own files (found; read later)."""
+    if d.dataset == "files":
+        return OwnFiles.from_config(d)
+    if d.dataset != "multi30k":
+        raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
+    return Multi30k(resolve_multi30k_dir(d, log=log), d.src_lang, d.tgt_lang)
+
+
+def build_cache(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None = None) -> Path:
     """Tokenise and numericalise every split once, build the vocabulary from train, write the cache folder."""
     t0 = time.perf_counter()
-    raw = {split: read_split(root, split, d.src_lang, d.tgt_lang) for split in SPLITS}
+    if d.tokenizer == "word":  # a language spaCy lacks is one line now, not after tokenising the other side
+        for lang in (d.src_lang, d.tgt_lang):
+            spacy_tokenizer(lang)
+    splits = corpus.splits
+    raw = {split: corpus.read(split) for split in splits}
     t_tok = time.perf_counter()
     ids: dict[str, dict[str, list[list[int]]]] = {}
     if d.tokenizer == "word":
@@ -155,7 +172,7 @@ def build_cache(d: DataConfig, root: Path, log: Callable[[str], None] | None = N
                                          vocab_size=d.spm_vocab_size, lowercase=d.lowercase,
                                          max_sentence_len=d.max_sentence_len)
         ids["train"] = {"src": text.ids_many(raw["train"][0], "src"), "tgt": text.ids_many(raw["train"][1], "tgt")}
-    for split in SPLITS[1:]:
+    for split in splits[1:]:
         ids[split] = {"src": text.ids_many(raw[split][0], "src")}
         if d.tokenizer == "word":  # tokenised once: the ids, and BLEU's references (no spaCy needed to score)
             tokens = text.tokenize_many(raw[split][1], "tgt")
@@ -164,24 +181,25 @@ def build_cache(d: DataConfig, root: Path, log: Callable[[str], None] | None = N
             ids[split]["tgt"] = text.ids_many(raw[split][1], "tgt")
     tokenize_seconds = time.perf_counter() - t_tok
     stats = {
-        "raw_lines": {s: len(raw[s][0]) for s in SPLITS},
-        "max_tokens": {s: {side: max(map(len, ids[s][side]), default=0) for side in ("src", "tgt")} for s in SPLITS},
+        "raw_lines": {s: len(raw[s][0]) for s in splits},
+        "max_tokens": {s: {side: max(map(len, ids[s][side]), default=0) for side in ("src", "tgt")} for s in splits},
         "tokenize_seconds": round(tokenize_seconds, 3), "build_seconds": round(time.perf_counter() - t0, 3),
     }
-    folder = cache_folder(d)
+    fingerprint = corpus.fingerprint()
+    folder = cache_folder(d, fingerprint)
     try:
-        write_cache(folder, text, ids, cache_settings(d), stats)
+        write_cache(folder, text, ids, cache_settings(d, fingerprint), stats)
     except OSError as exc:
         raise DataError(f"cannot write the data cache {folder} ({exc.strerror or exc}); "
                         f"set data.cache_dir to a writable folder with some free space") from None
     if log:
-        log(f"tokenised Multi30k ({d.tokenizer} mode) in {tokenize_seconds:.1f} s; cached in {folder}")
+        log(f"tokenised {corpus.name} ({d.tokenizer} mode) in {tokenize_seconds:.1f} s; cached in {folder}")
     return folder
 
 
-def _load_cached(d: DataConfig, root: Path, log: Callable[[str], None] | None) -> tuple[TranslationData, bool]:
+def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None) -> tuple[TranslationData, bool]:
     """Read the cache, building it first if needed; returns (data, whether it was built now)."""
-    folder = find_cache_folder(d)
+    folder = find_cache_folder(d, corpus.fingerprint())  # reads and checks every file: bad data writes nothing
     built = False
     try:
         cached = read_cache(folder)
@@ -191,7 +209,7 @@ def _load_cached(d: DataConfig, root: Path, log: Callable[[str], None] | None) -
         shutil.rmtree(folder, ignore_errors=True)
         cached = None
     if cached is None:
-        build_cache(d, root, log)
+        build_cache(d, corpus, log)
         built = True
         try:
             cached = read_cache(folder)
@@ -201,11 +219,11 @@ def _load_cached(d: DataConfig, root: Path, log: Callable[[str], None] | None) -
     text, cached_splits, build_stats = cached
     text.max_sentence_len = d.max_sentence_len  # the cache holds untruncated ids; the limit is this run's
     splits, truncated, skipped = {}, {}, {}
-    for name in SPLITS:
-        src_text, tgt_text = read_split(root, name, d.src_lang, d.tgt_lang)
+    for name in corpus.splits:
+        src_text, tgt_text = corpus.read(name)
         c = cached_splits[name]
         if not len(src_text) == len(c["src"]) == len(c["tgt"]):
-            raise DataError(f"cache {folder} does not match the data in {root} ({name} split); "
+            raise DataError(f"cache {folder} does not match the data in {corpus.location} ({name} split); "
                             f"delete the cache folder and run again")
         # Skipping drops training pairs only: val and test keep every sentence (truncated for the
         # teacher-forced loss), so BLEU is always computed on the complete, standard test sets.
@@ -240,7 +258,7 @@ def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
 
 
 def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: Callable[[str], None] | None = print) -> TranslationData:
-    """Download/verify Multi30k, tokenise and cache it once, and return it ready for the loaders.
+    """Find (Multi30k: download and verify) the data, tokenise and cache it once, return it ready for the loaders.
 
     Under an initialised torch.distributed group, rank 0 does the downloading and building while
     the others wait; an error on rank 0 is raised on every rank (nobody waits forever). `rank` and
@@ -248,16 +266,16 @@ def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: 
     """
     t0 = time.perf_counter()
     d = cfg.data
-    if d.dataset != "multi30k":
-        raise ConfigError(f"data.dataset is '{d.dataset}'; only 'multi30k' has translation data to prepare")
+    if d.dataset not in DATASETS:
+        raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
     group = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     builder = not group or dist.get_rank() == 0
     error: BaseException | None = None
     data = None
     if builder:
         try:
-            root = resolve_multi30k_dir(d, log=log)
-            data, built = _load_cached(d, root, log)
+            corpus = open_corpus(d, log=log)
+            data, built = _load_cached(d, corpus, log)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
             error = exc
     if group:
@@ -268,13 +286,14 @@ def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: 
     if error is not None:
         raise error
     if data is None:  # a waiting rank: the cache is there unless cache_dir is not shared (multi-node)
-        root = resolve_multi30k_dir(d, log=None)
-        data, built = _load_cached(d, root, None)
+        corpus = open_corpus(d, log=None)
+        data, built = _load_cached(d, corpus, None)
     data.stats.update(_batching_stats(data, cfg.train.seed))
     data.stats.update(
         splits={n: len(s) for n, s in data.splits.items()},
         vocab={"src": len(data.text.src_vocab), "tgt": len(data.text.tgt_vocab)},
-        tokenizer=d.tokenizer, built=built, data_dir=str(root), seconds=round(time.perf_counter() - t0, 3),
+        tokenizer=d.tokenizer, built=built, data_dir=corpus.location, seconds=round(time.perf_counter() - t0, 3),
+        dataset=corpus.name, direction=f"{d.src_lang}->{d.tgt_lang}",
     )
     if log and builder:
         log(stats_summary(data.stats))
@@ -284,8 +303,9 @@ def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: 
 def stats_summary(stats: dict[str, Any]) -> str:
     """One human-readable paragraph of the statistics of `load_translation_data`."""
     s = stats
+    pairs = ", ".join(f"{name} {n}" for name, n in s["splits"].items())
     parts = [
-        f"Multi30k: train {s['splits']['train']}, val {s['splits']['val']}, test {s['splits']['test']} pairs",
+        f"{s['dataset']} {s['direction']}: {pairs} pairs",
         f"{s['tokenizer']} vocab src {s['vocab']['src']} / tgt {s['vocab']['tgt']}",
         f"{s['batching']} batching: {s['batches_per_epoch']} batches/epoch, padding {s['padding_fraction']:.1%}",
     ]

@@ -76,6 +76,7 @@ def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file:
     BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone).
     Returns the file of the chosen weights."""
     score, t, beam_size = tr.task.score, tr.cfg.train, tr.cfg.decode.beam_size
+    score_test = t.score_test and "test" in tr.task.data.splits  # your own files may have no test split
     val = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
     if averaged is not None:
         kept = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
@@ -94,14 +95,14 @@ def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file:
                               "train_flops": s.flops, "target_epoch": s.target_epoch,
                               "target_seconds": s.target_seconds, "target_flops": s.target_flops}
     shown = val
-    if t.score_test:
+    if score_test:
         shown = test = score(tr.model, tr.device, "test", amp_dtype=tr.amp_dtype)
         record["test_bleu"] = test["bleu"]
     tr.log(f"{chosen}: val BLEU {val['bleu']:.2f}"
-           + (f" | test BLEU {record['test_bleu']:.2f}" if t.score_test else " (test not scored)")
+           + (f" | test BLEU {record['test_bleu']:.2f}" if score_test else " (test not scored)")
            + f" (greedy; {val['bleu_signature']})")
     if beam_size > 1:
-        split = "test" if t.score_test else "val"
+        split = "test" if score_test else "val"
         beam = score(tr.model, tr.device, split, beam_size=beam_size, amp_dtype=tr.amp_dtype)
         record[f"{split}_bleu_beam{beam_size}"] = beam["bleu"]
         tr.log(f"{chosen}: {split} BLEU {beam['bleu']:.2f} (beam {beam_size}, alpha {tr.cfg.decode.alpha})")
@@ -110,7 +111,7 @@ def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file:
     if tr.info.is_main:
         from ..scoring import check_outputs
 
-        split = tr.task.data.splits["test" if t.score_test else "val"]
+        split = tr.task.data.splits["test" if score_test else "val"]
         tr.log(check_outputs(split.src_text, split.tgt_text, shown["hypotheses"], n=3))
         tr.metrics.record(record)
     return chosen_file

@@ -1,4 +1,5 @@
-"""What is being learned: the synthetic copy task or Multi30k translation, behind one small interface.
+"""What is being learned: the synthetic copy task or translation (Multi30k or your own files), behind one
+small interface.
 
 `train_worker` asks a task for its vocabulary sizes, its training loader and validation
 batches, and how to score a model (exact copies, or BLEU on a split). Everything else in
@@ -86,12 +87,13 @@ def exact_copies(model, V: int, seq_len: int, n: int = 100, seed: int = 1234,
 
 @dataclass
 class TranslationTask:
-    """Multi30k de->en: tokenised, numericalised, cached; scored with sacreBLEU."""
+    """Translation, data.src_lang -> data.tgt_lang (Multi30k or your own files): tokenised, numericalised, cached;
+    scored with sacreBLEU."""
 
     cfg: Config
     info: DistInfo
     data: Any  # TranslationData
-    name: str = "multi30k"
+    name: str = "translation"
 
     @property
     def text(self):

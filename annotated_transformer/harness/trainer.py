@@ -249,9 +249,9 @@ class Trainer:
         return {**record, **self.metrics.epoch_figures()}
 
     def _bleu_due(self, epoch: int) -> bool:
-        """Validation BLEU after `epoch` (from 0): every train.bleu_every epochs and after the last (Multi30k)."""
+        """Validation BLEU after `epoch` (from 0): every train.bleu_every epochs and after the last (translation)."""
         every = self.cfg.train.bleu_every
-        return self.task.name == "multi30k" and bool(every) and ((epoch + 1) % every == 0 or self.done())
+        return self.task.name == "translation" and bool(every) and ((epoch + 1) % every == 0 or self.done())
 
     def evaluated_weights(self) -> AbstractContextManager[None]:
         """The weights validation scores: the raw ones, or with `ema.decay` on their average swapped in."""
