@@ -110,8 +110,9 @@ def device_label(device: torch.device, world_size: int = 1) -> str:
 def quicker_config(cfg: Config, device: torch.device) -> str:
     """The warning's advice: on a CPU, the shipped config that trains a translator there in minutes ('' when
     none is quicker than this run: on a GPU, for the copy task, or for cpu_15min itself)."""
-    if device.type == "cpu" and cfg.data.dataset == "multi30k" and cfg.name != "cpu_15min":
-        return "for a translator on a CPU in about 10-20 minutes of training use --config cpu_15min.yaml"
+    quick = "cpu_15min" if cfg.data.src_lang == "de" else "cpu_15min_en_de"  # the same direction
+    if device.type == "cpu" and cfg.data.dataset == "multi30k" and cfg.name != quick:
+        return f"for a translator on a CPU in about 10-20 minutes of training use --config {quick}.yaml"
     return ""
 
 
