@@ -1,0 +1,282 @@
+"""Training on your own parallel text (data.dataset=files, examples/own_data.yaml), bad files as one line each,
+and Multi30k in either direction with the de->en default unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.config import load_config
+from annotated_transformer.data import load_translation_data, open_corpus
+from annotated_transformer.data.cache import MANIFEST, cache_folder, cache_settings
+from annotated_transformer.data.multi30k import MULTI30K_FILES
+from annotated_transformer.data.tokenizers import word_tokenize
+from annotated_transformer.errors import ConfigError, DataError
+from annotated_transformer.scoring import bleu_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "own_data.yaml"
+# examples/own_data.yaml made small enough to train a few steps in seconds on two cores.
+SMALL = ["model.N=1", "model.d_model=32", "model.d_ff=64", "data.batch_tokens=256", "train.epochs=2",
+         "train.warmup=2", "train.keep_last_epochs=0", "train.average_last=0", "train.device=cpu",
+         "train.precision=fp32", "train.progress=false", "train.log_every=1", "decode.max_len_a=5"]
+
+# A made-up pair: "xx" words and their "yy" words (disjoint alphabets), translated word by word.
+XX = ["ka", "lo", "mi", "pa", "ta", "ne", "ko", "bi"]
+YY = ["ZU", "RY", "SO", "VE", "WI", "HU", "JO", "GE"]
+# French -> English sentences from a few parts, so spaCy's French and English tokenizers see real text.
+FR_EN = ({"Le chat": "The cat", "Le chien": "The dog", "La femme": "The woman", "L'homme": "The man"},
+         {"mange": "eats", "voit": "sees", "aime": "loves", "suit": "follows"},
+         {"une pomme.": "an apple.", "un livre.": "a book.", "la maison.": "the house.", "le ballon.": "the ball."})
+
+
+def made_up_pairs(n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """`n` sentence pairs of the made-up xx -> yy language (3-6 words, one yy word per xx word)."""
+    pairs = []
+    for _ in range(n):
+        words = [rng.randrange(len(XX)) for _ in range(rng.randint(3, 6))]
+        pairs.append((" ".join(XX[w] for w in words), " ".join(YY[w] for w in words)))
+    return pairs
+
+
+def french_pairs(n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """`n` French -> English sentence pairs."""
+    pairs = []
+    for _ in range(n):
+        chosen = [rng.choice(list(part.items())) for part in FR_EN]
+        pairs.append((" ".join(fr for fr, _ in chosen), " ".join(en for _, en in chosen)))
+    return pairs
+
+
+def write_split(prefix: Path, src: str, tgt: str, pairs: list[tuple[str, str]], gz: bool = False) -> None:
+    """PREFIX.SRC and PREFIX.TGT (gzip-compressed with `gz`), one sentence a line."""
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    for lang, side in ((src, 0), (tgt, 1)):
+        data = "".join(pair[side] + "\n" for pair in pairs).encode("utf-8")
+        path = prefix.with_name(f"{prefix.name}.{lang}")
+        if gz:
+            path.with_name(path.name + ".gz").write_bytes(gzip.compress(data))
+        else:
+            path.write_bytes(data)
+
+
+def write_corpus(folder: Path, src: str = "xx", tgt: str = "yy", test: bool = False) -> Path:
+    """Train (gzip-compressed), val and optionally test files of a small corpus in `folder`; returns `folder`."""
+    rng = random.Random(0)
+    make = made_up_pairs if src == "xx" else french_pairs
+    write_split(folder / "train", src, tgt, make(160, rng), gz=True)
+    write_split(folder / "val", src, tgt, make(12, rng))
+    if test:
+        write_split(folder / "test", src, tgt, make(10, rng))
+    return folder
+
+
+def own_config(folder: Path, cache: Path, *overrides: str):
+    """examples/own_data.yaml on the made-up xx -> yy corpus in `folder` (absolute prefixes), small and in fp32."""
+    return load_config(str(EXAMPLE), [f"data.train={folder / 'train'}", f"data.val={folder / 'val'}", "data.test=null",
+                                      "data.src_lang=xx", "data.tgt_lang=yy", "data.spm_vocab_size=40",
+                                      f"data.cache_dir={cache}", *SMALL, *overrides])
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    """The run's metrics.jsonl records of one kind ('epoch', 'final', ...)."""
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+# --------------------------------------------------------------------------- training end to end
+
+
+@pytest.mark.slow
+def test_the_example_trains_on_made_up_languages_resumes_and_translates(tmp_path, monkeypatch, command, no_charts):
+    monkeypatch.chdir(tmp_path)  # the example's prefixes (my_corpus/train, ...) start from the current folder
+    write_corpus(tmp_path / "my_corpus")
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    args = ["train", "--config", EXAMPLE, "data.src_lang=xx", "data.tgt_lang=yy", "data.test=null",
+            "data.spm_vocab_size=40", f"data.cache_dir={cache}", f"train.out_dir={run_dir}", *SMALL]
+    code, out, err = command(*args, "train.max_steps=3")
+    assert code == 0, err
+    out = out.decode()
+    assert "your files xx->yy: train 160, val 12 pairs" in out and "tokenised your files (spm mode)" in out
+    assert "(test not scored)" in out  # no data.test: the final scores are on val
+    assert "tok:13a" in records(run_dir, "final")[-1]["bleu_signature"]  # detokenised sacreBLEU, as for Multi30k
+    assert "bleu" in records(run_dir, "epoch")[-1]  # val BLEU at the end of training, as train.bleu_every asks
+    [entry] = cache.iterdir()
+    assert entry.name.startswith("files-")
+    settings = json.loads((entry / MANIFEST).read_text())["settings"]
+    assert sorted(settings["data"]) == ["train.xx", "train.yy", "val.xx", "val.yy"]
+    pipeline = json.loads((run_dir / "vocab" / "text_pipeline.json").read_text())
+    assert (pipeline["src_lang"], pipeline["tgt_lang"], pipeline["mode"]) == ("xx", "yy", "spm")
+
+    code, out, err = command(*args, "train.max_steps=5")  # a longer budget continues the run from its cache
+    assert code == 0, err
+    assert "resumed" in out.decode() and "loaded from cache" in out.decode()
+    assert [p.name for p in cache.iterdir()] == [entry.name]
+
+    code, out, err = command("translate", "--checkpoint", run_dir, "--device", "cpu", stdin=b"ka lo mi\n\npa ta\n")
+    assert code == 0, err
+    assert len(out.decode().split("\n")) == 4  # a line out per line in, the empty one kept
+
+
+@pytest.mark.slow
+def test_french_to_english_in_word_mode_scores_the_test_split(tmp_path, command, no_charts):
+    folder = write_corpus(tmp_path / "fr-en", "fr", "en", test=True)
+    run_dir = tmp_path / "run"
+    code, out, err = command("train", "--config", EXAMPLE, f"data.train={folder / 'train'}",
+                             f"data.val={folder / 'val'}", f"data.test={folder / 'test'}", "data.tokenizer=word",
+                             "data.min_freq=1", "model.tie_embeddings=false", f"data.cache_dir={tmp_path / 'cache'}",
+                             f"train.out_dir={run_dir}", "train.max_steps=3", *SMALL)
+    assert code == 0, err
+    assert "your files fr->en: train 160, val 12, test 10 pairs" in out.decode()
+    final = records(run_dir, "final")[-1]
+    assert "test_bleu" in final and "tok:none" in final["bleu_signature"]  # spaCy's tokens, scored as they are
+    vocab = json.loads((run_dir / "vocab" / "vocab.src.json").read_text())["itos"]
+    assert "L'" in vocab and "chat" in vocab and "pomme" in vocab  # spaCy's French rules split "L'homme"
+    code, out, err = command("translate", "--checkpoint", run_dir, "--device", "cpu", stdin=b"Le chat voit un livre.\n")
+    assert code == 0 and len(out.decode().splitlines()) == 1, err
+
+
+# --------------------------------------------------------------------------- bad data: one line, nothing written
+
+
+def damage(folder: Path, case: str) -> None:
+    """Make one kind of bad data in a corpus written by `write_corpus`."""
+    if case == "counts":
+        (folder / "val.yy").write_text("ZU RY\nSO\n")
+        (folder / "val.xx").write_text("ka lo\nmi\npa\n")
+    elif case == "utf8":
+        (folder / "val.xx").write_bytes("ka lo\nmi pa\nta ne \xe9\n".encode("latin-1"))
+    elif case == "empty":
+        (folder / "val.yy").write_bytes(b"")
+    elif case == "missing":
+        (folder / "train.yy.gz").unlink()
+    elif case == "both":
+        (folder / "val.xx.gz").write_bytes(gzip.compress((folder / "val.xx").read_bytes()))
+    elif case == "gzip":
+        (folder / "train.xx.gz").write_bytes((folder / "train.xx.gz").read_bytes()[:40])
+
+
+@pytest.mark.parametrize("case, message", [
+    ("counts", r"val\.xx has 3 lines but \S*val\.yy has 2: line i of one must be the translation"),
+    ("utf8", r"val\.xx is not UTF-8 text: line 3 has the byte 0xe9; convert the file"),
+    ("empty", r"val\.yy is empty: every split needs sentences"),
+    ("missing", r"data\.train=\S*train needs the file \S*train\.yy \(or train\.yy\.gz\), which does not exist"),
+    ("both", r"data\.val=\S*val names both \S*val\.xx and \S*val\.xx\.gz; remove one"),
+    ("gzip", r"train\.xx\.gz is not a complete gzip file"),
+])
+def test_bad_data_is_one_error_and_no_cache(tmp_path, case, message):
+    folder = write_corpus(tmp_path / "corpus")
+    damage(folder, case)
+    with pytest.raises(DataError, match=message):
+        load_translation_data(own_config(folder, tmp_path / "cache"), log=None)
+    assert not (tmp_path / "cache").exists()  # no half cache, not even its folder
+
+
+def test_bad_data_through_the_train_command_is_one_line_and_exit_2(tmp_path, command):
+    folder = write_corpus(tmp_path / "corpus")
+    damage(folder, "counts")
+    code, out, err = command("train", "--config", EXAMPLE, f"data.train={folder / 'train'}",
+                             f"data.val={folder / 'val'}", "data.test=null", "data.src_lang=xx", "data.tgt_lang=yy",
+                             f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={tmp_path / 'run'}", *SMALL)
+    lines = err.decode().strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+    assert f"{folder / 'val.xx'} has 3 lines but {folder / 'val.yy'} has 2" in lines[0]
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.val=null"], r"data\.dataset=files needs data\.val: the path prefix of the xx/yy files"),
+    (["data.dataset=multi30k"], r"data\.train, data\.val name your own files, which data\.dataset=multi30k does not"),
+    (["data.src_lang=x/y"], r"data\.src_lang 'x/y' is not a language code"),
+])
+def test_config_mistakes_about_the_files(tmp_path, overrides, message):
+    write_corpus(tmp_path / "corpus")
+    with pytest.raises(ConfigError, match=message):
+        own_config(tmp_path / "corpus", tmp_path / "cache", *overrides)
+
+
+def test_multi30k_is_german_and_english_only():
+    with pytest.raises(ConfigError, match=r"Multi30k is German and English, not fr->en: .*data\.dataset=files"):
+        load_config("tiny", ["data.src_lang=fr"])
+
+
+def test_word_mode_without_a_spacy_language_says_to_use_spm(tmp_path):
+    folder = write_corpus(tmp_path / "corpus")
+    cfg = own_config(folder, tmp_path / "cache", "data.tokenizer=word", "model.tie_embeddings=false")
+    with pytest.raises(ConfigError, match=r"no word tokenizer for 'yy' \(spaCy does not know the language\); set "
+                                          r"data\.tokenizer=spm"):
+        load_translation_data(cfg, log=None)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_missing_test_split_is_named_when_asked_for(tmp_path):
+    corpus = open_corpus(own_config(write_corpus(tmp_path / "corpus"), tmp_path / "cache").data)
+    assert corpus.splits == ("train", "val")
+    with pytest.raises(DataError, match=r"there is no test split: set data\.test"):
+        corpus.read("test")
+
+
+def test_the_cache_key_follows_the_files_content(tmp_path):
+    folder = write_corpus(tmp_path / "corpus")
+    cfg = own_config(folder, tmp_path / "cache")
+    before = cache_folder(cfg.data, open_corpus(cfg.data).fingerprint())
+    (folder / "val.yy").write_text((folder / "val.yy").read_text().replace("ZU", "RY", 1))
+    after = cache_folder(cfg.data, open_corpus(cfg.data).fingerprint())
+    assert before.name.startswith("files-") and after.name.startswith("files-") and before != after
+
+
+def test_bleu_tokenises_as_sacrebleu_does_for_the_target_language():
+    assert [bleu_tokenizer("spm", lang) for lang in ("en", "de", "fr", "xx", "zh")] == ["13a"] * 4 + ["zh"]
+    assert bleu_tokenizer("word", "zh") == "none"  # word mode scores spaCy's tokens as they are
+
+
+# --------------------------------------------------------------------------- Multi30k both ways
+
+
+def raw_lines(folder: Path, name: str) -> list[str]:
+    with gzip.open(folder / name, "rt", encoding="utf-8") as f:
+        return [line.strip() for line in f.read().split("\n")[:-1]]
+
+
+def test_multi30k_en_de_reads_english_as_the_source(multi30k_dir):
+    cfg = load_config("cpu_15min_en_de", [f"data.root={multi30k_dir}"])
+    assert (cfg.data.src_lang, cfg.data.tgt_lang) == ("en", "de")
+    src, tgt = open_corpus(cfg.data).read("train")
+    assert src[0] == raw_lines(multi30k_dir, "train.en.gz")[0] and tgt[0] == raw_lines(multi30k_dir, "train.de.gz")[0]
+    assert src[0].startswith("Two young, White males")
+    settings = cache_settings(cfg.data)
+    assert (settings["src_lang"], settings["tgt_lang"]) == ("en", "de")
+    assert cache_folder(cfg.data) != cache_folder(load_config("cpu_15min", [f"data.root={multi30k_dir}"]).data)
+
+
+@pytest.mark.slow
+def test_multi30k_en_de_ids_are_de_en_ids_swapped(multi30k_data, tiny_config):
+    swapped = load_translation_data(tiny_config("data.src_lang=en", "data.tgt_lang=de"), log=None)
+    assert swapped.text.src_vocab == multi30k_data.text.tgt_vocab  # word mode: a vocabulary per language
+    assert swapped.text.tgt_vocab == multi30k_data.text.src_vocab
+    for name, split in swapped.splits.items():
+        before = multi30k_data.splits[name]
+        assert split.src_text == before.tgt_text and split.tgt_text == before.src_text
+        assert all((a == b).all() for a, b in zip(split.src, before.tgt))
+        assert all((a == b).all() for a, b in zip(split.tgt, before.src))
+
+
+def test_multi30k_de_en_keeps_its_cache_key_and_tokens(multi30k_data, multi30k_dir, tiny_config):
+    d = tiny_config().data
+    # The settings the de->en cache was keyed by before own files existed: the same key finds the same cache.
+    assert {k: v for k, v in cache_settings(d).items() if k != "spacy"} == {
+        "format": 1, "data": dict(sorted(MULTI30K_FILES.items())), "src_lang": "de", "tgt_lang": "en",
+        "tokenizer": "word", "lowercase": False, "min_freq": 2, "references": "tokenised"}
+    folder = Path(multi30k_data.stats["cache"])
+    assert folder == cache_folder(d) and folder.name.startswith("multi30k-")
+    text = multi30k_data.text
+    for name, stem in (("train", "train"), ("val", "val"), ("test", "test_2016_flickr")):
+        split = multi30k_data.splits[name]
+        de, en = raw_lines(multi30k_dir, f"{stem}.de.gz"), raw_lines(multi30k_dir, f"{stem}.en.gz")
+        assert split.src_text == de and split.tgt_text == en
+        for i in range(0, len(split), len(split) // 20):
+            assert split.src[i].tolist() == text.numericalize(word_tokenize(de[i], "de"), "src")
+            assert split.tgt[i].tolist() == text.numericalize(word_tokenize(en[i], "en"), "tgt")
