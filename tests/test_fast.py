@@ -101,3 +101,45 @@ def test_the_plain_optimizer_is_pytorchs_adam_and_training_asks_for_the_fused_on
     model = small_model()
     assert not build_optimizer(model).defaults["fused"]
     assert build_optimizer(model, fused=fused_adam_pays(model)).defaults["fused"]
+
+
+def test_train_compile_takes_false_true_or_captured_and_captured_needs_a_gpu(tiny_config, tmp_path, train_command):
+    from annotated_transformer.errors import ConfigError
+    from annotated_transformer.fast import compile_model
+
+    assert tiny_config("train.compile=captured").train.compile == "captured"
+    assert tiny_config("train.compile=true").train.compile is True
+    with pytest.raises(ConfigError, match="train.compile"):
+        tiny_config("train.compile=graphs")
+    model = small_model()
+    assert compile_model(model, False) is model
+    with pytest.raises(ConfigError, match="^train.compile=captured replays CUDA graphs, but the model is on cpu"):
+        compile_model(model, "captured")
+    code, _, err = train_command("--config", "tiny", "train.compile=captured", "train.device=cpu",
+                                 f"train.out_dir={tmp_path / 'run'}", "train.max_steps=1", "train.progress=false")
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: train.compile=captured replays CUDA graphs")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU (the CPU test above checks "
+                    "the option)")
+def test_captured_steps_give_the_eager_losses_within_bf16_noise():
+    from annotated_transformer.data import Batch
+    from annotated_transformer.fast import compile_model
+    from annotated_transformer.harness.schedules import build_scheduler
+    from annotated_transformer.loop import train_step
+    from annotated_transformer.optim import build_optimizer
+
+    g = torch.Generator().manual_seed(3)
+    shapes = [(4, 7), (6, 5), (4, 7), (6, 5), (4, 7), (6, 5)]  # two shapes, each recorded once and replayed
+    batches = [Batch(torch.randint(3, 23, (b, n), generator=g), torch.randint(3, 23, (b, n + 1), generator=g), pad=0)
+               for b, n in shapes]
+    losses = {}
+    for mode in (False, "captured"):
+        model = speed_up(small_model(dropout=0.0).cuda())
+        opt = build_optimizer(model, fused=fused_adam_pays(model))
+        sched = build_scheduler(opt, 32, 1.0, 10)
+        step_model = compile_model(model, mode)
+        lc = FusedLossCompute(model.generator, LabelSmoothing(23, 0, 0.1))
+        losses[mode] = [train_step([b.to("cuda")], step_model, lc, opt, sched, amp_dtype=torch.bfloat16,
+                                   clip_grad_norm=1.0)[0].item() for b in batches]
+    torch.testing.assert_close(torch.tensor(losses["captured"]), torch.tensor(losses[False]), rtol=2e-2, atol=2e-2)

@@ -129,7 +129,10 @@ class TrainConfig:
                         "tcmalloc than glibc's)")
     precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), 'bf16' or 'fp32'",
                            choices=("auto", "bf16", "fp32"))
-    compile: bool = param(False, "wrap the model in torch.compile")
+    compile: bool | str = param(False, "torch.compile the model: true (one compile serves every batch shape), "
+                                "'captured' (also replays each batch shape's forward and backward as CUDA graphs: "
+                                "torch.compile's reduce-overhead mode; CUDA GPUs only), or false",
+                                choices=(False, True, "captured"))
     out_dir: str | None = param(None, "run directory (default: runs/<config name>)")
     overwrite: bool = param(False, "replace an existing run directory instead of refusing")
     resume: bool | str = param(

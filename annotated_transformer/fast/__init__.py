@@ -7,6 +7,7 @@ Training (`extensions.builder.build_training`) and decoding put these on top:
     FusedLossCompute(generator, crit)    # LabelSmoothing with the log-softmax fused in (loss.py's value)
     build_optimizer(model, ..., fused=fused_adam_pays(model))   # one fused Adam kernel for all parameters
     with onednn_linears(model): ...      # fp32 decoding through oneDNN where it is faster than MKL (cpu_linear.py)
+    compile_model(model, "captured")     # torch.compile, and on GPUs each batch shape's step as CUDA graphs
 
 Beam search lays out its queries for the encoder-decoder attention itself (`query_grid.grouped_queries`).
 Left out, each gives the plain path's result: the same values, within float rounding where an operation's
@@ -16,8 +17,10 @@ Measurements: docs/performance.md.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
+from ..errors import ConfigError
 from .cpu_linear import onednn_linears, onednn_pays
 from .dropout import FastDropout
 from .loss import FusedLossCompute, smoothed_cross_entropy
@@ -39,6 +42,25 @@ def slow_down(model: nn.Module) -> nn.Module:
     return model
 
 
+def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
+    """`model` as train.compile says: itself (False), compiled (True), or compiled with its steps captured.
+
+    One compile with symbolic shapes serves every batch shape. 'captured' is torch.compile's
+    reduce-overhead mode: each new batch shape's forward and backward are recorded once as CUDA graphs
+    and replayed, so a step costs a few graph launches instead of hundreds of kernel launches; it pays
+    with a few fixed batch shapes (data.static_shapes) and needs a CUDA device.
+    """
+    if mode is False:
+        return model
+    if mode == "captured":
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise ConfigError(f"train.compile=captured replays CUDA graphs, but the model is on {device}: use "
+                              "train.compile=true (or false) there")
+        return torch.compile(model, mode="reduce-overhead", dynamic=True)
+    return torch.compile(model, dynamic=True)
+
+
 def fused_adam_pays(model: nn.Module) -> bool:
     """Whether Adam's fused kernel applies: every trainable parameter on one CUDA device or on the CPU.
 
@@ -48,5 +70,5 @@ def fused_adam_pays(model: nn.Module) -> bool:
     return len(devices) == 1 and next(iter(devices)).type in ("cuda", "cpu")
 
 
-__all__ = ["FastDropout", "FusedLossCompute", "fused_adam_pays", "onednn_linears", "onednn_pays", "slow_down",
+__all__ = ["FastDropout", "FusedLossCompute", "compile_model", "fused_adam_pays", "onednn_linears", "onednn_pays", "slow_down",
            "smoothed_cross_entropy", "speed_up"]

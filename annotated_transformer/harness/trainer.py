@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ..config import Config, config_to_dict
 from ..errors import DistributedError, TrainingDiverged, UserError
 from ..extensions.builder import build_ema, build_training
+from ..fast import compile_model
 from ..loop import TrainState
 from .loss_meter import LossMeter
 from .train_loop import LoopHooks, evaluate_loss, train_loop
@@ -42,14 +43,13 @@ from .tasks import build_task
 from .tensorboard_log import summary_writer_class
 
 
-def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: bool) -> nn.Module:
-    """The module the training step calls: compiled inside, DDP outside.
+def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: bool | str) -> nn.Module:
+    """The module the training step calls: compiled (or captured) inside, DDP outside (`fast.compile_model`).
 
     DDP must be the outer wrapper: `train_step` finds it with isinstance to skip the gradient
     all-reduce (`no_sync`) on all but the last micro-batch; torch.compile(DDP(...)) would hide it.
-    Every bucketed batch has its own (B, S, T): one compile for symbolic shapes, not one per shape.
     """
-    wrapped = torch.compile(model, dynamic=True) if compile else model
+    wrapped = compile_model(model, compile)
     if info.distributed:
         wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
     return wrapped

@@ -61,7 +61,7 @@ from .hardware import (
 def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> dict[str, Any]:
     """One side's model, loader, loss, optimizer and precision: the notebook's ('notebook') or ours ('fast')."""
     from ..data.notebook_pipeline import notebook_dataloader
-    from ..fast import FusedLossCompute, fused_adam_pays, speed_up
+    from ..fast import FusedLossCompute, compile_model, fused_adam_pays, speed_up
     from ..loss import LabelSmoothing, SimpleLossCompute
     from ..extensions.builder import build_model
     from ..harness.schedules import build_scheduler
@@ -84,7 +84,7 @@ def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> d
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
                                 fused=not notebook and fused_adam_pays(model))
     scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
-    train_model = torch.compile(model, dynamic=True) if (cfg.train.compile and not notebook) else model
+    train_model = compile_model(model, False if notebook else cfg.train.compile)
     # The notebook side keeps its order: log-softmax, then the divergence on log-probabilities.
     loss_compute = (SimpleLossCompute if notebook else FusedLossCompute)(model.generator, criterion)
     return dict(side_cfg=run_cfg, amp_dtype=amp_dtype, loader=loader, model=model, train_model=train_model,

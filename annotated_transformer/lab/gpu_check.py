@@ -62,12 +62,8 @@ def _step_parts(cfg: Config, data: Any, device: torch.device, mode: str) -> dict
     """A fresh model, loss, optimizer and schedule for `mode`, wrapped as that mode runs it."""
     from .benchmark import _training_side
 
-    parts = _training_side("fast", replace(cfg, train=replace(cfg.train, compile=False)), data, device)
-    if mode == "compiled":
-        parts["train_model"] = torch.compile(parts["model"], dynamic=True)
-    elif mode == "captured":
-        parts["train_model"] = torch.compile(parts["model"], mode="reduce-overhead", dynamic=True)
-    return parts
+    compile = {"eager": False, "compiled": True, "captured": "captured"}[mode]  # as train.compile names them
+    return _training_side("fast", replace(cfg, train=replace(cfg.train, compile=compile)), data, device)
 
 
 def _batches(cfg: Config, data: Any, batch_tokens: int, device: torch.device) -> list[Any]:
