@@ -95,6 +95,11 @@ class DataConfig:
     batching: str = param("bucket", "'bucket' (length-bucketed, about batch_tokens a batch) or 'notebook' "
                           "(the notebook's: 32 sentences padded to 72)", choices=("bucket", "notebook"))
     batch_tokens: int = param(4096, "bucket mode: about this many padded tokens (source or target) per batch")
+    static_shapes: bool | str = param(
+        "auto", "bucket mode: true draws every batch from a few fixed (rows, width) shapes, so a GPU compiles or "
+        "captures the training step once per shape (about 10% padding instead of 3%; every sentence still once "
+        "an epoch); 'auto': true when training on a CUDA GPU without subword sampling, else false (the plain "
+        "bucket plan)", choices=("auto", True, False))
     num_workers: int = param(0, "data-loader worker processes (batches are pre-numericalised, so 0 is fine)")
     copy_vocab: int = param(11, "copy task: vocabulary size (token 0 pads, token 1 starts every sequence)")
     copy_seq_len: int = param(10, "copy task: sequence length, start symbol included")

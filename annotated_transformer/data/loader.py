@@ -4,6 +4,10 @@ A `StatefulDataLoader` (torchdata) draws index lists from `EpochBatchSampler` an
 `Batch` objects with `PadCollate`. The sampler's plan is a pure function of (seed, epoch), so the
 loader's state is just "epoch e, k batches taken": on resume the sampler recomputes the epoch's
 plan and the data loader skips the k index lists it already served, without loading them.
+
+With static shapes (data.static_shapes; buckets.py's `static_batches`) the sampler yields a
+`ShapedBatch` (sentence indices, rows, width) instead of a list of indices, `ShapedPairDataset`
+hands its pairs on with the shape, and `ShapedPadCollate` pads them to exactly that shape.
 """
 
 from __future__ import annotations
@@ -23,14 +27,19 @@ from .buckets import (
     NOTEBOOK_BATCH_SIZE,
     NOTEBOOK_PADDING,
     PadCollate,
+    ShapedBatch,
+    ShapedPadCollate,
+    ShapedPairs,
     bucket_batches,
     epoch_rng,
     notebook_batches,
     shard,
+    static_batches,
 )
 from .vocab import PAD
 
 BATCHING_MODES = ("bucket", "notebook")
+STATIC_SHAPES = ("auto", True, False)  # the values of data.static_shapes
 
 # epoch -> that epoch's (source ids, target ids) of every training sentence, aligned with the batch plan
 Resegment = Callable[[int], tuple[Sequence[np.ndarray], Sequence[np.ndarray]]]
@@ -53,12 +62,31 @@ class PairDataset(Dataset):
         return [(self.src[i], self.tgt[i]) for i in indices]
 
 
+class ShapedPairDataset(PairDataset):
+    """PairDataset for static shapes: a batch's index is a `ShapedBatch`, and its pairs go on with its shape."""
+
+    def __getitems__(self, batch: ShapedBatch) -> ShapedPairs:  # type: ignore[override]
+        return ShapedPairs([(self.src[i], self.tgt[i]) for i in batch.ids.tolist()], batch.rows, batch.width)
+
+
+def static_shapes_on(setting: bool | str, cuda: bool, lengths_vary: bool = False) -> bool:
+    """Whether data.static_shapes (`setting`) turns the static-shape plan on for this run.
+
+    'auto': on when training on a CUDA GPU (where one compiled or captured step per shape pays),
+    off on the CPU (today's bucket plan, unchanged) and off when subword sampling draws new lengths
+    every epoch (`lengths_vary`: batches would outgrow their planned widths).
+    """
+    if setting not in STATIC_SHAPES:
+        raise ValueError(f"static_shapes must be one of {STATIC_SHAPES}, got {setting!r}")
+    return (cuda and not lengths_vary) if setting == "auto" else bool(setting)
+
+
 class EpochBatchSampler(Sampler[list[int]]):
     """Yields this rank's batches (lists of sentence indices) of the epoch chosen with `set_epoch`."""
 
     def __init__(self, src_lens: np.ndarray, tgt_lens: np.ndarray, *, batching: str = "bucket",
                  batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 batch_size: int = NOTEBOOK_BATCH_SIZE) -> None:
+                 batch_size: int = NOTEBOOK_BATCH_SIZE, static: bool = False) -> None:
         if batching not in BATCHING_MODES:
             raise ValueError(f"batching must be one of {BATCHING_MODES}, got {batching!r}")
         if not 0 <= rank < world_size:
@@ -66,6 +94,8 @@ class EpochBatchSampler(Sampler[list[int]]):
         self.src_lens, self.tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens)
         self.batching, self.batch_tokens, self.batch_size = batching, batch_tokens, batch_size
         self.seed, self.rank, self.world_size = seed, rank, world_size
+        # Static shapes change the bucket plan only: the notebook's batches are fixed-size already.
+        self.static = static and batching == "bucket"
         self.epoch = 0
         # (epoch, source lengths, target lengths) that epoch serves, when the batches are filled by them
         self.served: tuple[int, np.ndarray, np.ndarray] | None = None
@@ -77,28 +107,34 @@ class EpochBatchSampler(Sampler[list[int]]):
         """Choose the epoch whose plan the next iteration follows."""
         self.epoch = int(epoch)
 
-    def global_batches(self, epoch: int) -> list[np.ndarray]:
-        """Every rank's batches of `epoch`, before sharding."""
+    def global_plan(self, epoch: int) -> list[np.ndarray] | list[ShapedBatch]:
+        """Every rank's batches of `epoch`, before sharding (with static shapes: `ShapedBatch`es)."""
         rng = epoch_rng(self.seed, epoch)
         if self.batching == "notebook":
             return notebook_batches(len(self.src_lens), rng, self.batch_size)
         served = self.served[1:] if self.served is not None and self.served[0] == epoch else None
-        return bucket_batches(self.src_lens, self.tgt_lens, self.batch_tokens, rng, served)
+        plan = static_batches if self.static else bucket_batches
+        return plan(self.src_lens, self.tgt_lens, self.batch_tokens, rng, served)
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
+    def global_batches(self, epoch: int) -> list[np.ndarray]:
+        """Every rank's batches of `epoch` as sentence indices, before sharding."""
+        plan = self.global_plan(epoch)
+        return [b.ids for b in plan] if self.static else plan
+
+    def batches(self, epoch: int) -> list[np.ndarray] | list[ShapedBatch]:
         """This rank's batches of `epoch`."""
-        return shard(self.global_batches(epoch), self.rank, self.world_size)
+        return shard(self.global_plan(epoch), self.rank, self.world_size)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[int] | ShapedBatch]:
         for b in self.batches(self.epoch):
-            yield b.tolist()
+            yield b if self.static else b.tolist()
 
     def __len__(self) -> int:
         return -(-self._num_global // self.world_size) if self._num_global else 0
 
 
 class TrainLoader:
-    """One rank's training batches: length-bucketed (or the notebook's) plan, sharded, resumable.
+    """One rank's training batches: length-bucketed (static-shape, or the notebook's) plan, sharded, resumable.
 
     Usage per epoch: `set_epoch(e)`, then iterate; `state_dict()` at any point mid-epoch, and
     `load_state_dict(state)` in a new process continues with the next unseen batch.
@@ -107,18 +143,21 @@ class TrainLoader:
     def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray], *, batching: str = "bucket",
                  batch_tokens: int = 4096, seed: int = 0, rank: int = 0, world_size: int = 1,
                  pin_memory: bool = False, num_workers: int = 0, pad: int = PAD,
-                 resegment: Resegment | None = None, plan_on_served: bool = False) -> None:
+                 resegment: Resegment | None = None, plan_on_served: bool = False,
+                 static_shapes: bool = False) -> None:
         self.sampler = EpochBatchSampler(
             np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src)),
             np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),
-            batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size)
+            batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size,
+            static=static_shapes)
         width = NOTEBOOK_PADDING if batching == "notebook" else None
         self.width = width
         # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the batches' sizes keep the lengths above
         self.resegment = resegment
         # Fill the batches in the order of the served lengths (subword sampling: fewer padded positions)
         self.plan_on_served = plan_on_served
-        self.dataset = PairDataset(src, tgt)
+        self.dataset = (ShapedPairDataset if self.sampler.static else PairDataset)(src, tgt)
+        collate = ShapedPadCollate(pad) if self.sampler.static else PadCollate(pad, width)
         self.src_lens, self.tgt_lens = self.sampler.src_lens, self.sampler.tgt_lens  # of the ids served this epoch
         self.resegment_seconds = 0.0  # what the latest set_epoch spent resegmenting
         # Imported here, not at the top: only training needs torchdata, and `import annotated_transformer`
@@ -129,7 +168,7 @@ class TrainLoader:
             # torchdata 0.11 calls torch.set_vital, which torch >= 2.9 flags as deprecated: not ours to fix.
             warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
             self.loader = StatefulDataLoader(
-                self.dataset, batch_sampler=self.sampler, collate_fn=PadCollate(pad, width),
+                self.dataset, batch_sampler=self.sampler, collate_fn=collate,
                 num_workers=num_workers, pin_memory=pin_memory,
                 # Its own generator: a DataLoader draws a seed for every new iterator, and from the global
                 # RNG that would shift the dropout stream of a run resumed mid-epoch (measured: the first
@@ -139,6 +178,11 @@ class TrainLoader:
         self.epoch = 0
         self._finished_epoch = False  # a loaded state said: this epoch has no batches left
         self._taken = 0  # batches of this epoch already served
+
+    @property
+    def static_shapes(self) -> bool:
+        """Whether the batches come from the static-shape plan."""
+        return self.sampler.static
 
     @property
     def world_size(self) -> int:
@@ -209,10 +253,17 @@ class TrainLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands (plain Python values, safe for torch.load(weights_only=True))."""
         return {"epoch": self.epoch, "seed": self.sampler.seed, "world_size": self.world_size,
-                "batches_per_epoch": len(self), "taken": self._taken, "loader": self.loader.state_dict()}
+                "batches_per_epoch": len(self), "static_shapes": self.static_shapes, "taken": self._taken,
+                "loader": self.loader.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the saved epoch with its next unseen batch."""
+        saved_static = bool(state.get("static_shapes", False))  # saved before static shapes existed: the bucket plan
+        if saved_static != self.static_shapes:
+            raise DataError(
+                f"the saved data position is for static batch shapes {'on' if saved_static else 'off'}, this run "
+                f"has them {'on' if self.static_shapes else 'off'} (data.static_shapes=auto: on for CUDA training "
+                f"only); resume with data.static_shapes={str(saved_static).lower()}")
         if state.get("world_size") != self.world_size or state.get("batches_per_epoch") != len(self):
             raise DataError(
                 f"the saved data position is for {state.get('world_size')} process(es) and "

@@ -39,7 +39,7 @@ from .buckets import (
     notebook_batches,
 )
 from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
-from .loader import Resegment, TrainLoader
+from .loader import Resegment, TrainLoader, static_shapes_on
 from .multi30k import Multi30k, resolve_multi30k_dir
 from .own_files import OwnFiles
 from .text import TextPipeline, truncate_ids
@@ -91,11 +91,14 @@ class TranslationData:
                      resegment: Resegment | None = None, plan_on_served: bool = False) -> TrainLoader:
         """This rank's resumable training batches (data.batching plan, data.batch_tokens budget); `resegment`
         (epoch -> ids of every training pair) replaces the cached ids each epoch, and with `plan_on_served` the
-        batches are filled by the lengths it serves."""
+        batches are filled by the lengths it serves. `pin_memory` is what the callers pass for a CUDA device,
+        so it also turns data.static_shapes=auto on."""
         d, train = self.config, self.splits["train"]
+        static = static_shapes_on(d.static_shapes, cuda=pin_memory, lengths_vary=plan_on_served)
         return TrainLoader(train.src, train.tgt, batching=d.batching, batch_tokens=d.batch_tokens, seed=seed,
                            rank=rank, world_size=world_size, pin_memory=pin_memory, num_workers=d.num_workers,
-                           pad=self.text.pad_id, resegment=resegment, plan_on_served=plan_on_served)
+                           pad=self.text.pad_id, resegment=resegment, plan_on_served=plan_on_served,
+                           static_shapes=static)
 
     def eval_batches(self, split: str, rank: int = 0, world_size: int = 1) -> list[Batch]:
         """Deterministic length-bucketed batches of this rank's share of `split` (each sentence on one rank).
