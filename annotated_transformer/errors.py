@@ -4,20 +4,25 @@ Every mistake a user can make (a bad config key, a missing data file, a
 corrupted checkpoint, an unreadable input) raises a subclass of `UserError`
 whose message names the problem and the fix. The scripts wrap their `main` in
 `run_cli`, which prints that one line on stderr and exits with the error's code:
-2 for most, 3 for a diverged training run (`TrainingDiverged`).
+2 for most, 3 for a diverged training run (`TrainingDiverged`). An error may carry
+`details`: lines printed after that one line (a list to choose from, one item a line).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 
 class UserError(Exception):
-    """A problem the user can fix; its message is shown as-is, on one line."""
+    """A problem the user can fix; its message is shown as-is, on one line, then any `details` lines."""
 
     exit_code = 2
+
+    def __init__(self, message: str = "", details: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.details = tuple(details)
 
 
 class ConfigError(UserError):
@@ -50,10 +55,22 @@ class DistributedError(UserError):
     """A rank could not join the process group under torchrun: unreachable address, mismatched command, stale store."""
 
 
-def fail(message: str, code: int = 2) -> NoReturn:
-    """Print `error: message` on one line of stderr and exit with `code`."""
+def excerpt(text: object, limit: int = 160) -> str:
+    """The first non-empty line of `text` (often an exception), at most `limit` characters, cut between words."""
+    empty = type(text).__name__ if isinstance(text, BaseException) else ""
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), empty)
+    if len(line) <= limit:
+        return line
+    cut = line[:limit].rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return f"{cut} ..."
+
+
+def fail(message: str, code: int = 2, details: Sequence[str] = ()) -> NoReturn:
+    """Print `error: message` on one line of stderr (then any `details` lines) and exit with `code`."""
     one_line = " ".join(str(message).split())
     print(f"error: {one_line}", file=sys.stderr, flush=True)
+    for line in details:
+        print(line, file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 
@@ -62,7 +79,7 @@ def run_cli(main: Callable[[], int | None]) -> None:
     try:
         code = main()
     except UserError as exc:
-        fail(str(exc), exc.exit_code)
+        fail(str(exc), exc.exit_code, getattr(exc, "details", ()))
     except KeyboardInterrupt:
         fail("interrupted", 130)
     raise SystemExit(code or 0)

@@ -70,11 +70,12 @@ def test_validate_checks_cross_field_rules():
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config("nope")
-    message = str(err.value)  # one line naming every shipped config with its purpose
-    assert message.startswith("config file 'nope' not found; the shipped configs: copy (The paper's copy task")
-    assert "\n" not in message
-    for name, purpose in shipped_configs().items():
-        assert f"{name} ({purpose})" in message
+    message = str(err.value)  # one line; every shipped config with its purpose on a line of its own after it
+    assert message == "config file 'nope' not found; give a config's name (listed below) or a path to a YAML file"
+    assert err.value.details[0] == "the shipped configs:"
+    assert [line.split()[0] for line in err.value.details[1:]] == list(shipped_configs())
+    for line, purpose in zip(err.value.details[1:], shipped_configs().values()):
+        assert line.endswith(f"  {purpose}")
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  N: 2\n   d_model: [\n")
     with pytest.raises(ConfigError, match=r"bad.yaml line \d+ column \d+: invalid YAML"):
@@ -123,7 +124,8 @@ def test_cli_errors_are_one_line_and_exit_2(args, message, tmp_path, monkeypatch
         run("train", args, "train.py")
     assert done.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1, lines
+    # One line; a config that is not found is followed by the shipped ones to choose from, a line each.
+    assert len(lines) == 1 or ("not found" in lines[0] and lines[1] == "the shipped configs:"), lines
     assert lines[0].startswith("error: ") and message in lines[0]
     assert not any(tmp_path.iterdir())  # nothing written
 

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,35 @@ def shipped_config_dir() -> Path | None:
     return CHECKOUT_CONFIG_DIR if CHECKOUT_CONFIG_DIR.is_dir() else None
 
 
-def _suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    if not close:  # a typo in the section name: match on the last part alone
-        tails = {k.rsplit(".", 1)[-1]: k for k in valid}
-        hit = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(tails), n=1, cutoff=0.6)
-        close = [tails[hit[0]]] if hit else []
-    return f" (did you mean '{close[0]}'?)" if close else ""
+def closest_key(key: str, valid: Sequence[str]) -> str | None:
+    """The valid dotted key a mistyped `key` most likely means, or None.
+
+    In order: the same last part in another section (trian.epochs -> train.epochs); a key whose last
+    part starts with the given one (train.lr -> train.lr_factor), then one that contains it or is
+    contained in it (train.warmup_steps -> train.warmup), in the given section before the others;
+    then the nearest spelling (difflib), of the whole key and then of its last part alone.
+    """
+    section, _, tail = key.rpartition(".")
+    parts = [(k, *k.rpartition(".")[::2]) for k in valid]  # (key, its section, its last part)
+    same_tail = [k for k, _, t in parts if t == tail]
+    if same_tail:
+        return same_tail[0]
+    for pool in ([p for p in parts if p[1] == section], parts):
+        for hits in ([k for k, _, t in pool if len(tail) >= 2 and t.startswith(tail)],
+                     [k for k, _, t in pool if (len(tail) >= 3 and tail in t) or (len(t) >= 3 and t in tail)]):
+            if hits:
+                return min(hits, key=len)  # the least added or taken away
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    if close:
+        return close[0]
+    tails = {t: k for k, _, t in reversed(parts)}  # the first key of each last part
+    hit = difflib.get_close_matches(tail, list(tails), n=1, cutoff=0.6)
+    return tails[hit[0]] if hit else None
+
+
+def _suggest(key: str, valid: Sequence[str]) -> str:
+    close = closest_key(key, valid)
+    return f" (did you mean '{close}'?)" if close else ""
 
 
 def _type_name(tp: Any) -> str:
@@ -210,9 +233,24 @@ def resolve_config_path(name: str) -> Path:
             for cand in (folder / name, folder / f"{name}.yaml"):
                 if cand.is_file():
                     return cand
-    listed = "; ".join(f"{n} ({what})" for n, what in shipped_configs().items())
-    hint = f"; the shipped configs: {listed}" if listed else ""
-    raise ConfigError(f"config file '{name}' not found{hint}; or give a path to a YAML file")
+    raise config_not_found(name, path)
+
+
+def config_not_found(name: str, path: Path) -> ConfigError:
+    """The error for a --config that names nothing: the nearest config's name, and every shipped one a line after."""
+    beside = len(path.parts) > 1 and path.parent.is_dir()  # a path into a folder: its own YAML files
+    folders = [path.parent] if beside else [Path("configs"), shipped_config_dir()]
+    known = sorted({f.stem for folder in folders if folder and folder.is_dir() for f in folder.glob("*.yaml")})
+    close = difflib.get_close_matches(path.name.removesuffix(".yaml"), known, n=1, cutoff=0.6)
+    meant = ""
+    if close:
+        guess = f"{close[0]}.yaml"
+        meant = f" (did you mean {path.with_name(guess) if beside else guess}?)"
+    shipped = shipped_configs()
+    width = max(map(len, shipped), default=0)
+    details = ["the shipped configs:", *(f"  {n:<{width}}  {what}" for n, what in shipped.items())] if shipped else []
+    return ConfigError(f"config file '{name}' not found{meant}; give a config's name"
+                       f"{' (listed below)' if shipped else ''} or a path to a YAML file", details)
 
 
 def config_summary(path: Path) -> str:
@@ -245,10 +283,12 @@ def read_yaml(path: Path) -> dict[str, Any]:
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{path}{where}: invalid YAML ({problem}); fix the syntax") from None
-    if data is None:
-        return {}
+    if data is None:  # an empty file (or only comments) would train the defaults, which nobody means
+        raise ConfigError(f"{path} is empty: a config names its settings by section (model:, data:, train:, ...); "
+                          "start from a shipped config, e.g. configs/copy.yaml")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...)")
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...), "
+                          f"not a {type(data).__name__}")
     return data
 
 
@@ -286,10 +326,12 @@ def config_help() -> str:
     return f"a config by bare name (from ./configs/, then the shipped ones) or a path to a YAML file:{listed}"
 
 
-def config_parser(description: str, prog: str | None = None) -> argparse.ArgumentParser:
-    """A parser with `--config NAME_OR_PATH` and trailing `section.key=value` overrides."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+def config_parser(description: str, prog: str | None = None, parser_class: type[argparse.ArgumentParser]
+                  = argparse.ArgumentParser, **kwargs: Any) -> argparse.ArgumentParser:
+    """A parser with `--config NAME_OR_PATH` and trailing `section.key=value` overrides; `parser_class` and
+    `kwargs` choose the parser (the commands' own, which says more on a mistake)."""
+    parser = parser_class(
+        **kwargs, prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=f"--config NAME: {config_help()}\n\nOverrides look like train.epochs=2 model.d_model=256; every "
                "key is in docs/config.md.",
     )
