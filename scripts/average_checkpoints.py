@@ -2,10 +2,10 @@
 
     uv run python scripts/average_checkpoints.py runs/base/epoch_*.pt --out runs/base/avg.pt
 
-The code is annotated_transformer/cli/average.py (also `python -m annotated_transformer average`).
+The code is annotated_transformer/cli/average.py (also `python -m annotated_transformer average-checkpoints`).
 """
 
 from _entry import run_command
 
 if __name__ == "__main__":
-    run_command("average")
+    run_command("average-checkpoints")

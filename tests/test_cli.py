@@ -17,23 +17,23 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.cli import COMMANDS, main as cli_main
+from annotated_transformer.cli import COMMANDS, command_name, main as cli_main
 from annotated_transformer.errors import CheckpointError, ConfigError
 from annotated_transformer.deploy.translator import resolve_checkpoint, torch_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = {"--checkpoint", "--out", "--quantize", "--limit", "--device"}
+SHARED = {"--checkpoint", "--out", "--quantize", "--limit", "--device", "--beam"}
 # Which shared options each command takes (the rest have no use for them).
 TAKES = {
-    "train": {"--out", "--device"}, "translate": {"--checkpoint", "--out", "--quantize", "--device"},
+    "train": {"--out", "--device"}, "translate": {"--checkpoint", "--out", "--quantize", "--device", "--beam"},
     "evaluate": SHARED, "export": {"--checkpoint", "--out", "--quantize"},
-    "visualize": {"--checkpoint", "--out", "--device"}, "average": {"--out"}, "sweep": {"--out"},
-    "benchmark": {"--checkpoint", "--out", "--limit", "--device"}, "prepare-data": set(),
+    "visualize": {"--checkpoint", "--out", "--device", "--beam"}, "average-checkpoints": {"--out"},
+    "sweep": {"--out"}, "benchmark": {"--checkpoint", "--out", "--limit", "--device"}, "prepare-data": set(),
 }
 
 
 def parser_of(command: str):
-    return import_module(f"annotated_transformer.cli.{COMMANDS[command][0]}").build_parser(command)
+    return import_module(f"annotated_transformer.cli.{COMMANDS[command_name(command)][0]}").build_parser(command)
 
 
 def test_help_lists_every_command(capsys):

@@ -6,6 +6,7 @@ Nothing is imported until a command runs, so `--help` answers at once.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -18,12 +19,21 @@ COMMANDS = {
     "evaluate": ("evaluate", "score a trained model on a Multi30k split with sacreBLEU and chrF"),
     "export": ("export", "export a trained model to CTranslate2 (float32 or int8)"),
     "visualize": ("visualize", "chart what a trained model attends to on one sentence"),
-    "average": ("average", "average the weights of several checkpoints of one run"),
+    "average-checkpoints": ("average", "average the weights of several checkpoints of one run"),
     "sweep": ("sweep", "train a grid of settings x seeds and report mean +/- sd"),
     "benchmark": ("benchmark", "measure training and decoding speed against baselines"),
     "prepare-data": ("prepare_data", "download, verify, tokenise and cache Multi30k; print statistics"),
 }
+# Each script in scripts/ is named after its command ('-' as '_'); a command's older name still runs it.
+ALIASES = {"average": "average-checkpoints"}
 PROG = "python -m annotated_transformer"
+
+
+def command_name(given: str) -> str | None:
+    """The command `given` names ('_' for '-' and the older names too), or None."""
+    name = given.replace("_", "-")
+    name = ALIASES.get(name, name)
+    return name if name in COMMANDS else None
 
 
 def usage(prog: str = PROG) -> str:
@@ -40,6 +50,7 @@ def run(command: str, argv: list[str], prog: str, whole_process: bool = False) -
     `whole_process`: the command is this process's own (a script, `python -m`, the console command), so it
     may set the process up first (`prepare_process`: the train command's malloc); not when called in-process.
     """
+    command = command_name(command) or command
     module = importlib.import_module(f".{COMMANDS[command][0]}", __name__)
 
     def command_main() -> int | None:
@@ -62,9 +73,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> None:
 
         print(f"annotated-transformer {__version__}")
         raise SystemExit(0)
-    command = argv[0].replace("_", "-")
-    if command not in COMMANDS:
-        print(f"error: unknown command '{argv[0]}'; the commands are: {', '.join(COMMANDS)} "
+    command = command_name(argv[0])
+    if command is None:
+        close = difflib.get_close_matches(argv[0].replace("_", "-"), list(COMMANDS), n=1, cutoff=0.6)
+        meant = f" (did you mean {close[0]}?)" if close else ""
+        print(f"error: unknown command '{argv[0]}'{meant}; the commands are: {', '.join(COMMANDS)} "
               f"({prog} --help says what each does)", file=sys.stderr)
         raise SystemExit(2)
     run(command, argv[1:], f"{prog} {command}", whole_process)

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..config import Config, config_parser, load_config
 from ..errors import ConfigError
-from .options import add_checkpoint, add_device, add_limit, add_out
+from .options import CommandParser, add_checkpoint, add_device, add_limit, add_out
 
 
 def int_list(text: str) -> list[int]:
@@ -32,9 +32,10 @@ def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def build_parser(prog: str | None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None) -> CommandParser:
     """The benchmark's options: what to time, on which weights, and the tables instead of the default one."""
-    parser = config_parser("Benchmark training and decoding: fast path vs the notebook's pipeline.", prog)
+    parser = config_parser("Benchmark training and decoding: fast path vs the notebook's pipeline.", prog,
+                           CommandParser, takes_overrides=True)
     parser.add_argument("--steps", type=int, default=None, help="timed training steps per side (median reported; "
                         "default 10); --products: timed calls of each product; --gpu: timed steps a mode and batch "
                         "size (default 30)")
@@ -49,7 +50,7 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--skip-decode", action="store_true", help="training only")
     parser.add_argument("--shape-sweep", action="store_true", help="also time the fast path over batch sizes and "
                         "lengths (not scripts/sweep.py, which trains)")
-    parser.add_argument("--sweep", action="store_true", dest="shape_sweep", help=argparse.SUPPRESS)  # old spelling
+    parser.add_old_spelling("--sweep", "--shape-sweep")
     parser.add_argument("--sweep-tokens", type=int_list, default=[1024, 4096, 16384], metavar="A,B,...")
     parser.add_argument("--sweep-lengths", type=int_list, default=[8, 16, 32, 64, 128], metavar="A,B,...")
     add_out(parser, "folder for benchmark.json (and the shape-sweep chart)", old=())

@@ -1,69 +1,183 @@
-"""The options every command spells the same way: --checkpoint, --out, --quantize, --limit, --device.
+"""The options every command spells the same way (--checkpoint, --out, --quantize, --limit, --device,
+--beam), and `CommandParser`, the parser every command uses: its mistakes are one line each.
 
-Older spellings (--model, --output, --quantization, --sentences) still parse, under the new name,
-and are left out of --help so that a reader learns one vocabulary.
+Older spellings (--model, --output, --quantization, --sentences) still parse: `CommandParser` reads
+them under the new name before parsing, so --help and the usage lines teach one vocabulary.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from ..errors import fail
 
 CHECKPOINT_HELP = ("a run directory (the weights its final scores used), a .pt file written by training or "
                    "averaging, or a folder written by the export command (CTranslate2)")
+# --quantize: one vocabulary in every command; export maps it onto CTranslate2's weight types.
+QUANTIZE = ("none", "int8", "bf16")
+QUANTIZE_HELP = ("none (the weights as trained), int8 (int8 weights) or bf16 (bf16 weights); see "
+                 "docs/deployment.md")
 
 
-def _old_spelling(parser: argparse.ArgumentParser, old: Sequence[str], dest: str, **kwargs) -> None:
-    """Accept `old` option names for `dest` without showing them in --help."""
-    if old:
-        parser.add_argument(*old, dest=dest, help=argparse.SUPPRESS, default=argparse.SUPPRESS, **kwargs)
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose every mistake is one line with its fix: an unknown option names the nearest one
+    (or, named like a config key, the `section.key=value` override that sets it), and old option spellings are
+    read under their new names."""
+
+    def __init__(self, *args: Any, takes_overrides: bool | frozenset[str] = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.old_spellings: dict[str, str] = {}
+        self.given: list[str] = []  # the arguments parse_args was given, for error()
+        # Which dotted overrides the command takes: all (True), none (False) or these keys.
+        self.takes_overrides = takes_overrides
+
+    def add_old_spelling(self, old: str, new: str) -> None:
+        """Read the option `old` as `new` (left out of --help and the usage line)."""
+        self.old_spellings[old] = new
+
+    def renamed(self, args: Sequence[str]) -> list[str]:
+        """`args` with old option spellings replaced by their new names (up to a `--`)."""
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                return out + list(args[i:])
+            name, eq, value = arg.partition("=")
+            out.append(self.old_spellings[name] + eq + value if name in self.old_spellings else arg)
+        return out
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, on the arguments with their old spellings renamed."""
+        return super().parse_known_args(self.renamed(sys.argv[1:] if args is None else args), namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, with what it does not recognise refused in one line that says what was meant."""
+        args = self.renamed(sys.argv[1:] if args is None else args)
+        self.given = args
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            fail(self.unrecognised(extras, args))
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's message on one line of stderr (no usage block: --help has it), and exit 2; but an unknown
+        option comes first, being the likely cause (--outdir for --out: '--out is required')."""
+        given = self.given
+        options = given[:given.index("--")] if "--" in given else given
+        unknown = [a for a in options if a.startswith("--") and not self.known(a.partition("=")[0])]
+        if unknown:
+            fail(self.unrecognised(unknown, given))
+        fail(f"{message} ({self.prog} --help lists the options)")
+
+    def known(self, option: str) -> bool:
+        """Whether argparse takes `option`: one of the parser's, or the start of exactly one."""
+        names = self._option_string_actions
+        return option in names or (self.allow_abbrev and sum(n.startswith(option) for n in names) == 1)
+
+    def option_names(self) -> list[str]:
+        """The long options --help shows."""
+        return [s for a in self._actions if a.help != argparse.SUPPRESS for s in a.option_strings
+                if s.startswith("--") and s != "--help"]
+
+    def unrecognised(self, extras: list[str], args: list[str]) -> str:
+        """What to say about arguments argparse did not recognise: the first unknown option, else the first word."""
+        option = next((x for x in extras if x.startswith("-") and x != "-"), None)
+        if option is None:
+            return f"unexpected argument {extras[0]!r}; {self.prog} --help lists the options"
+        name, eq, value = option.partition("=")
+        if not eq:  # its value, if the next word is one
+            at = args.index(option) + 1 if option in args else len(args)
+            value = args[at] if at < len(args) and not args[at].startswith("-") and "=" not in args[at] else ""
+        def override(key: str) -> str:
+            return f"{key}={value or 'VALUE'}"
+
+        key = self.override_for(name)
+        if key is not None:
+            return f"unknown option {name}; {key} is a config key: use the override {override(key)}"
+        # Compared without the dashes, which every option shares (--foo is not near --out): an option that
+        # the name starts with or that starts with the name (--beam-size: --beam), else the nearest spelling.
+        options = {o.lstrip("-"): o for o in self.option_names()}
+        bare = name.lstrip("-")
+        close = sorted((o for o in options if min(len(o), len(bare)) >= 3 and (o.startswith(bare) or
+                                                                              bare.startswith(o))), key=len)[-1:]
+        close = close or difflib.get_close_matches(bare, list(options), n=1, cutoff=0.6)
+        if close:
+            return f"unknown option {name} (did you mean {options[close[0]]}?)"
+        key = self.override_for(name, nearest=True)
+        if key:
+            return f"unknown option {name} (did you mean the override {override(key)}?)"
+        return f"unknown option {name}; {self.prog} --help lists the options"
+
+    def override_for(self, option: str, nearest: bool = False) -> str | None:
+        """The config key an unknown --option names (--epochs: train.epochs), when this command takes it as an
+        override; with `nearest`, the key it most likely means (--lr: train.lr_factor)."""
+        if not self.takes_overrides:
+            return None
+        from ..config import all_keys
+        from ..config.loading import closest_key
+
+        name = option.lstrip("-").replace("-", "_")
+        keys = all_keys() if self.takes_overrides is True else sorted(self.takes_overrides)
+        named = [k for k in keys if name in (k, k.rpartition(".")[2])]
+        if named:
+            return named[0]
+        return closest_key(name, keys) if nearest or "." in name else None
 
 
-def add_checkpoint(parser: argparse.ArgumentParser, required: bool = True, help: str = CHECKPOINT_HELP) -> None:
+def add_checkpoint(parser: CommandParser, required: bool = True, help: str = CHECKPOINT_HELP) -> None:
     """--checkpoint PATH (old spelling: --model, which named an exported folder)."""
-    parser.add_argument("--checkpoint", required=False, default=None, metavar="PATH", help=help)
-    _old_spelling(parser, ["--model"], "checkpoint")
-    if required:
-        parser.set_defaults(_required_checkpoint=True)
+    parser.add_argument("--checkpoint", required=required, default=None, metavar="PATH", help=help)
+    parser.add_old_spelling("--model", "--checkpoint")
 
 
-def add_out(parser: argparse.ArgumentParser, help: str, required: bool = False, default: str | None = None,
+def add_out(parser: CommandParser, help: str, required: bool = False, default: str | None = None,
             old: Sequence[str] = ("--output",)) -> None:
     """--out PATH (old spelling: --output)."""
-    parser.add_argument("--out", default=default, metavar="PATH", help=help)
-    _old_spelling(parser, old, "out")
-    if required:
-        parser.set_defaults(_required_out=True)
+    parser.add_argument("--out", required=required, default=default, metavar="PATH", help=help)
+    for name in old:
+        parser.add_old_spelling(name, "--out")
 
 
-def add_quantize(parser: argparse.ArgumentParser, choices: Sequence[str], default: str, help: str) -> None:
-    """--quantize TYPE (old spelling: --quantization)."""
-    parser.add_argument("--quantize", default=default, choices=list(choices), help=help)
-    _old_spelling(parser, ["--quantization"], "quantize", choices=list(choices))
+def add_quantize(parser: CommandParser, help: str = QUANTIZE_HELP, aliases: dict[str, str] | None = None) -> None:
+    """--quantize none|int8|bf16 (old spelling: --quantization); `aliases`: older values, read as today's."""
+    def value(text: str) -> str:
+        if aliases and text in aliases:
+            print(f"note: --quantize {text} is now spelled --quantize {aliases[text]}", file=sys.stderr)
+            return aliases[text]
+        return text
+
+    parser.add_argument("--quantize", default="none", type=value, choices=QUANTIZE, help=help)
+    parser.add_old_spelling("--quantization", "--quantize")
 
 
-def add_decoder_quantize(parser: argparse.ArgumentParser) -> None:
-    """--quantize for the commands that decode (translate, evaluate): our decoder as trained, int8 or bf16 weights."""
-    add_quantize(parser, ("none", "int8", "bf16"), "none", "int8: PyTorch's dynamic int8 quantisation of the linear "
-                 "layers (CPU); bf16: bf16 weights, on hardware with native bf16 (see docs/deployment.md)")
-
-
-def add_limit(parser: argparse.ArgumentParser, help: str) -> None:
+def add_limit(parser: CommandParser, help: str) -> None:
     """--limit N (old spelling: --sentences)."""
     parser.add_argument("--limit", type=int, default=None, metavar="N", help=help)
-    _old_spelling(parser, ["--sentences"], "limit", type=int)
+    parser.add_old_spelling("--sentences", "--limit")
 
 
-def add_device(parser: argparse.ArgumentParser, help: str = "cpu, cuda, cuda:N or mps (default: the best available)"
+def add_device(parser: CommandParser, help: str = "cpu, cuda, cuda:N or mps (default: the best available)"
                ) -> None:
     """--device NAME."""
     parser.add_argument("--device", default=None, help=help)
 
 
-def add_decoding(parser: argparse.ArgumentParser) -> None:
+def add_beam(parser: CommandParser) -> None:
+    """--beam K: the checkpoint's decode.beam_size unless given, in every command that decodes."""
+    parser.add_argument("--beam", type=int, default=None, metavar="K",
+                        help="beam width, 1 for greedy (default: the checkpoint's decode.beam_size)")
+
+
+def add_decoding(parser: CommandParser) -> None:
     """--beam, --alpha and the token-reduction ratios: how translate and evaluate decode."""
-    parser.add_argument("--beam", type=int, default=None, help="beam width (default: the checkpoint's decode.beam_size)")
-    parser.add_argument("--alpha", type=float, default=None, help="length-penalty exponent for beam search")
+    add_beam(parser)
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="length-penalty exponent for beam search (default: the checkpoint's decode.alpha)")
     parser.add_argument("--engine", default=None, choices=["torch", "ctranslate2"],
                         help="which decoder (default: follows from --checkpoint: ctranslate2 for an exported folder)")
     parser.add_argument("--merge-ratio", type=float, default=None, metavar="R",
@@ -74,9 +188,36 @@ def add_decoding(parser: argparse.ArgumentParser) -> None:
                              "least attended, in every merging encoder layer (0-0.5)")
 
 
-def check_required(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
-    """The required shared options, checked after parsing so that an old spelling counts too."""
-    for name in ("checkpoint", "out"):
-        if getattr(args, f"_required_{name}", False) and getattr(args, name, None) is None:
-            parser.error(f"the following arguments are required: --{name}")
-    return args
+def add_data_root(parser: CommandParser) -> None:
+    """`data.root=DIR` as an override, and --data-root DIR, its older spelling (evaluate, sweep)."""
+    parser.add_argument("--data-root", default=None, metavar="DIR", help=argparse.SUPPRESS)
+
+
+def overridden(overrides: Sequence[str], key: str) -> str | None:
+    """The value the last of `overrides` that sets `key` (or its older name) gives it, as written; None if none."""
+    from ..config import renamed
+
+    value = None
+    for override in overrides:
+        name, _, raw = override.partition("=")
+        if renamed(name.strip(), None)[0] == key:
+            value = raw
+    return value
+
+
+def data_root(args: argparse.Namespace, command: str) -> str | None:
+    """The Multi30k folder that --data-root or a `data.root=DIR` override names (None: as the checkpoint has it).
+
+    Only `data.root` is taken: the other settings come from the checkpoint. A mistyped key or a bad
+    value is the config's own one line (with its suggestion), as in every command.
+    """
+    from ..config import Config, apply_override
+    from ..errors import ConfigError
+
+    for override in args.overrides:
+        apply_override(Config(), override)  # the form, the key and the value, checked as train checks them
+        key = override.split("=", 1)[0].strip()
+        if overridden([override], "data.root") is None:
+            raise ConfigError(f"{command} takes only the override data.root=DIR; {key} comes from the checkpoint")
+    given = overridden(args.overrides, "data.root")
+    return args.data_root if given is None else given

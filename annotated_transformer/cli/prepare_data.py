@@ -6,24 +6,24 @@ one JSON object and the progress lines go to stderr.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from ..config import config_parser, load_config
+from .options import CommandParser
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
-    parser = config_parser("Download, verify, tokenise and cache Multi30k; print statistics.", prog)
+    parser = config_parser("Download, verify, tokenise and cache Multi30k; print statistics.", prog, CommandParser,
+                           takes_overrides=True)
     parser.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stdout")
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Prepare the data a config names and print its statistics."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     from ..data import load_translation_data
 

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from .options import add_out
+from .options import CommandParser, add_data_root, add_out, overridden
 
 # How a sweep starts each training: this package's own train command, in the same Python.
 TRAIN_COMMAND = (sys.executable, "-m", "annotated_transformer", "train")
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
-    parser = argparse.ArgumentParser(prog=prog, description="Sweep a grid of dotted overrides x seeds; write sweep.md/"
-                                     ".csv and a chart of val BLEU against training minutes.")
-    parser.add_argument("--config", metavar="NAME", help="the config every run starts from")
-    parser.add_argument("--compare", nargs="+", metavar="SWEEP_DIR", default=None,
-                        help="train nothing: one report (into --out) of the runs already in these sweep folders")
+    parser = CommandParser(prog=prog, description="Sweep a grid of dotted overrides x seeds; write sweep.md/.csv and "
+                           "a chart of val BLEU against training minutes.", takes_overrides=True)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--config", metavar="NAME", help="the config every run starts from")
+    what.add_argument("--compare", nargs="+", metavar="SWEEP_DIR", default=None,
+                      help="train nothing: one report (into --out) of the runs already in these sweep folders")
     parser.add_argument("--target-bleu", type=float, default=None, help="with --compare: the target line to draw")
     parser.add_argument("--grid", default=None, help="YAML: dotted keys to lists of values (default: the config alone)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per setting: 1..N (default 3)")
@@ -28,15 +28,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--parallel", type=int, default=1, help="runs at once; the CPU threads are split (default 1)")
     parser.add_argument("--score-test", action="store_true",
                         help="score test for every finished run (do it once, for the settings chosen on val)")
-    parser.add_argument("--data-root", default=None, help="folder with the Multi30k files (default: as configured)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides for every run")
+    add_data_root(parser)
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value",
+                        help="overrides for every run (data.root=DIR: the Multi30k files, for the test scores too)")
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train a grid (or only report on finished sweeps with --compare)."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     from ..lab.seed_statistics import compare_sweeps
     from ..lab.sweep import read_grid, sweep
 
@@ -45,15 +45,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                                    args.target_bleu):
             print(path)
         return 0
-    if not args.config:
-        raise ConfigError("give --config NAME (the config to sweep), or --compare SWEEP_DIR ... to report only")
     if args.seeds < 1 or args.parallel < 1:
         raise ConfigError("--seeds and --parallel must be at least 1")
     try:
         seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(1, args.seeds + 1))
     except ValueError:
         raise ConfigError(f"--seed-list must be integers separated by commas, got {args.seed_list!r}") from None
+    # --data-root DIR is the override data.root=DIR (given first: a dotted override wins, as in train).
+    overrides = (*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides)
+    root = overridden(overrides, "data.root")  # the runs' data, for their test scores too
     settings = read_grid(args.grid) if args.grid else [()]
     out = Path(args.out or f"runs/sweep_{Path(args.config).stem}")
-    return sweep(args.config, settings, seeds, out, TRAIN_COMMAND, tuple(args.overrides), args.parallel,
-                 args.score_test, args.data_root)
+    return sweep(args.config, settings, seeds, out, TRAIN_COMMAND, overrides, args.parallel,
+                 args.score_test, root)

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import os
 
 from ..config import Config, config_parser, load_config
 from ..harness.malloc import RESTARTED_ENV, preload_or_note
+from .options import CommandParser
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
-    parser = config_parser("Train the Transformer (the copy task or Multi30k de->en).", prog)
+    parser = config_parser("Train the Transformer (the copy task or Multi30k de->en).", prog, CommandParser,
+                           takes_overrides=True)
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="the run directory (the same as train.out_dir=DIR; default: runs/<config name>)")
     parser.add_argument("--device", default=None, help="the same as train.device=NAME: auto, cpu, cuda, cuda:N or mps")

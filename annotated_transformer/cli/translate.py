@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from ..errors import DataError, UserError
-from .options import add_checkpoint, add_decoder_quantize, add_decoding, add_device, add_out, check_required
+from .options import CommandParser, add_checkpoint, add_decoding, add_device, add_out, add_quantize
 
 LANGUAGES = {"de": "German", "en": "English"}
 _END = object()  # the reader thread's last item
 
 
-def build_parser(prog: str | None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None) -> CommandParser:
     """translate's options: the shared ones, the text to translate, and how to decode it."""
-    parser = argparse.ArgumentParser(prog=prog, description="Translate sentences with a trained model: typed at a "
-                                     "prompt, given on the command line, or one per line from a file or a pipe.")
+    parser = CommandParser(prog=prog, description="Translate sentences with a trained model: typed at a prompt, "
+                           "given on the command line, or one per line from a file or a pipe.")
     add_checkpoint(parser)
     parser.add_argument("text", nargs="*", help="a sentence to translate (the words are joined with spaces)")
     parser.add_argument("--sentence", action="append", metavar="TEXT", help="a sentence to translate (repeatable)")
@@ -43,14 +43,13 @@ def build_parser(prog: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: the "
                         "checkpoint's decode.batch_size)")
     add_device(parser)
-    add_decoder_quantize(parser)
+    add_quantize(parser)
     return parser
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Load the model, then translate what was given, typed or piped."""
-    parser = build_parser(prog)
-    args = check_required(parser, parser.parse_args(argv))
+    args = build_parser(prog).parse_args(argv)
     given = [*(args.sentence or []), *([" ".join(args.text)] if args.text else [])]
     if given and args.input is not None:
         raise UserError("give sentences (as arguments or --sentence) or --input FILE, not both")
@@ -202,6 +201,8 @@ def opened_input(path: str | None) -> Iterator[BinaryIO | None]:
         except OSError as exc:
             raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
         with f:
+            if os.fstat(f.fileno()).st_size == 0 and Path(path).is_file():  # a pipe or a device tells no size
+                raise UserError(f"{path} is empty: nothing to translate; give a file with one sentence per line")
             yield f
 
 
@@ -220,6 +221,8 @@ def output(path: str | None) -> Iterator[IO[str]]:
             from None
     try:
         with f:
+            if os.fstat(f.fileno()).st_size == 0 and Path(path).is_file():  # a pipe or a device tells no size
+                raise UserError(f"{path} is empty: nothing to translate; give a file with one sentence per line")
             yield f
         os.replace(partial, target)
     except OSError as exc:  # a full disk while writing, say: the one line, and no half file left

@@ -1,27 +1,30 @@
-"""`visualize --checkpoint PATH --sentence "..." --out DIR`: what a trained model attends to on one sentence.
+"""`visualize --checkpoint PATH --out DIR "SENTENCE"`: what a trained model attends to on one sentence.
 
-Open DIR/index.html: every chart as a PNG, with links to the interactive HTML versions (they carry
-their JavaScript inside and open without internet).
+The sentence is given as translate takes it: as arguments (the words joined with spaces), or with
+--sentence "...". Open DIR/index.html: every chart as a PNG, with links to the interactive HTML
+versions (they carry their JavaScript inside and open without internet).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from .options import add_checkpoint, add_device, add_out, check_required
+from ..errors import UserError
+from .options import CommandParser, add_beam, add_checkpoint, add_device, add_out
 
 
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
     from ..visualization import FORMATS
 
-    parser = argparse.ArgumentParser(prog=prog, description="Chart the attention of a trained model on one sentence.")
+    parser = CommandParser(prog=prog, description="Chart the attention of a trained model on one sentence.")
     add_checkpoint(parser, help="a run directory (the weights its final scores used) or a .pt file")
-    parser.add_argument("--sentence", required=True, help="the source-language sentence to translate")
+    parser.add_argument("text", nargs="*", help="the source-language sentence to chart (the words are joined with "
+                        "spaces)")
+    parser.add_argument("--sentence", metavar="TEXT", help="the sentence, as one argument (instead of the words)")
     parser.add_argument("--layers", type=int, nargs="+", metavar="N",
                         help="layer numbers to chart, from 1 as in the chart titles (default: every layer)")
-    parser.add_argument("--beam", type=int, default=1, help="beam width of the translation (default: 1, greedy)")
+    add_beam(parser)
     add_out(parser, "output folder (default: viz)", default="viz", old=())
     parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS),
                         help="file formats to write (default: html png)")
@@ -31,13 +34,18 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Translate one sentence and chart its attention, plus the teaching and training charts."""
-    parser = build_parser(prog)
-    args = check_required(parser, parser.parse_args(argv))
+    args = build_parser(prog).parse_args(argv)
+    if args.text and args.sentence is not None:
+        raise UserError("give the sentence as arguments or with --sentence, not both")
+    if not args.text and args.sentence is None:
+        raise UserError(f"give the sentence to chart, e.g. {prog or 'visualize'} --checkpoint PATH "
+                        "\"Ein Mann fährt Fahrrad.\"")
+    sentence = " ".join(args.text) if args.text else args.sentence
     from ..deploy.translator import torch_checkpoint
     from ..visualization import visualize_checkpoint
 
     path = torch_checkpoint(args.checkpoint, "visualize (the attention weights)")
-    result = visualize_checkpoint(path, args.sentence, args.out, layer_numbers=args.layers,
+    result = visualize_checkpoint(path, sentence, args.out, layer_numbers=args.layers,
                                   beam_size=args.beam, formats=args.formats, device=args.device)
     if result.attention.truncated:
         print("warning: the sentence is longer than the model's length limit and was truncated", file=sys.stderr)

@@ -35,7 +35,7 @@ from ..config import Config
 from ..errors import ExportError
 from ..model import EncoderDecoder, MultiHeadedAttention
 
-QUANTIZATIONS = ("float32", "int8", "int8_float32")
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")  # CTranslate2's weight types
 CONFIG_FILE = "config.yaml"  # our Config; the engine's own settings are in config.json
 TEXT_FOLDER = "vocab"
 # Every ModelConfig field the export reproduces. A new model switch is refused (unless left at its

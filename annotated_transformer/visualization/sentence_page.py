@@ -74,12 +74,14 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
 
 
 def visualize_checkpoint(checkpoint: str | Path, sentence: str, out_dir: str | Path,
-                         layer_numbers: Sequence[int] | None = None, beam_size: int = 1,
+                         layer_numbers: Sequence[int] | None = None, beam_size: int | None = None,
                          formats: Sequence[str] = FORMATS, device: str | None = None) -> Visualization:
-    """`visualize_sentence` for a checkpoint file, with the training curves of its run directory if present."""
+    """`visualize_sentence` for a checkpoint file, with the training curves of its run directory if present;
+    `beam_size=None` decodes as the checkpoint does (its decode.beam_size), as translate does."""
     if not sentence.strip():  # checked before loading the model: a typo should cost nothing
-        raise UserError("the sentence is empty; give the source-language text to translate with --sentence")
+        raise UserError("the sentence is empty; give the source-language text to translate")
     translator = Translator.from_checkpoint(checkpoint, device=device)
+    beam_size = translator.config.decode.beam_size if beam_size is None else beam_size
     metrics = Path(checkpoint).parent / "metrics.jsonl"  # the run directory's, beside best.pt
     return visualize_sentence(translator, sentence, out_dir, layer_numbers, beam_size, formats,
                               metrics if metrics.is_file() else None)
