@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict, read_yaml
-from ..errors import ExportError
+from ..errors import ExportError, excerpt
 from .ct2_export import CONFIG_FILE, TEXT_FOLDER, import_ctranslate2
 from .text_translator import TextTranslator
 
@@ -53,8 +53,7 @@ class CT2Translator(TextTranslator):
             engine = ct2.Translator(str(path), device=device, inter_threads=1,
                                     intra_threads=threads or torch.get_num_threads())
         except (RuntimeError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ExportError(f"CTranslate2 cannot load {path}: {first[:160]}; export the checkpoint again") from None
+            raise ExportError(f"CTranslate2 cannot load {path}: {excerpt(exc)}; export the checkpoint again") from None
         return cls(engine, text, cfg, path)
 
     def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:

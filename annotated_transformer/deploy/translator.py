@@ -24,7 +24,7 @@ import torch
 from ..config import Config, config_from_dict
 from ..inference import translate_ids
 from ..device import configure_backends, keep_freed_memory, native_bf16, select_device
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, excerpt
 from ..harness.checkpointing import load_checkpoint
 from ..harness.run_dir import RunDir, read_metrics
 from ..extensions.builder import build_model
@@ -179,8 +179,7 @@ class Translator(TextTranslator):
         try:
             model.load_state_dict(payload["model"])
         except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise CheckpointError(f"{file}: the weights do not fit the saved config ({first[:160]})") from None
+            raise CheckpointError(f"{file}: the weights do not fit the saved config ({excerpt(exc)})") from None
         translator = cls(model, text, cfg, dev)  # __init__ moves it to dev
         translator.checkpoint = file
         return translator

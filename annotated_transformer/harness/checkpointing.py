@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import pickle
+import re
 import shutil
 import threading
 import zipfile
@@ -31,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import Config, apply_dict
-from ..errors import CheckpointError, ConfigError, TrainingDiverged
+from ..errors import CheckpointError, ConfigError, TrainingDiverged, excerpt
 from ..files import atomic_write, run_dir_error, writing
 from ..loop import Log, unwrap_model
 from .loss_meter import weights_finite, world_size
@@ -160,21 +161,65 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         hint = " (it is a directory; name a .pt file in it)" if path.is_dir() else ""
         raise CheckpointError(f"checkpoint {path} not found{hint}")
+    kind = not_a_checkpoint(path)
+    if kind is not None:
+        run = path.parent  # the file's own run directory, when it is one, is what to pass instead
+        where = (f"the run directory {run} or one of its checkpoint files" if (run / "metrics.jsonl").is_file()
+                 else "a run directory or a checkpoint file written by training")
+        raise CheckpointError(f"{path} is {kind}, not a checkpoint: pass {where}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"checkpoint {path} needs arbitrary unpickling, which is refused for safety "
-            f"(weights_only=True: {first[:160]}); re-save it as a plain dict of tensors"
-        ) from None
+        found = re.search(r"GLOBAL (\S+)", str(exc))  # torch names the first object it refused
+        what = f"it holds a {found.group(1)} object" if found else excerpt(str(exc).split("error:")[-1])
+        raise CheckpointError(f"checkpoint {path} needs arbitrary unpickling, which is refused for safety ({what}); "
+                              "re-save it as a plain dict of tensors") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"checkpoint {path} is unreadable or truncated ({first[:160]})") from None
+        raise CheckpointError(f"checkpoint {path} is unreadable or truncated ({excerpt(exc)})") from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT or "model" not in payload:
         raise CheckpointError(f"{path} is not an annotated-transformer checkpoint "
                               f"(no '{CHECKPOINT_FORMAT}' format tag)")
     return payload
+
+
+# A file's kind by its name, for a --checkpoint that names something else (its run's config, its metrics).
+_KINDS = {".yaml": "a YAML file", ".yml": "a YAML file", ".json": "a JSON file", ".jsonl": "a JSON-lines file",
+          ".txt": "a text file", ".md": "a Markdown file", ".log": "a log file", ".csv": "a CSV file",
+          ".html": "an HTML page", ".png": "a PNG image", ".gz": "a gzip file", ".tar": "a tar archive"}
+
+
+def not_a_checkpoint(path: Path) -> str | None:
+    """What `path` is (e.g. 'a YAML file') when its first bytes and its name show it is no torch checkpoint;
+    None when it may be one (a zip archive holding data.pkl, as torch.save writes, or a pickle), or cannot be read.
+
+    Cheap: a few hundred bytes and, for a zip archive, its list of names; torch.load's messages about such
+    files speak of unpickling and safety instead.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return None  # torch.load's error says why
+    if not head:
+        return "an empty file (0 bytes)"
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return None  # a damaged torch file too: torch.load calls it truncated
+        return None if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names) else "a zip archive"
+    if head.startswith(b"\x80"):  # a pickle: torch's older format
+        return None
+    if path.suffix.lower() in _KINDS:
+        return _KINDS[path.suffix.lower()]
+    if head.startswith(b"\x1f\x8b"):
+        return "a gzip file"
+    try:  # a multi-byte character may be cut at the end of the head
+        text = head[:-3].decode("utf-8") if len(head) == 512 else head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "a file of another format"
+    return "a JSON file" if text.lstrip().startswith(("{", "[")) else "a text file"
 
 
 def model_payload(model: nn.Module, config: dict[str, Any], text_state: dict[str, Any] | None,

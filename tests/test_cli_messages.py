@@ -1,0 +1,342 @@
+"""A command-line mistake is one line that names what is wrong and how to fix it, in every command; and an option
+takes the same values, with the same default, wherever it appears."""
+
+from __future__ import annotations
+
+import ast
+import zipfile
+from importlib import import_module
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer.cli import COMMANDS, command_name, main as cli_main
+from annotated_transformer.config import load_config
+from annotated_transformer.config.loading import closest_key
+from annotated_transformer.errors import ConfigError, excerpt
+from annotated_transformer.harness.checkpointing import load_checkpoint, not_a_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parser_of(command: str):
+    return import_module(f"annotated_transformer.cli.{COMMANDS[command_name(command)][0]}").build_parser(command)
+
+
+def one_error(command, *args, stdin: bytes = b"") -> str:
+    """Run a command that must fail: exit 2, nothing on stdout, one `error: ...` line on stderr; that line."""
+    code, stdout, stderr = command(*args, stdin=stdin)
+    lines = stderr.decode().splitlines()
+    assert code == 2 and stdout == b"" and len(lines) == 1 and lines[0].startswith("error: "), (code, stderr)
+    return lines[0].removeprefix("error: ")
+
+
+# ---------------------------------------------------------------- a --checkpoint that is no checkpoint
+
+
+def test_a_file_of_the_run_is_named_for_what_it_is(tmp_path, command):
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"kind": "epoch"}\n')
+    (run / "config.yaml").write_text("model:\n  N: 2\n")
+    for name, kind in (("config.yaml", "a YAML file"), ("metrics.jsonl", "a JSON-lines file")):
+        line = one_error(command, "translate", "--checkpoint", run / name, "--device", "cpu", "Ein Mann.")
+        assert line == f"{run / name} is {kind}, not a checkpoint: pass the run directory {run} or one of its " \
+                       "checkpoint files"
+
+
+@pytest.mark.parametrize("name, content, kind", [
+    ("settings", b"model:\n  N: 2\n", "a text file"),
+    ("weights.pt", b'{"model": 1}', "a JSON file"),
+    ("weights.pt", b"", "an empty file (0 bytes)"),
+    ("weights.pt", b"\x1f\x8b\x08\x00" + bytes(20), "a gzip file"),
+    ("weights.pt", bytes(range(200, 256)) * 4, "a file of another format"),
+    ("notes.txt", "Straße\n".encode(), "a text file"),
+])
+def test_what_a_file_is_comes_from_its_first_bytes_and_name(tmp_path, name, content, kind, command):
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert not_a_checkpoint(path) == kind
+    line = one_error(command, "export", "--checkpoint", path, "--out", tmp_path / "out")
+    assert line == f"{path} is {kind}, not a checkpoint: pass a run directory or a checkpoint file written by training"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_zip_archive_is_a_checkpoint_only_with_torch_inside(tmp_path):
+    with zipfile.ZipFile(tmp_path / "other.pt", "w") as archive:
+        archive.writestr("readme.txt", "not weights")
+    assert not_a_checkpoint(tmp_path / "other.pt") == "a zip archive"
+    torch.save({"w": torch.ones(2)}, tmp_path / "torch.pt")
+    torch.save({"w": torch.ones(2)}, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    assert not_a_checkpoint(tmp_path / "torch.pt") is None and not_a_checkpoint(tmp_path / "legacy.pt") is None
+
+
+class Unsafe:
+    """An object torch.load(weights_only=True) refuses to rebuild."""
+
+
+def test_a_checkpoint_that_needs_unpickling_names_the_object_in_whole_words(tmp_path):
+    torch.save({"model": Unsafe()}, tmp_path / "unsafe.pt")
+    with pytest.raises(Exception) as err:
+        load_checkpoint(tmp_path / "unsafe.pt")
+    assert str(err.value) == (f"checkpoint {tmp_path / 'unsafe.pt'} needs arbitrary unpickling, which is refused for "
+                              f"safety (it holds a {__name__}.Unsafe object); re-save it as a plain dict of tensors")
+
+
+def test_an_excerpt_ends_between_words():
+    text = "Weights only load failed. " * 20
+    short = excerpt(RuntimeError(f"\n  {text}\nsecond line"), limit=60)
+    assert short == "Weights only load failed. Weights only load failed. Weights ..."
+    assert excerpt(ValueError()) == "ValueError" and excerpt("one line") == "one line"
+
+
+# ---------------------------------------------------------------- configs and config keys
+
+
+def test_an_unknown_config_suggests_the_nearest_and_lists_the_configs_a_line_each(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, stdout, stderr = command("train", "--config", "cpu15min")
+    lines = stderr.decode().splitlines()
+    assert code == 2 and stdout == b""
+    assert lines[0] == ("error: config file 'cpu15min' not found (did you mean cpu_15min.yaml?); give a config's name "
+                        "(listed below) or a path to a YAML file")
+    assert lines[1] == "the shipped configs:"
+    assert [line.split()[0] for line in lines[2:]][:3] == ["copy", "tiny", "cpu_15min"]
+    assert all(line.startswith("  ") for line in lines[2:]) and not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("text, what", [
+    ("", "is empty"),
+    ("# only a comment\n", "is empty"),
+    ("- model\n- train\n", "the top level must be a mapping of sections (model:, data:, train:, ...), not a list"),
+    ("just words\n", "not a str"),
+])
+def test_an_empty_or_flat_config_file_is_refused(tmp_path, monkeypatch, text, what, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text(text)
+    line = one_error(command, "train", "--config", "mine.yaml")
+    assert line.startswith("mine.yaml") and what in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml"]  # no run directory: nothing trained
+
+
+@pytest.mark.parametrize("key, meant", [
+    ("train.lr", "train.lr_factor"),  # the start of a key's last part
+    ("train.warmup_steps", "train.warmup"),  # a key's last part inside the given one
+    ("train.smoothing", "train.label_smoothing"),  # the given part inside a key's
+    ("trian.epochs", "train.epochs"),  # the same last part in another section
+    ("train.batch_tokens", "data.batch_tokens"),
+    ("model.d_modle", "model.d_model"),  # a typo
+    ("train.epcohs", "train.epochs"),
+])
+def test_a_mistyped_key_suggests_the_key_meant(key, meant):
+    from annotated_transformer.config import all_keys
+
+    assert closest_key(key, all_keys()) == meant
+    with pytest.raises(ConfigError, match=rf"unknown config key '{key}' \(did you mean '{meant}'\?\)"):
+        load_config("copy", [f"{key}=1"])
+
+
+@pytest.mark.parametrize("args", [
+    ("train", "--config", "copy", "train.lr=2"),
+    ("prepare-data", "--config", "copy", "train.lr=2"),
+    ("benchmark", "--config", "copy", "train.lr=2"),
+    ("sweep", "--config", "copy", "train.lr=2"),
+    ("evaluate", "--checkpoint", "nowhere", "train.lr=2"),
+])
+def test_every_command_suggests_the_same_key_for_a_dotted_override(args, command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = one_error(command, *args)
+    assert line.endswith("unknown config key 'train.lr' (did you mean 'train.lr_factor'?)"), line
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_sweep_grid_key_suggests_the_key_meant(command, tmp_path):
+    (tmp_path / "grid.yaml").write_text("train.lr: [0.5, 1.0]\n")
+    line = one_error(command, "sweep", "--config", "copy", "--grid", tmp_path / "grid.yaml", "--out", tmp_path / "sw")
+    assert line == "setting train.lr=0.5: unknown config key 'train.lr' (did you mean 'train.lr_factor'?)"
+    assert not (tmp_path / "sw").exists()
+
+
+# ---------------------------------------------------------------- unknown options and commands
+
+
+@pytest.mark.parametrize("args, message", [
+    (("train", "--config", "copy", "--epochs", "2"),
+     "unknown option --epochs; train.epochs is a config key: use the override train.epochs=2"),
+    (("train", "--config", "copy", "--max-steps=5"),
+     "unknown option --max-steps; train.max_steps is a config key: use the override train.max_steps=5"),
+    (("train", "--config", "copy", "--lr", "2"), "unknown option --lr (did you mean the override train.lr_factor=2?)"),
+    (("train", "--config", "copy", "--devices", "cpu"), "unknown option --devices (did you mean --device?)"),
+    (("benchmark", "--config", "tiny", "--epochs", "2"),
+     "unknown option --epochs; train.epochs is a config key: use the override train.epochs=2"),
+    (("prepare-data", "--config", "tiny", "--root", "/data"),
+     "unknown option --root; data.root is a config key: use the override data.root=/data"),
+    (("sweep", "--config", "copy", "--parralel", "2"), "unknown option --parralel (did you mean --parallel?)"),
+    (("evaluate", "--checkpoint", "r", "--root", "/data"),
+     "unknown option --root; data.root is a config key: use the override data.root=/data"),
+    (("translate", "--checkpoint", "r", "--beam-size", "5"), "unknown option --beam-size (did you mean --beam?)"),
+    (("export", "--checkpoint", "r", "--out", "o", "--quantise", "int8"),
+     "unknown option --quantise (did you mean --quantize?)"),
+    (("visualize", "--checkpoint", "r", "--sentense", "Ein Mann."),
+     "unknown option --sentense (did you mean --sentence?)"),
+    (("average-checkpoints", "a.pt", "--outdir", "avg"), "unknown option --outdir (did you mean --out?)"),
+    (("translate", "--checkpoint", "r", "--epochs", "2"),  # translate takes no overrides: no override suggested
+     "unknown option --epochs; scripts/translate.py --help lists the options"),
+    (("export", "--checkpoint", "r", "--out", "o", "stray"),
+     "unexpected argument 'stray'; scripts/export.py --help lists the options"),
+])
+def test_an_unknown_option_suggests_the_option_or_override_meant(args, message, command):
+    assert one_error(command, *args) == message
+
+
+def test_argparse_mistakes_are_one_line_too(command):
+    assert one_error(command, "translate", "--beam", "two") == ("argument --beam: invalid int value: 'two' "
+                                                                "(scripts/translate.py --help lists the options)")
+    assert one_error(command, "export", "--out", "o") == ("the following arguments are required: --checkpoint "
+                                                          "(scripts/export.py --help lists the options)")
+
+
+def test_an_unknown_command_suggests_the_nearest(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli_main(["trian", "--config", "copy"])
+    lines = capsys.readouterr().err.splitlines()
+    assert done.value.code == 2 and len(lines) == 1
+    assert lines[0].startswith("error: unknown command 'trian' (did you mean train?); the commands are: train, ")
+
+
+# ---------------------------------------------------------------- an empty --input
+
+
+def test_an_empty_input_file_is_refused_before_the_model_loads(tmp_path, command):
+    empty = tmp_path / "de.txt"
+    empty.write_bytes(b"")
+    line = one_error(command, "translate", "--checkpoint", tmp_path / "missing.pt", "--input", empty,
+                     "--out", tmp_path / "en.txt")
+    assert line == f"{empty} is empty: nothing to translate; give a file with one sentence per line"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt"]
+
+
+# ---------------------------------------------------------------- one vocabulary
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "export"])
+def test_quantize_takes_one_vocabulary_with_one_default(command):
+    action = next(a for a in parser_of(command)._actions if a.dest == "quantize")
+    assert tuple(action.choices) == ("none", "int8", "bf16") and action.default == "none"
+
+
+@pytest.mark.parametrize("old, new", [("float32", "none"), ("int8_float32", "int8"), ("int8", "int8"),
+                                      ("bf16", "bf16")])
+def test_export_reads_its_older_quantize_values(old, new, capsys):
+    args = parser_of("export").parse_args(["--checkpoint", "r", "--out", "o", "--quantize", old])
+    assert args.quantize == new
+    note = capsys.readouterr().err
+    assert note == ("" if old == new else f"note: --quantize {old} is now spelled --quantize {new}\n")
+
+
+def test_export_maps_the_vocabulary_onto_ctranslate2s_weight_types():
+    from annotated_transformer.cli.export import CT2_WEIGHTS
+    from annotated_transformer.cli.options import QUANTIZE
+    from annotated_transformer.deploy.ct2_export import QUANTIZATIONS
+
+    assert set(CT2_WEIGHTS) == set(QUANTIZE) and set(CT2_WEIGHTS.values()) <= set(QUANTIZATIONS)
+    assert CT2_WEIGHTS == {"none": "float32", "int8": "int8", "bf16": "bfloat16"}
+
+
+def test_export_bf16_writes_bf16_weights(tiny_checkpoint, tmp_path, command):
+    pytest.importorskip("ctranslate2", reason="ctranslate2 is in the dev group: uv sync installs it")
+    sizes = {}
+    for quantize in ("none", "bf16"):
+        out = tmp_path / quantize
+        code, stdout, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--quantize", quantize)
+        assert code == 0, stderr.decode()
+        sizes[quantize] = (out / "model.bin").stat().st_size
+    assert "(CTranslate2, bfloat16 weights" in stdout.decode()
+    assert 0.4 < sizes["bf16"] / sizes["none"] < 0.6  # two bytes a weight instead of four
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "visualize"])
+def test_beam_defaults_to_the_checkpoints_setting(command):
+    action = next(a for a in parser_of(command)._actions if a.dest == "beam")
+    assert action.default is None and "the checkpoint's decode.beam_size" in action.help
+
+
+def test_visualize_takes_the_sentence_as_translate_does(monkeypatch, command, tmp_path):
+    import annotated_transformer.deploy.translator as translator
+    import annotated_transformer.visualization as visualization
+
+    seen = []
+
+    def record(path, sentence, out, **kwargs):
+        seen.append((sentence, kwargs["beam_size"]))
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(visualization, "visualize_checkpoint", record)
+    monkeypatch.setattr(translator, "torch_checkpoint", lambda given, what: Path(given))
+    for args in (["Ein", "Mann", "fährt."], ["--sentence", "Ein Mann fährt."]):
+        assert one_error(command, "visualize", "--checkpoint", "r", "--out", tmp_path / "viz", *args) == "stop here"
+    assert seen == [("Ein Mann fährt.", None)] * 2  # None: the checkpoint's beam, as in translate
+    assert one_error(command, "visualize", "--checkpoint", "r", "Ein", "--sentence", "Mann") == \
+        "give the sentence as arguments or with --sentence, not both"
+
+
+def test_visualize_decodes_with_the_checkpoints_beam(tiny_checkpoint, tmp_path, monkeypatch):
+    from annotated_transformer.harness.checkpointing import save_checkpoint
+    from annotated_transformer.visualization import sentence_page
+
+    payload = load_checkpoint(tiny_checkpoint)
+    payload["config"]["decode"]["beam_size"] = 3
+    save_checkpoint({k: v for k, v in payload.items() if k not in ("format", "tied")}, tmp_path / "beam3.pt")
+    beams = []
+    monkeypatch.setattr(sentence_page, "visualize_sentence", lambda tr, s, out, layers, beam, *rest: beams.append(beam))
+    sentence_page.visualize_checkpoint(tmp_path / "beam3.pt", "Ein Mann.", tmp_path / "viz", device="cpu")
+    sentence_page.visualize_checkpoint(tmp_path / "beam3.pt", "Ein Mann.", tmp_path / "viz", beam_size=1, device="cpu")
+    assert beams == [3, 1]
+
+
+def test_data_root_is_an_override_in_evaluate_and_sweep(monkeypatch, command, tmp_path):
+    from annotated_transformer.cli.options import data_root
+    from annotated_transformer.lab import sweep
+
+    parser = parser_of("evaluate")
+    assert data_root(parser.parse_args(["--checkpoint", "r", "data.root=/a"]), "evaluate") == "/a"
+    assert data_root(parser.parse_args(["--checkpoint", "r", "--data-root", "/b"]), "evaluate") == "/b"
+    assert data_root(parser.parse_args(["--checkpoint", "r"]), "evaluate") is None  # the checkpoint's own
+    assert one_error(command, "evaluate", "--checkpoint", "r", "train.epochs=2") == \
+        "evaluate takes only the override data.root=DIR; train.epochs comes from the checkpoint"
+    calls = []
+    monkeypatch.setattr(sweep, "sweep", lambda config, settings, seeds, out, train, extra, parallel, score, root:
+                        calls.append((extra, root)) or 0)
+    for args in (["--data-root", "/c"], ["data.root=/d"], ["--data-root", "/c", "data.root=/d"]):
+        code, _, stderr = command("sweep", "--config", "copy", "--out", tmp_path / "sw", *args)
+        assert code == 0, stderr.decode()
+    assert calls == [(("data.root=/c",), "/c"), (("data.root=/d",), "/d"), (("data.root=/c", "data.root=/d"), "/d")]
+    assert "--data-root" not in parser.format_help() and "data.root=DIR" in parser.format_help()
+
+
+@pytest.mark.parametrize("command, required", [
+    ("translate", ["--checkpoint PATH"]), ("evaluate", ["--checkpoint PATH"]), ("visualize", ["--checkpoint PATH"]),
+    ("export", ["--checkpoint PATH", "--out PATH"]), ("average-checkpoints", ["--out PATH"]),
+    ("train", ["--config NAME"]), ("sweep", ["(--config NAME | --compare SWEEP_DIR"]),
+])
+def test_usage_shows_required_options_as_required(command, required):
+    usage = " ".join(parser_of(command).format_usage().split())
+    for option in required:
+        assert option in usage and f"[{option}" not in usage, usage
+
+
+def test_every_script_is_named_after_its_command():
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        if path.name == "_entry.py":
+            continue
+        call = next(n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                    if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "run_command")
+        assert call.args[0].value == path.stem.replace("_", "-"), path.name
+    assert command_name("average") == "average-checkpoints" and command_name("prepare_data") == "prepare-data"
+    assert command_name("averag") is None
+
+
+def test_the_older_command_name_still_runs(tmp_path, command):
+    line = one_error(command, "average", tmp_path / "a.pt", "--out", tmp_path / "avg.pt")
+    assert line == f"checkpoint {tmp_path / 'a.pt'} not found"
