@@ -17,7 +17,7 @@ COMMANDS = {
     "train": ("train", "train a Transformer from a config (the copy task or Multi30k de->en)"),
     "translate": ("translate", "translate sentences: typed at a prompt, given as arguments, a file or a pipe"),
     "evaluate": ("evaluate", "score a trained model on a Multi30k split with sacreBLEU and chrF"),
-    "export": ("export", "export a trained model to CTranslate2 (float32 or int8)"),
+    "export": ("export", "export a trained model to CTranslate2 (float32, int8 or bf16 weights)"),
     "visualize": ("visualize", "chart what a trained model attends to on one sentence"),
     "average-checkpoints": ("average", "average the weights of several checkpoints of one run"),
     "sweep": ("sweep", "train a grid of settings x seeds and report mean +/- sd"),
