@@ -9,9 +9,9 @@ from typing import Any
 
 from .config import Config, load_config
 from .data import Batch, data_gen
-from .beam_search import beam_search
+from .decode.beam_search import beam_search
 from .decoding import greedy_decode
-from .inference import decode_batch
+from .decode.inference import decode_batch
 from .loss import LabelSmoothing, SimpleLossCompute
 from .model import (
     Decoder,

@@ -2,8 +2,8 @@
 
 Every decoder returns a (B, L) tensor of ids that starts with the start symbol. A sentence ends
 at its own end symbol (kept in the output) or at its length limit; positions after its end hold
-`pad_symbol` (the end symbol when none is given). Beam search is `beam_search.py`; decoding many
-sentences in length-sorted batches is `inference.py`; the notebook's own decoder, which re-runs the
+`pad_symbol` (the end symbol when none is given). Beam search is `decode/beam_search.py`; decoding many
+sentences in length-sorted batches is `decode/inference.py`; the notebook's own decoder, which re-runs the
 whole prefix every step, is `lab/notebook_decoding.py`.
 """
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from annotated_transformer import greedy_decode, make_model
-from annotated_transformer.beam_search import TOP_BLOCK, beam_search, length_penalty, top_indices
-from annotated_transformer.inference import decode_batch
+from annotated_transformer.decode.beam_search import TOP_BLOCK, beam_search, length_penalty, top_indices
+from annotated_transformer.decode.inference import decode_batch
 from annotated_transformer.model import subsequent_mask
 
 BOS, EOS, PAD = 0, 1, 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from annotated_transformer import Translator
-from annotated_transformer.beam_search import beam_search
+from annotated_transformer.decode.beam_search import beam_search
 from annotated_transformer.decoding import greedy_decode
 from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint

@@ -13,7 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 from annotated_transformer.fast import cpu_linear
 from annotated_transformer.attention import MultiHeadedAttention
 from annotated_transformer.fast.cpu_linear import ENV, MIN_MACS, OneDNNLinear, onednn_available, onednn_linears
-from annotated_transformer.inference import translate_ids
+from annotated_transformer.decode.inference import translate_ids
 from annotated_transformer.model import make_model
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch has no oneDNN linear")

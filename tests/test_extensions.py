@@ -13,7 +13,7 @@ from annotated_transformer.cli import run
 from annotated_transformer.config import GuidedAttentionConfig, ScheduledSamplingConfig
 from annotated_transformer.config import load_config
 from annotated_transformer.data.batch import Batch
-from annotated_transformer.beam_search import beam_search
+from annotated_transformer.decode.beam_search import beam_search
 from annotated_transformer.decoding import greedy_decode
 from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
 from annotated_transformer.errors import ConfigError

@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import nn
 
-from annotated_transformer.beam_search import beam_search
+from annotated_transformer.decode.beam_search import beam_search
 from annotated_transformer.extensions.builder import build_training
 from annotated_transformer.fast import FastDropout, FusedLossCompute, fused_adam_pays, slow_down, speed_up
 from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 from annotated_transformer.masks import padding_mask, subsequent_mask
 from annotated_transformer.model import make_model
-from annotated_transformer.query_grid import grouped_queries
+from annotated_transformer.decode.query_grid import grouped_queries
 
 
 def small_model(dropout: float = 0.1) -> nn.Module:

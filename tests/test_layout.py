@@ -42,12 +42,13 @@ def test_layout_doc_matches_the_tree():
 # Lower layers never import higher ones; data and model, on one layer, never import each other.
 # Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
 LAYERS = {
-    "errors": 0, "files": 0, "masks": 0, "kv_cache": 0, "query_grid": 0, "model_flops": 0,
+    "errors": 0, "files": 0, "masks": 0, "kv_cache": 0, "model_flops": 0,
     "attention": 1,
     "config": 1, "device": 1,
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "fast": 3,  # speed installed on the core's classes from outside: imports the loss, never imported by the core
-    "loop": 3, "decoding": 3, "beam_search": 3, "inference": 4,
+    "loop": 3, "decoding": 3,
+    "decode": 4,  # beam search and batched decoding: above the core's greedy_decode and fast/'s oneDNN linears
     "extensions.scheduled_sampling": 1, "extensions.guided_attention": 2, "extensions.local_attention": 3,
     "extensions.token_merging": 3, "extensions.subword_sampling": 3, "extensions.r_drop": 3, "extensions.cutoff": 3,
     "extensions.ema": 0, "extensions.bidirectional": 0,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict
-from ..inference import translate_ids
+from ..decode.inference import translate_ids
 from ..device import configure_backends, keep_freed_memory, native_bf16, select_device
 from ..errors import CheckpointError, ConfigError, excerpt
 from ..harness.checkpointing import load_checkpoint

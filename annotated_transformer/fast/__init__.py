@@ -9,7 +9,7 @@ Training (`extensions.builder.build_training`) and decoding put these on top:
     with onednn_linears(model): ...      # fp32 decoding through oneDNN where it is faster than MKL (cpu_linear.py)
     compile_model(model, "captured")     # torch.compile, and on GPUs each batch shape's step as CUDA graphs
 
-Beam search lays out its queries for the encoder-decoder attention itself (`query_grid.grouped_queries`).
+Beam search lays out its queries for the encoder-decoder attention itself (`decode.query_grid.grouped_queries`).
 Left out, each gives the plain path's result: the same values, within float rounding where an operation's
 order changes (the fused loss), and the same random draws' distribution (the dropout mask).
 Measurements: docs/performance.md.

@@ -21,7 +21,7 @@ from ..data.copy_loader import CopyLoader, copy_validation_batches
 from ..data.copy_task import COPY_PAD, COPY_START
 from ..decoding import greedy_decode
 from ..extensions.builder import build_resegmentation
-from ..inference import translate_ids
+from ..decode.inference import translate_ids
 from ..masks import padding_mask
 from .distributed import DistInfo
 

@@ -166,7 +166,7 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     `one_sentence_limit` of them, evenly spread, because it is slow.
     """
     from ..data import load_translation_data
-    from ..inference import translate_ids
+    from ..decode.inference import translate_ids
     from ..extensions.builder import build_model
     from ..deploy.translator import Translator, decode_amp_dtype
 

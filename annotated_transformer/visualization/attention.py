@@ -3,7 +3,7 @@
     from annotated_transformer import Translator
     from annotated_transformer.visualization import sentence_attention
 
-    tr = Translator.from_checkpoint("runs/base/best.pt")
+    tr = Translator.from_checkpoint("runs/base")             # a run directory, or a model file
     sa = sentence_attention(tr, "Ein Mann fährt Fahrrad.")   # translation, tokens, every attention map
     sa.grid(layer=0, kind="src")                              # one layer's decoder-source heads (a chart)
 
@@ -33,7 +33,7 @@ import altair as alt
 import torch
 from torch import Tensor, nn
 
-from ..inference import translate_ids
+from ..decode.inference import translate_ids
 from ..deploy.translator import Translator
 from ..errors import UserError
 from ..extensions.token_merging import TokenMergingModel, merged_groups_by_layer

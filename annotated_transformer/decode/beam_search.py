@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .decoding import length_limits
-from .kv_cache import DecoderCache
-from .model import EncoderDecoder
+from ..decoding import length_limits
+from ..kv_cache import DecoderCache
+from ..model import EncoderDecoder
 from .query_grid import QueryGrid, QueryLayout, grouped_queries
 
 

@@ -9,12 +9,12 @@ import torch
 from torch import Tensor
 
 from .beam_search import beam_search
-from .fast.cpu_linear import onednn_linears
-from .data.buckets import pad_rows
-from .decoding import greedy_decode, strip_special
-from .device import amp_context
-from .masks import padding_mask
-from .model import EncoderDecoder
+from ..fast.cpu_linear import onednn_linears
+from ..data.buckets import pad_rows
+from ..decoding import greedy_decode, strip_special
+from ..device import amp_context
+from ..masks import padding_mask
+from ..model import EncoderDecoder
 
 
 def decode_batch(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,

@@ -1,0 +1,7 @@
+"""Decoding beyond the notebook's greedy_decode: beam search (the paper decodes with beam 4) and many sentences
+decoded in length-sorted batches, as training's BLEU, the Translator and the charts do."""
+
+from .beam_search import beam_search
+from .inference import decode_batch, translate_ids
+
+__all__ = ["beam_search", "decode_batch", "translate_ids"]
