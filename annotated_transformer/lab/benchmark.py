@@ -102,7 +102,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
     data = load_translation_data(cfg, log=None)
     text = data.text
     p = _training_side(side, cfg, data, device)
-    side_cfg, amp_dtype, loader, model = p["side_cfg"], p["amp_dtype"], p["loader"], p["model"]
+    side_cfg, amp_dtype, loader = p["side_cfg"], p["amp_dtype"], p["loader"]
     peak = matmul_peak(device, amp_dtype or torch.float32)  # measured again after the steps: the best counts
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

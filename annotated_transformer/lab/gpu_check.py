@@ -141,9 +141,6 @@ def time_steps(cfg: Config, data: Any, device: torch.device, mode: str, batches_
         log(f"  {mode:9s} {size:6d} tokens | {r['tokens_per_s']:10.0f} tokens/s | {r['ms_per_step']:7.1f} ms/step"
             f" | MFU {100 * r['mfu']:5.1f}%" + (f" | GPU busy {100 * busy:.0f}%" if busy is not None else "")
             + f" | warm-up {warmup_s:.0f} s")
-    del p
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return rows
 
 
@@ -237,6 +234,8 @@ def gpu_check(cfg: Config, overrides: list[str], steps: int = 30, warmup: int = 
         except Exception as exc:  # one mode failing (a compiler error) must not cost the others
             log(f"  {mode} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             result["steps"].setdefault("errors", {})[mode] = f"{type(exc).__name__}: {exc}"[:2000]
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the mode's model and optimizer are gone: give their memory back
         save()
     del batches, data
     if train_seconds > 0:
