@@ -1,6 +1,6 @@
 """Average the parameters of several checkpoints of one run.
 
-    uv run python scripts/average_checkpoints.py runs/base/epoch_*.pt --out runs/base/avg.pt
+    uv run python scripts/average_checkpoints.py runs/base/epoch_*.safetensors --out runs/base/avg.safetensors
 
 The code is annotated_transformer/cli/average.py (also `python -m annotated_transformer average-checkpoints`).
 """

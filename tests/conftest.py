@@ -95,11 +95,12 @@ def multi30k_data(tiny_config):
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """best.pt of a tiny Multi30k model trained once per session (60 steps; it learns little).
+    """The best model file (best.safetensors) of a tiny Multi30k model trained once per session (60 steps; it
+    learns little).
 
     The end-of-training BLEU pass is switched off (train.final_eval=false) and outputs are capped
     at source length + 10 tokens, which keeps the run-on translations of an untrained model short.
-    The run directory beside best.pt holds the usual files (metrics.jsonl, vocab/, config.yaml), no charts.
+    The run directory beside it holds the usual files (metrics.jsonl, vocab/, config.yaml), no charts.
     """
     from annotated_transformer.harness import run_end
     from annotated_transformer.harness.trainer import train_worker
@@ -111,7 +112,7 @@ def tiny_checkpoint(tiny_config, tmp_path_factory: pytest.TempPathFactory) -> Pa
     with pytest.MonkeyPatch.context() as patch:  # as `no_charts`: no test reads this run's charts
         patch.setattr(run_end, "write_charts", lambda run, log: None)
         train_worker(cfg)
-    return run_dir / "best.pt"
+    return run_dir / "best.safetensors"
 
 
 @pytest.fixture(scope="session")

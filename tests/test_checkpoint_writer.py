@@ -59,14 +59,18 @@ def test_prune_epochs_keeps_only_the_newest(tmp_path):
     run = RunDir(tmp_path)
     for epoch in range(1, 6):
         run.epoch(epoch).write_bytes(b"x")
+        run.epoch(epoch).with_suffix(".json").write_bytes(b"{}")
+    (tmp_path / "epoch_02.pt").write_bytes(b"x")  # an older version's epoch file, pruned alike
     run.best.write_bytes(b"b")
     run.prune_epochs(keep_after=3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt", "epoch_04.pt", "epoch_05.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.safetensors", "epoch_04.json", "epoch_04.safetensors",
+                                                          "epoch_05.json", "epoch_05.safetensors"]
     for epoch in (99, 100, 101):  # three digits sort after two: by number, not by name
         run.epoch(epoch).write_bytes(b"x")
-    assert [e for e, _ in run.epoch_files()] == [4, 5, 99, 100, 101]
+    (tmp_path / "epoch_102.pt").write_bytes(b"x")
+    assert [e for e, _ in run.epoch_files()] == [4, 5, 99, 100, 101, 102]
     run.prune_epochs(keep_after=99)
-    assert [p.name for _, p in run.epoch_files()] == ["epoch_100.pt", "epoch_101.pt"]
+    assert [p.name for _, p in run.epoch_files()] == ["epoch_100.safetensors", "epoch_101.safetensors", "epoch_102.pt"]
 
 
 def test_average_last_needs_enough_kept_epochs():
@@ -83,9 +87,10 @@ def test_copy_run_keeps_the_last_epochs_and_averages_them(tmp_path):
                                "train.keep_last_epochs=2", "train.average_last=2", "train.progress=false",
                                "train.device=cpu"])
     train_worker(cfg)
-    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["avg.pt", "best.pt", "epoch_03.pt", "epoch_04.pt",
-                                                              "last.pt"]
-    a, b, avg = (load_checkpoint(tmp_path / n)["model"] for n in ("epoch_03.pt", "epoch_04.pt", "avg.pt"))
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["last.pt"]
+    assert sorted(p.stem for p in tmp_path.glob("*.safetensors")) == ["avg", "best", "epoch_03", "epoch_04"]
+    assert sorted(p.stem for p in tmp_path.glob("*.json")) == ["avg", "best", "epoch_03", "epoch_04"]
+    a, b, avg = (load_checkpoint(tmp_path / f"{n}.safetensors")["model"] for n in ("epoch_03", "epoch_04", "avg"))
     name = "generator.proj.weight"
     assert not torch.equal(a[name], b[name])  # two different epochs, so the average is no copy of either
     for key, value in avg.items():
@@ -101,15 +106,15 @@ def test_translation_run_scores_the_better_of_best_and_average_on_val(tiny_confi
                       "decode.beam_size=2")
     results = train_worker(cfg)
     out = capsys.readouterr().out
-    found = re.search(r"val BLEU: best\.pt (\S+) \| avg\.pt \(last 2 epochs averaged\) (\S+)", out)
+    found = re.search(r"val BLEU: best\.safetensors (\S+) \| avg\.safetensors \(last 2 epochs averaged\) (\S+)", out)
     assert found, out[-2000:]
     best_bleu, avg_bleu = float(found.group(1)), float(found.group(2))
     assert results["val_bleu"] == pytest.approx(max(best_bleu, avg_bleu), abs=0.006)
-    best_name = f"best.pt (epoch {results['best_epoch']})"
+    best_name = f"best.safetensors (epoch {results['best_epoch']})"
     if avg_bleu != best_bleu:
-        assert results["final_checkpoint"] == ("avg.pt" if avg_bleu > best_bleu else best_name)
+        assert results["final_checkpoint"] == ("avg.safetensors" if avg_bleu > best_bleu else best_name)
     else:  # equal to the two printed decimals: the unrounded scores decided
-        assert results["final_checkpoint"] in ("avg.pt", best_name)
+        assert results["final_checkpoint"] in ("avg.safetensors", best_name)
     assert "test_bleu_beam2" in results
     final = RunDir(tmp_path).records()[-1]
     assert final["kind"] == "final" and final["checkpoint"] == results["final_checkpoint"]

@@ -122,11 +122,13 @@ def make_run(folder: Path, files: list[str], final: str | None = None) -> Path:
 
 
 @pytest.mark.parametrize("files, final, chosen", [
-    (["best.pt", "avg.pt", "last.pt"], "avg.pt", "avg.pt"),  # the final scores came from the average
-    (["best.pt", "avg.pt", "last.pt"], "best.pt", "best.pt"),
-    (["best.pt", "last.pt"], None, "best.pt"),  # still training, or stopped: the best so far
+    (["best.safetensors", "avg.safetensors", "last.pt"], "avg.safetensors", "avg.safetensors"),  # the average won
+    (["best.safetensors", "avg.safetensors", "last.pt"], "best.safetensors", "best.safetensors"),
+    (["best.safetensors", "last.pt"], None, "best.safetensors"),  # still training, or stopped: the best so far
     (["last.pt"], None, "last.pt"),
-    (["best.pt"], "avg.pt", "best.pt"),  # the file the record names was removed
+    (["best.safetensors"], "avg.safetensors", "best.safetensors"),  # the file the record names was removed
+    (["best.pt", "avg.pt", "last.pt"], "avg.pt", "avg.pt"),  # a run of an older version: .pt files
+    (["best.pt", "last.pt"], None, "best.pt"),
 ])
 def test_a_run_directory_stands_for_the_weights_its_scores_used(tmp_path, files, final, chosen):
     run = make_run(tmp_path / "run", files, final)
@@ -140,7 +142,7 @@ def test_an_exported_folder_means_ctranslate2_and_a_file_means_torch(tmp_path):
     assert resolve_checkpoint(folder) == ("ctranslate2", folder)
     assert resolve_checkpoint(folder / "model.bin") == ("ctranslate2", folder)
     assert resolve_checkpoint(tmp_path / "some.pt") == ("torch", tmp_path / "some.pt")  # missing: the loader says so
-    with pytest.raises(ConfigError, match="is an exported model folder; export needs the run directory or .pt file"):
+    with pytest.raises(ConfigError, match="is an exported model folder; export needs the run directory or model file"):
         torch_checkpoint(folder, "export")  # export, visualize and the benchmark need the PyTorch model
 
 

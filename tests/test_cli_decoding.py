@@ -223,10 +223,11 @@ def _val_sources(multi30k_dir: Path, n: int) -> list[str]:
 def test_average_checkpoints(tiny_checkpoint, tmp_path, command):
     payload = load_checkpoint(tiny_checkpoint)
     shifted = dict(payload, model={k: v + 1.0 if v.is_floating_point() else v for k, v in payload["model"].items()})
-    save_checkpoint(shifted, tmp_path / "shifted.pt")
-    out = tmp_path / "avg.pt"
-    code, _, stderr = command("average", tiny_checkpoint, tmp_path / "shifted.pt", "--output", out)
+    save_checkpoint(shifted, tmp_path / "shifted.pt")  # an older version's .pt file, averaged with a model file
+    out = tmp_path / "avg.safetensors"
+    code, stdout, stderr = command("average", tiny_checkpoint, tmp_path / "shifted.pt", "--output", out)
     assert code == 0, stderr.decode()
+    assert stdout.decode() == f"averaged 2 checkpoints into {out} (config and vocabulary in avg.json)\n"
     avg = load_checkpoint(out)
     for k, v in payload["model"].items():
         if v.is_floating_point():
@@ -244,12 +245,12 @@ def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_p
     other = build_model(config_from_dict(cfg), payload["model"]["src_embed.0.lut.weight"].shape[0],
                         payload["model"]["tgt_embed.0.lut.weight"].shape[0])
     save_checkpoint(dict(payload, config=cfg, model=other.state_dict()), tmp_path / "wide.pt")
-    out = tmp_path / "avg.pt"
+    out = tmp_path / "avg.safetensors"
     code, _, stderr = command("average", tiny_checkpoint, tmp_path / "wide.pt", "--output", out)
     assert code == 2
     err = stderr.decode().strip()
     assert err.startswith("error: ") and "different architecture" in err and "\n" not in err
-    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wide.pt"]
 
 
 def test_average_checkpoints_refuses_another_vocabulary(tiny_checkpoint, tmp_path, command):
@@ -260,4 +261,4 @@ def test_average_checkpoints_refuses_another_vocabulary(tiny_checkpoint, tmp_pat
     code, _, stderr = command("average", tiny_checkpoint, tmp_path / "other_vocab.pt", "--output", tmp_path / "avg.pt")
     assert code == 2
     assert "different vocabulary" in stderr.decode() and stderr.decode().count("\n") == 1
-    assert not (tmp_path / "avg.pt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other_vocab.pt"]

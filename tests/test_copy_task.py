@@ -48,8 +48,8 @@ def test_copy_yaml_trains_to_perfect_copies(tmp_path, capsys):
     # 0.35 on an AMD Zen 5), and best.pt (lowest val loss) is what makes the copies.
     losses = [e["val_loss"] for e in epochs]
     assert min(losses[1:]) < losses[0]
-    assert load_checkpoint(out / "best.pt")["train_state"]["epoch"] == 1 + losses.index(min(losses))
-    for name in ("best.pt", "last.pt", "epoch_01.pt", "epoch_20.pt"):
+    assert load_checkpoint(out / "best.safetensors")["train_state"]["epoch"] == 1 + losses.index(min(losses))
+    for name in ("best.safetensors", "best.json", "last.pt", "epoch_01.safetensors", "epoch_20.safetensors"):
         assert (out / name).is_file(), name
     # and the run's charts, drawn at its end
     assert "vegaEmbed(" in (out / "charts" / "training_curves.html").read_text(encoding="utf-8")

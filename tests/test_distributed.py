@@ -48,7 +48,8 @@ def test_torchrun_two_ranks_matches_one_process_with_accumulation(tmp_path, tiny
     assert ddp_val == pytest.approx(single_val, rel=2e-3)
     assert single_loss[-1] < single_loss[0]  # and it did learn something
     # rank 0 alone wrote the run directory
-    assert sorted(p.name for p in (tmp_path / "ddp").glob("*.pt")) == ["best.pt", "last.pt"]
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir() if p.suffix in (".pt", ".safetensors", ".json")) == [
+        "best.json", "best.safetensors", "last.pt"]
     # Each rank draws its own dropout masks (rank 1 is seeded apart after the model is built).
     rng = load_checkpoint(tmp_path / "ddp" / "last.pt")["rng"]
     assert not torch.equal(rng["0"]["torch"], rng["1"]["torch"])

@@ -164,13 +164,15 @@ def test_notebook_removes_its_folder_when_training_fails(venv_kernel, multi30k_d
 @pytest.mark.slow
 def test_notebook_uses_an_existing_run_directory(venv_kernel, multi30k_dir, data_cache_dir, tiny_checkpoint,
                                                  monkeypatch, tmp_path):
-    """A run directory whose final record chose avg.pt: the notebook loads avg.pt, trains nothing, and draws the
-    run's training curves (the cells in between draw what they draw for any model: the test above)."""
+    """A run directory whose final record chose its average: the notebook loads avg.safetensors, trains nothing, and
+    draws the run's training curves (the cells in between draw what they draw for any model: the test above)."""
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint.parent, run)
-    shutil.copy(run / "best.pt", run / "avg.pt")
+    for suffix in (".safetensors", ".json"):
+        shutil.copy(run / f"best{suffix}", run / f"avg{suffix}")
     with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"kind": "final", "step": 60, "checkpoint": "avg.pt", "checkpoint_file": "avg.pt"}) + "\n")
+        f.write(json.dumps({"kind": "final", "step": 60, "checkpoint": "avg.safetensors",
+                            "checkpoint_file": "avg.safetensors"}) + "\n")
     monkeypatch.setenv("AT_RUN_DIR", str(run))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     cell = model_cell(nb)
@@ -179,7 +181,7 @@ def test_notebook_uses_an_existing_run_directory(venv_kernel, multi30k_dir, data
     nb.cells = [*nb.cells[:nb.cells.index(cell) + 1], curves]  # up to the model, then the curves
     run_notebook(nb, venv_kernel, multi30k_dir.resolve(), data_cache_dir.resolve())
     shown = text_of(cell)
-    assert f"`avg.pt` of the run in `{run}`, the weights the run chose at its end" in shown, shown
+    assert f"`avg.safetensors` of the run in `{run}`, the weights the run chose at its end" in shown, shown
     assert "training the tiny model" not in shown and "epoch 1/" not in shown
     charts = [o for o in curves.outputs if o["output_type"] in ("display_data", "execute_result")]
     assert len(charts) == 1 and not [o for o in curves.outputs if o["output_type"] == "error"]

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, TrainState, make_model, run_epoch, train_step
 from annotated_transformer.config import load_config
 from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
+from annotated_transformer.harness import checkpointing
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
@@ -64,7 +65,7 @@ def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp
     common = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=5", "train.log_every=5", *QUIET]
     code, _, err = train_command(*common, "train.epochs=2")
     assert code == 0, err
-    before = {p.name: p.read_bytes() for p in out.glob("*.pt")}
+    before = {p.name: p.read_bytes() for p in checkpoint_files(out)}
     code, _, err = train_command(*common, "train.epochs=4", "train.resume=true", "train.lr_factor=1e12")
     assert code == 3, err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -73,18 +74,25 @@ def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp
     assert "training diverged" in line and "nan" in line and "between steps 11 and 15 (epoch 3)" in line
     assert "train.lr_factor" in line and "train.clip_grad_norm" in line and "rerun to continue" in line
     assert f"from {out / 'last.pt'} (step 10, the last good state)" in line
-    after = {p.name: p.read_bytes() for p in out.glob("*.pt")}
-    assert sorted(after) == ["best.pt", "epoch_01.pt", "epoch_02.pt", "last.pt"]
-    assert after == before  # last.pt, best.pt and the epoch files are untouched
-    for path in out.glob("*.pt"):
-        assert all(torch.isfinite(t).all() for t in all_tensors(load_checkpoint(path)) if t.is_floating_point())
+    after = {p.name: p.read_bytes() for p in checkpoint_files(out)}
+    assert sorted(after) == ["best.json", "best.safetensors", "epoch_01.json", "epoch_01.safetensors", "epoch_02.json",
+                             "epoch_02.safetensors", "last.pt"]
+    assert after == before  # last.pt, the best and the epoch files are untouched
+    for path in checkpoint_files(out):
+        if path.suffix != ".json":
+            assert all(torch.isfinite(t).all() for t in all_tensors(load_checkpoint(path)) if t.is_floating_point())
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """A run's checkpoint files: last.pt and the model files (.safetensors with their .json)."""
+    return [p for p in folder.iterdir() if p.suffix in (".pt", ".safetensors", ".json")]
 
 
 def test_a_diverging_first_epoch_suggests_starting_again(tiny_config, tmp_path):
     cfg = tiny_config(f"train.out_dir={tmp_path}", "train.lr_factor=1e12", "train.log_every=10", *QUIET)
     with pytest.raises(TrainingDiverged, match=r"between steps 1 and 10 .* train.overwrite=true"):
         train_worker(cfg)
-    assert not list(tmp_path.glob("*.pt"))
+    assert not checkpoint_files(tmp_path)
 
 
 def test_non_finite_weights_are_never_saved(tmp_path):
@@ -96,7 +104,7 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     with pytest.raises(TrainingDiverged, match="weights are not finite"):
         trainer.checkpoints.save(mid_epoch=False, weights_to=[trainer.run.best])
     trainer.checkpoints.wait()
-    assert not list(tmp_path.glob("*.pt"))
+    assert not checkpoint_files(tmp_path)
 
 
 # --------------------------------------------------------------------------- filesystem errors
@@ -115,20 +123,20 @@ def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path, train_com
 
 def test_disk_full_while_writing_a_checkpoint_keeps_the_old_files(tmp_path, monkeypatch):
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=3", "data.copy_batches=3", *QUIET])
-    real_save = torch.save
+    real_write = checkpointing.write_checkpoint
     calls = {"n": 0}
 
-    def full_disk(obj, f, *args, **kwargs):
+    def full_disk(payload, path):
         calls["n"] += 1
-        if calls["n"] > 2:  # epoch 1's two files (weights, last.pt) fit; then the disk is full
+        if calls["n"] > 2:  # epoch 1's two writes (the weights, copied to the epoch file; last.pt) fit; then no more
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(obj, f, *args, **kwargs)
+        return real_write(payload, path)
 
-    monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(RunDirError, match=r"cannot write .*\.pt: No space left on device; free some disk space"):
+    monkeypatch.setattr(checkpointing, "write_checkpoint", full_disk)
+    with pytest.raises(RunDirError, match=r"cannot write .*\.safetensors: No space left on device; free some disk"):
         train_worker(cfg)
-    monkeypatch.setattr(torch, "save", real_save)
-    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".pt") == ["best.pt", "epoch_01.pt", "last.pt"]
+    assert sorted(p.name for p in checkpoint_files(tmp_path)) == ["best.json", "best.safetensors", "epoch_01.json",
+                                                                  "epoch_01.safetensors", "last.pt"]
     assert load_checkpoint(tmp_path / "last.pt")["train_state"]["epoch"] == 1
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

@@ -10,8 +10,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
     parser = CommandParser(prog=prog, description="Average model parameters of checkpoints of one architecture "
                            "(e.g. the last epochs of a run).")
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files (e.g. runs/base/epoch_*.pt)")
-    add_out(parser, "where to write the averaged checkpoint", required=True)
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files (e.g. runs/base/epoch_*.safetensors)")
+    add_out(parser, "where to write the averaged model file (NAME.safetensors, with NAME.json)", required=True)
     return parser
 
 

@@ -14,7 +14,7 @@ OLD_VALUES = {"float32": "none", "int8_float32": "int8"}
 def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
     parser = CommandParser(prog=prog, description="Export a trained model as a CTranslate2 model folder.")
-    add_checkpoint(parser, help="a run directory (the weights its final scores used) or a .pt file")
+    add_checkpoint(parser, help="a run directory (the weights its final scores used) or a model file")
     parser.add_argument("--to", default="ctranslate2", choices=["ctranslate2"], help="the engine to export to")
     add_out(parser, "the model folder to write (refused if it exists, unless --force)", required=True, old=())
     add_quantize(parser, "the weights in the folder: none (float32, exact), int8 or bf16", aliases=OLD_VALUES)

@@ -15,8 +15,9 @@ from typing import Any, NoReturn
 
 from ..errors import fail
 
-CHECKPOINT_HELP = ("a run directory (the weights its final scores used), a .pt file written by training or "
-                   "averaging, or a folder written by the export command (CTranslate2)")
+CHECKPOINT_HELP = ("a run directory (the weights its final scores used), a model file written by training or "
+                   "averaging (.safetensors, its .json beside it; or an older .pt), or a folder written by the export "
+                   "command (CTranslate2)")
 # --quantize: one vocabulary in every command; export maps it onto CTranslate2's weight types.
 QUANTIZE = ("none", "int8", "bf16")
 QUANTIZE_HELP = ("none (the weights as trained), int8 (int8 weights) or bf16 (bf16 weights); see "

@@ -1,7 +1,7 @@
 """Export a trained `EncoderDecoder` to CTranslate2, the OpenNMT project's inference engine.
 
     uv sync --extra ctranslate2
-    uv run python scripts/export.py --checkpoint runs/cpu_45min/best.pt --out exported/cpu_45min
+    uv run python scripts/export.py --checkpoint runs/cpu_45min --out exported/cpu_45min
 
 The model is described through CTranslate2's model-specification API, weight by weight, so the
 engine computes what our model computes:

@@ -5,13 +5,14 @@
     tr.translate("Ein Mann fährt Fahrrad.")             # a str gives a str
     tr.translate(["Ein Mann.", "Eine Frau."])           # a list (or tuple) of str gives a list
 
-Sentences are encoded with the run's own TextPipeline (saved in the checkpoint), sorted by
+Sentences are encoded with the run's own TextPipeline (saved with the weights), sorted by
 length so each batch holds sentences of similar length, decoded with the cached batched
 greedy search or beam search (`inference.translate_ids`), and returned in input order.
 
-What a command's --checkpoint names is resolved here too (`resolve_checkpoint`): a run directory
-or .pt file gives this Translator, an exported folder `CT2Translator` (`load_translator`, and
-`Translator.load`, which hands out either).
+What a command's --checkpoint names is resolved here too (`resolve_checkpoint`): a run directory,
+a model file (NAME.safetensors with NAME.json beside it, either named) or a .pt file gives this
+Translator, an exported folder `CT2Translator` (`load_translator`, and `Translator.load`, which hands
+out either).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..config import Config, config_from_dict
 from ..decode.inference import translate_ids
 from ..device import configure_backends, keep_freed_memory, native_bf16, select_device
 from ..errors import CheckpointError, ConfigError, excerpt
-from ..harness.checkpointing import load_checkpoint
+from ..harness.checkpointing import checkpoint_file, load_checkpoint
 from ..harness.run_dir import RunDir, read_metrics
 from ..extensions.builder import build_model
 from ..extensions.local_attention import LocalAttentionModel
@@ -60,49 +61,55 @@ def set_token_reduction(translator: Any, merge_ratio: float | None, prune_ratio:
                                           trained.proportional_attention)
 
 
+def run_weights(run: RunDir) -> tuple[Path, ...]:
+    """The files that stand for a run's weights when its final scores name none, in order of preference: its best
+    model file, the best.pt of a run begun by an older version, last.pt (a run stopped before its end)."""
+    return run.best, run.best.with_suffix(".pt"), run.last
+
+
 def chosen_weights(run: RunDir) -> Path:
-    """The checkpoint a run directory stands for: the one its final scores used (best.pt or avg.pt), else
-    best.pt, else last.pt (a run stopped before its end)."""
+    """The checkpoint a run directory stands for: the one its final scores used (best or avg), else the first of
+    `run_weights` that exists."""
     if run.metrics.is_file():
         finals = [r for r in read_metrics(run.metrics) if r.get("kind") == "final" and r.get("checkpoint_file")]
         if finals and (run.path / finals[-1]["checkpoint_file"]).is_file():
             return run.path / finals[-1]["checkpoint_file"]
-    for path in (run.best, run.last):
+    for path in run_weights(run):
         if path.is_file():
             return path
-    raise CheckpointError(f"{run.path} holds no checkpoint yet (no best.pt or last.pt): train it first, or pass "
-                          "a .pt file")
+    raise CheckpointError(f"{run.path} holds no checkpoint yet (no {run.best.name} or {run.last.name}): train it "
+                          "first, or pass a model file")
 
 
 def resolve_checkpoint(path: str | Path) -> tuple[str, Path]:
     """What a --checkpoint names: ('ctranslate2', folder) for a folder written by the export command, else
-    ('torch', file) for a .pt file or a run directory (`chosen_weights`)."""
+    ('torch', file) for a model file (its .safetensors), a .pt file or a run directory (`chosen_weights`)."""
     given = Path(path).expanduser()
     if given.is_dir():
         if (given / "model.bin").exists():
             return "ctranslate2", given
         run = RunDir(given)
-        if run.metrics.is_file() or run.best.is_file() or run.last.is_file():
+        if run.metrics.is_file() or any(p.is_file() for p in run_weights(run)):
             return "torch", chosen_weights(run)
-        raise CheckpointError(f"{given} is neither a run directory (best.pt, last.pt) nor a model folder written "
-                              "by the export command (model.bin); pass one of those or a .pt file")
+        raise CheckpointError(f"{given} is neither a run directory ({run.best.name}, {run.last.name}) nor a model "
+                              "folder written by the export command (model.bin); pass one of those or a model file")
     if given.name == "model.bin" and given.is_file():
         return "ctranslate2", given.parent
-    return "torch", given  # a missing file is load_checkpoint's one line
+    return "torch", checkpoint_file(given)  # a missing file is load_checkpoint's one line
 
 
 def torch_checkpoint(given: str | Path, command: str) -> Path:
-    """The .pt file a --checkpoint names, for a command that needs the PyTorch model itself."""
+    """The model file or .pt file a --checkpoint names, for a command that needs the PyTorch model itself."""
     engine, path = resolve_checkpoint(given)
     if engine != "torch":
-        raise ConfigError(f"{given} is an exported model folder; {command} needs the run directory or .pt file "
+        raise ConfigError(f"{given} is an exported model folder; {command} needs the run directory or model file "
                           "it was exported from")
     return path
 
 
 def load_translator(checkpoint: str | Path, engine: str | None = None, device: str | None = None,
                     quantize: str = "none"):
-    """The translator a --checkpoint names: `Translator` (optionally int8 or bf16) on a .pt file or run directory, or
+    """The translator a --checkpoint names: `Translator` (optionally int8 or bf16) on a model file or run directory, or
     `CT2Translator` on an exported folder; `engine`, when given, must agree. A wrong combination is one line."""
     if quantize not in ("none", "int8", "bf16"):
         raise ConfigError(f"--quantize must be none, int8 or bf16, got {quantize!r}")
@@ -141,7 +148,7 @@ class Translator(TextTranslator):
     @classmethod
     def load(cls, path: str | Path, *, beam: int | None = None, alpha: float | None = None,
              device: str | torch.device | None = None, quantize: str = "none") -> Translator | CT2Translator:
-        """What a command's --checkpoint takes, ready to translate: a run directory, a .pt file or an exported folder.
+        """What a command's --checkpoint takes, ready to translate: a run directory, a model file or an exported folder.
 
         A run directory stands for the weights its final scores used (`resolve_checkpoint`); an exported
         folder gives a `CT2Translator`, with the same `translate`. `beam` and `alpha` replace the
@@ -160,12 +167,13 @@ class Translator(TextTranslator):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str | torch.device | None = None) -> Translator:
-        """Our decoder on a run directory or .pt file written by training (or averaging); `device=None` picks
-        cuda/mps/cpu, checked by `select_device` as training's is. `load` takes exported folders too."""
+        """Our decoder on a run directory or model file written by training (or averaging), or an older .pt file;
+        `device=None` picks cuda/mps/cpu, checked by `select_device` as training's is. `load` takes exported
+        folders too. Tied weights are tied again: the model is built from the saved config, which ties them."""
         engine, file = resolve_checkpoint(path)
         if engine != "torch":
             raise ConfigError(f"{path} is an exported model folder: load it with Translator.load (CTranslate2), or "
-                              "pass the run directory or .pt file it was exported from")
+                              "pass the run directory or model file it was exported from")
         dev = select_device("auto" if device is None else str(device), option="device")
         payload = load_checkpoint(file)
         if payload.get("text") is None:

@@ -1,32 +1,52 @@
-"""Checkpoints: atomic writes, safe loads, and parameter averaging.
+"""Checkpoints: atomic writes, safe loads, and parameter averaging, in two formats.
 
-A checkpoint is a plain dict that `torch.load(weights_only=True)` can read (tensors, numbers,
-strings, lists, dicts): nothing in it needs arbitrary unpickling, and a file that does is
-refused. Keys:
+The model files a user ships (best, avg and epoch_NN: weights, no training state) are a pair that
+loads without unpickling anything:
+
+    NAME.safetensors  the unique tensors of the model's state_dict, at their own dtype; a tied matrix
+                      (tied embeddings: source, target and generator) is stored once, and the file's
+                      metadata names the tied entries ({"tied": {alias: stored name}}) and every name in
+                      the state_dict's order ("order"), so that loading gives every name back in that
+                      order, tied names as one tensor
+    NAME.json         {"format", "sha256" (of NAME.safetensors), "config" (the resolved config),
+                      "text" (the TextPipeline's state_dict, its SentencePiece model in base64; null for
+                      the copy task), "train_state"}, and "averaged_from" for an average
+
+last.pt (what resuming needs) is a dict that `torch.load(weights_only=True)` reads (tensors, numbers,
+strings, lists, dicts): nothing in it needs arbitrary unpickling, and a file that does is refused.
+Files of that kind written before the model files existed (best.pt, avg.pt, epoch_NN.pt) load too.
+Keys:
 
     format       "annotated-transformer/1"
     config       the resolved config (nested dict)
-    model        the model's state_dict (unwrapped from DDP / torch.compile); with ema.decay on, best.pt and
-                 epoch_NN.pt hold the weight average here, last.pt the raw weights
+    model        the model's state_dict (unwrapped from DDP / torch.compile); with ema.decay on, the model
+                 files hold the weight average, last.pt the raw weights
     ema          last.pt only, with ema.decay on: the weight average (extensions/ema.py)
     text         the TextPipeline's state_dict (vocabulary, tokenizer settings), or None (copy task)
     train_state  TrainState.state_dict()
     optimizer, scheduler, loader, rng    only in resumable checkpoints (last.pt)
+
+`load_checkpoint` reads either format into that dict.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
+import hashlib
+import json
 import os
 import pickle
 import re
 import shutil
 import threading
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import safetensors
+import safetensors.torch
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -43,11 +63,14 @@ if TYPE_CHECKING:  # run_dir and resume import this module
     from .run_dir import RunDir
 
 CHECKPOINT_FORMAT = "annotated-transformer/1"
+WEIGHTS_FORMAT = "annotated-transformer/weights/1"  # a model file pair: NAME.safetensors + NAME.json
+WEIGHTS_SUFFIX = ".safetensors"
+SETTINGS_SUFFIX = ".json"
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
     """Write a checkpoint dict atomically (temporary file, fsync, rename); a failed write is an OSError."""
-    payload = {"format": CHECKPOINT_FORMAT, **payload}
+    payload = {**payload, "format": CHECKPOINT_FORMAT}  # this file's format, whatever the payload was read from
     try:
         atomic_write(path, lambda f: torch.save(payload, f))
     except RuntimeError as exc:
@@ -85,22 +108,153 @@ def write_failure(exc: RuntimeError, path: str | Path) -> OSError | None:
     return OSError(errno.EIO, f"the write failed ({first[:160]})", str(path))
 
 
-def _cpu_copy(obj: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
+def _tensor_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """What makes two tensors one: the same memory seen the same way (tied weights, detached views of one)."""
+    if t.device.type == "meta":  # no memory to compare: only the same object is the same tensor
+        return ("meta", id(t))
+    return (t.device, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+
+
+def _cpu_copy(obj: Any, memo: dict[Any, torch.Tensor] | None = None) -> Any:
     """`obj` with every tensor copied to the CPU: a snapshot that later training steps cannot change.
 
-    `memo` maps tensors already copied (by id) to their copy, so payloads that share the model's
-    weights (last.pt and best.pt at an epoch's end) copy them once.
+    `memo` maps tensors already copied (by their memory, `_tensor_key`) to their copy, so payloads that
+    share the model's weights (last.pt and best at an epoch's end) copy them once, and names that share
+    one tensor (tied embeddings; a state_dict gives each name its own detached view) share the copy.
     """
     memo = {} if memo is None else memo
     if isinstance(obj, torch.Tensor):
-        if id(obj) not in memo:
-            memo[id(obj)] = obj.detach().to("cpu", copy=True)
-        return memo[id(obj)]
+        key = _tensor_key(obj)
+        if key not in memo:
+            memo[key] = obj.detach().to("cpu", copy=True)
+        return memo[key]
     if isinstance(obj, dict):
         return {k: _cpu_copy(v, memo) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return type(obj)(_cpu_copy(v, memo) for v in obj)
     return obj  # numbers, strings, None: immutable
+
+
+def weights_pair(path: str | Path) -> tuple[Path, Path]:
+    """The two files of a model file (NAME.safetensors, NAME.json) that `path` (either of them, or NAME) names."""
+    path = Path(path)
+    stem = path.with_suffix("") if path.suffix in (WEIGHTS_SUFFIX, SETTINGS_SUFFIX) else path
+    return stem.with_name(stem.name + WEIGHTS_SUFFIX), stem.with_name(stem.name + SETTINGS_SUFFIX)
+
+
+def is_model_file(path: str | Path) -> bool:
+    """Whether `path` names a model file pair (by its suffix), rather than a torch checkpoint (.pt)."""
+    return Path(path).suffix in (WEIGHTS_SUFFIX, SETTINGS_SUFFIX)
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """The file `path` names: itself, or for an older name that is gone (runs/x/best.pt), the model file
+    that took its place (runs/x/best.safetensors); the JSON of a pair names its .safetensors."""
+    path = Path(path)
+    if is_model_file(path):
+        return weights_pair(path)[0]
+    if path.suffix == ".pt" and not path.exists() and weights_pair(path.with_suffix(""))[0].is_file():
+        return weights_pair(path.with_suffix(""))[0]
+    return path
+
+
+def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """{alias: the first name holding the same tensor} for the names of `state` that share one (tied weights)."""
+    first: dict[Any, str] = {}
+    ties = {}
+    for name, tensor in state.items():
+        key = _tensor_key(tensor)
+        if tensor.numel() and key in first:  # empty tensors may all sit at one address
+            ties[name] = first[key]
+        else:
+            first.setdefault(key, name)
+    return ties
+
+
+def _equal_matrices(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """{alias: first name} for matrices of `state` equal in value to an earlier one.
+
+    Checkpoints written before ties were kept hold each tied matrix as its own copy; in a model with
+    tied embeddings those copies are the only matrices that are equal (every matrix starts random).
+    """
+    seen: dict[Any, list[str]] = {}
+    ties = {}
+    for name, tensor in state.items():
+        if tensor.dim() < 2 or not tensor.is_floating_point():
+            continue
+        key = (tensor.dtype, tuple(tensor.shape), tuple(tensor.reshape(-1)[:8].tolist()))
+        twin = next((n for n in seen.get(key, []) if torch.equal(state[n], tensor)), None)
+        if twin is None:
+            seen.setdefault(key, []).append(name)
+        else:
+            ties[name] = twin
+    return ties
+
+
+def _text_to_json(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A TextPipeline state_dict as JSON values: its SentencePiece model (bytes) in base64."""
+    if text is None or text.get("spm_model") is None:
+        return text
+    model = text["spm_model"]
+    raw = model.cpu().numpy().tobytes() if isinstance(model, torch.Tensor) else bytes(model)
+    return {**text, "spm_model": base64.b64encode(raw).decode("ascii")}
+
+
+def _text_from_json(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`_text_to_json` undone: the SentencePiece model as the uint8 tensor a .pt checkpoint holds."""
+    if not isinstance(text, dict) or not isinstance(text.get("spm_model"), str):
+        return text
+    raw = base64.b64decode(text["spm_model"], validate=True)
+    return {**text, "spm_model": torch.frombuffer(bytearray(raw), dtype=torch.uint8)}
+
+
+# What a payload's JSON does not take from it: the tensors, and what each save works out anew.
+_NOT_SETTINGS = ("format", "model", "text", "sha256")
+
+
+def save_weights(payload: dict[str, Any], path: str | Path) -> tuple[Path, Path]:
+    """Write a weights payload (config, model, text, train_state) as a model file pair; returns its two paths.
+
+    Each file is written atomically, the .safetensors first: the JSON's SHA-256 of it is what loading
+    checks, so a pair that a crash left half new is refused rather than mixed.
+    """
+    weights, settings = weights_pair(path)
+    state = payload["model"]
+    ties = tied_names(state)
+    tensors = {name: _own_memory(t) for name, t in state.items() if name not in ties}
+    # The names in the state_dict's order: safetensors hands its tensors back in no fixed order.
+    metadata = {"format": WEIGHTS_FORMAT, "tied": json.dumps(ties), "order": json.dumps(list(state))}
+    data = safetensors.torch.save(tensors, metadata)
+    doc = {"format": WEIGHTS_FORMAT, "sha256": hashlib.sha256(data).hexdigest(),
+           **{k: v for k, v in payload.items() if k not in _NOT_SETTINGS},
+           "text": _text_to_json(payload.get("text"))}
+    text = (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
+    atomic_write(weights, lambda f: f.write(data))
+    atomic_write(settings, lambda f: f.write(text))
+    return weights, settings
+
+
+def _own_memory(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` on the CPU with memory of its own: safetensors refuses tensors that share memory (views of one)."""
+    t = tensor.detach().to("cpu").contiguous()
+    whole = t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    return t if whole else t.clone()
+
+
+def write_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
+    """Write `payload` in the format `path` names: a model file pair (.safetensors/.json), else a .pt file."""
+    if is_model_file(path):
+        save_weights(payload, path)
+    else:
+        save_checkpoint(payload, path)
+
+
+def copy_checkpoint(source: str | Path, target: str | Path) -> None:
+    """Copy a checkpoint written by `write_checkpoint` (both files of a model file pair), each atomically."""
+    pairs = zip(weights_pair(source), weights_pair(target)) if is_model_file(source) else [(source, target)]
+    for src_path, dst_path in pairs:
+        with open(src_path, "rb") as src:
+            atomic_write(dst_path, lambda f: shutil.copyfileobj(src, f, 16 << 20))
 
 
 class CheckpointWriter:
@@ -110,7 +264,7 @@ class CheckpointWriter:
     foreground every epoch, it would cost seconds of a GPU epoch that itself takes seconds.
     `save` snapshots its payloads (tensors copied to the CPU, shared ones once), so what is
     written is the state at the moment of the call, and returns at once; the files are written
-    by `save_checkpoint` (atomic), a payload to its first path and copied to the others. Writes
+    by `write_checkpoint` (atomic), a payload to its first path and copied to the others. Writes
     land in call order. A `save` waits only while the previous one is still being written (one
     snapshot in memory at a time). `wait` blocks until every write is on disk and raises the
     error of one that failed (an OSError as a one-line RunDirError naming the file).
@@ -124,7 +278,7 @@ class CheckpointWriter:
     def save(self, *jobs: tuple[dict[str, Any], Sequence[str | Path]]) -> None:
         """Queue each (payload, paths) job: the payload is written to every path in `paths`."""
         self.wait()
-        memo: dict[int, torch.Tensor] = {}
+        memo: dict[Any, torch.Tensor] = {}
         snapshots = [(_cpu_copy(payload, memo), tuple(paths)) for payload, paths in jobs]
         self._thread = threading.Thread(target=self._run, args=(snapshots,), name="checkpoint-writer")
         self._thread.start()
@@ -145,10 +299,9 @@ class CheckpointWriter:
                 # torch.save straight into the file: serialising into an in-memory buffer instead held
                 # the GIL throughout and slowed the training thread's Python ten-fold meanwhile (measured).
                 target = first
-                save_checkpoint(snapshot, first)
+                write_checkpoint(snapshot, first)
                 for target in rest:
-                    with open(first, "rb") as src:
-                        atomic_write(target, lambda f: shutil.copyfileobj(src, f, 16 << 20))
+                    copy_checkpoint(first, target)
         except OSError as exc:
             self._error = run_dir_error(exc, target, run=self.run)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
@@ -156,10 +309,13 @@ class CheckpointWriter:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with `weights_only=True`; every failure is one clear CheckpointError."""
-    path = Path(path)
+    """Load a model file pair or a .pt checkpoint (`weights_only=True`) as a checkpoint dict; every failure
+    is one clear CheckpointError."""
+    path = checkpoint_file(path)
+    if is_model_file(path):
+        return load_weights(path, map_location)
     if not path.is_file():
-        hint = " (it is a directory; name a .pt file in it)" if path.is_dir() else ""
+        hint = " (it is a directory; name a .safetensors or .pt file in it)" if path.is_dir() else ""
         raise CheckpointError(f"checkpoint {path} not found{hint}")
     kind = not_a_checkpoint(path)
     if kind is not None:
@@ -222,6 +378,69 @@ def not_a_checkpoint(path: Path) -> str | None:
     return "a JSON file" if text.lstrip().startswith(("{", "[")) else "a text file"
 
 
+def load_weights(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A model file pair (`save_weights`) as a checkpoint dict, tied names sharing one tensor again.
+
+    Nothing is unpickled: the tensors come from safetensors, the rest from JSON. A missing, damaged,
+    truncated or mismatched file is one CheckpointError naming it.
+    """
+    weights, settings = weights_pair(path)
+    if not weights.is_file() and settings.is_file():
+        if not _is_settings(settings):  # a JSON file of another kind (a vocabulary, a config)
+            raise CheckpointError(f"{settings} is a JSON file, not a model file: pass a run directory or a checkpoint "
+                                  "file written by training")
+        raise CheckpointError(f"{weights} is missing: {settings.name} is the other half of a model file, which needs "
+                              f"the .safetensors written beside it; copy both files")
+    if not weights.is_file():
+        raise CheckpointError(f"checkpoint {weights} not found")
+    if not settings.is_file():
+        raise CheckpointError(f"{settings} is missing: {weights.name} needs the JSON written beside it (the model's "
+                              f"config and vocabulary); copy both files")
+    try:
+        doc = json.loads(settings.read_text(encoding="utf-8"))
+        data = weights.read_bytes()
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{settings} is unreadable ({excerpt(exc)})") from None
+    if not isinstance(doc, dict) or doc.get("format") != WEIGHTS_FORMAT:
+        raise CheckpointError(f"{settings} is not an annotated-transformer model file (no '{WEIGHTS_FORMAT}' "
+                              "format tag)")
+    damaged = (f"{weights} is damaged or truncated ({{}}); copy it again, or use another checkpoint of the run "
+               f"(an epoch file, last.pt)")
+    try:
+        tensors = safetensors.torch.load(data)
+        metadata = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
+        ties = json.loads(metadata.get("tied", "{}"))
+        order = json.loads(metadata.get("order", "[]"))
+    except (safetensors.SafetensorError, ValueError, TypeError, AttributeError) as exc:
+        raise CheckpointError(damaged.format(excerpt(exc))) from None
+    if hashlib.sha256(data).hexdigest() != doc.get("sha256"):
+        raise CheckpointError(damaged.format(f"its SHA-256 is not the one {settings.name} records, so either file "
+                                             "changed since they were written together"))
+    state = {name: t.to(map_location) for name, t in sorted(tensors.items())}
+    missing = sorted(set(ties.values()) - set(state))
+    if missing:
+        raise CheckpointError(damaged.format(f"the tied name {missing[0]} has no tensor"))
+    state.update({alias: state[name] for alias, name in ties.items()})
+    if sorted(order) == sorted(state):
+        state = {name: state[name] for name in order}
+    try:
+        text = _text_from_json(doc.get("text"))
+    except ValueError as exc:  # binascii.Error: not base64
+        raise CheckpointError(f"{settings} holds a damaged SentencePiece model ({excerpt(exc)})") from None
+    settings_only = {k: v for k, v in doc.items() if k not in _NOT_SETTINGS}
+    return {**settings_only, "format": WEIGHTS_FORMAT, "model": state, "text": text}
+
+
+def _is_settings(path: Path) -> bool:
+    """Whether `path` is the JSON of a model file (its format tag), read as little as a look needs."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(200)
+    except OSError:
+        return False
+    return f'"format": "{WEIGHTS_FORMAT}"'.encode() in head
+
+
 def model_payload(model: nn.Module, config: dict[str, Any], text_state: dict[str, Any] | None,
                   train_state: dict[str, Any] | None = None) -> dict[str, Any]:
     """The part of a checkpoint that evaluation and translation need (no optimizer state)."""
@@ -242,14 +461,18 @@ def _architecture(config: dict[str, Any]) -> list[Any]:
 def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """Average the model parameters of several checkpoints of one architecture and vocabulary.
 
-    Returns a model-only checkpoint dict (config, text and train_state from the last file).
+    Returns a weights payload (config, text and train_state from the last file) whose tied names
+    share one averaged tensor, as the inputs' do.
     """
     if len(paths) < 1:
         raise CheckpointError("no checkpoints given to average")
     first = load_checkpoint(paths[0])
     ref_model_cfg = _architecture(first["config"])
     ref_text = first.get("text")
-    summed = {k: v.clone().double() if v.is_floating_point() else v.clone() for k, v in first["model"].items()}
+    # Tied names share a tensor in model files; an older .pt file held copies, found by value then.
+    ties = tied_names(first["model"]) or (_equal_matrices(first["model"]) if _ties_embeddings(first) else {})
+    summed = {k: v.clone().double() if v.is_floating_point() else v.clone()
+              for k, v in first["model"].items() if k not in ties}
     last = first
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
@@ -259,34 +482,46 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
         if not _same_text(ckpt.get("text"), ref_text):
             raise CheckpointError(f"{path} has a different vocabulary from {paths[0]}; "
                                   "only checkpoints of one run can be averaged")
-        if ckpt["model"].keys() != summed.keys():
+        if ckpt["model"].keys() != first["model"].keys():
             raise CheckpointError(f"{path} has different parameter names from {paths[0]}")
-        for k, v in ckpt["model"].items():
-            if v.shape != summed[k].shape:
+        for k, total in summed.items():
+            v = ckpt["model"][k]
+            if v.shape != total.shape:
                 raise CheckpointError(f"{path}: parameter {k} has shape {tuple(v.shape)}, "
-                                      f"expected {tuple(summed[k].shape)}")
+                                      f"expected {tuple(total.shape)}")
             if v.is_floating_point():
-                summed[k] += v.double()
+                total += v.double()
         last = ckpt
     n = len(paths)
     averaged = {k: (v / n).to(first["model"][k].dtype) if v.is_floating_point() else v for k, v in summed.items()}
+    averaged = {k: averaged[ties.get(k, k)] for k in first["model"]}  # in the model's order, tied names as one
     return {"config": last["config"], "model": averaged, "text": last.get("text"),
             "train_state": last.get("train_state", {}), "averaged_from": [str(p) for p in paths]}
 
 
+def _ties_embeddings(payload: dict[str, Any]) -> bool:
+    """Whether a checkpoint's config ties the embeddings (model.tie_embeddings)."""
+    return bool(payload.get("config", {}).get("model", {}).get("tie_embeddings", False))
+
 
 def average_checkpoints_into(paths: Sequence[str], output: str) -> int:
-    """scripts/average_checkpoints.py: average checkpoints' parameters into `output` (written atomically)."""
+    """The average command: average checkpoints' parameters into the model file `output` (written atomically).
+
+    `output` may end in .safetensors or .json (either names the pair), or .pt, the name an older version
+    wrote, or have no suffix: the pair is NAME.safetensors + NAME.json in every case.
+    """
     if not paths:
         raise CheckpointError("give at least one checkpoint to average")
     out = Path(output)
-    if out.suffix != ".pt":
-        raise ConfigError(f"--output should be a .pt file, got {output}")
+    if out.suffix not in ("", ".pt", WEIGHTS_SUFFIX, SETTINGS_SUFFIX):
+        raise ConfigError(f"--out should be a .safetensors file (its .json is written beside it), got {output}")
+    weights, settings = weights_pair(out.with_suffix("") if out.suffix == ".pt" else out)
     averaged = average_checkpoints(paths)
-    with writing(out):
-        save_checkpoint(averaged, out)
-    print(f"averaged {len(paths)} checkpoints into {out}")
+    with writing(weights):
+        save_weights(averaged, weights)
+    print(f"averaged {len(paths)} checkpoints into {weights} (config and vocabulary in {settings.name})")
     return 0
+
 
 def _same_text(a: Any, b: Any) -> bool:
     """Equality of two TextPipeline state dicts, tensors compared by value."""
@@ -307,7 +542,7 @@ def broadcast_weights(model: nn.Module) -> None:
 
 
 def improves(metric: float | None, best: float | None, best_metric: str) -> bool:
-    """Whether an epoch's `metric` makes a new best.pt: higher BLEU or lower loss (train.best_metric);
+    """Whether an epoch's `metric` makes a new best: higher BLEU or lower loss (train.best_metric);
     a missing figure never does, anything beats no best yet."""
     if metric is None:
         return False
@@ -315,9 +550,9 @@ def improves(metric: float | None, best: float | None, best_metric: str) -> bool
 
 
 class Checkpointer:
-    """A run's checkpoint files: last.pt (resumable), best.pt and epoch_NN.pt (weights), avg.pt.
+    """A run's checkpoint files: last.pt (resumable), and the model files best, epoch_NN and avg (weights).
 
-    With `ema.decay` on, best.pt and epoch_NN.pt hold the weight average (what validation scored) and
+    With `ema.decay` on, best and epoch_NN hold the weight average (what validation scored) and
     last.pt the raw weights beside the average.
 
     Every rank takes part in a save (the random states are gathered); rank 0 copies the state to
@@ -340,11 +575,12 @@ class Checkpointer:
         log(f"resumed {self.run.last}: epoch {self.run_state.train_state.epoch}, step {step}")
         if last.get("ema") is not None and self.run_state.ema is None:
             log(f"{self.run.last} holds a weight average that ema.decay=0 drops: from here on validation scores the "
-                "raw weights (best.pt so far holds the average); resume with its ema.decay to keep it")
+                "raw weights (the best model file so far holds the average); resume with its ema.decay to keep it")
         return mid_epoch
 
     def save(self, mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
-        """Queue last.pt, and the weights alone to `weights_to`; never from weights that are not finite."""
+        """Queue last.pt, and the weights alone to the model files `weights_to`; never from weights that are not
+        finite."""
         step = self.run_state.train_state.step
         if not weights_finite(self.run_state.model):  # a last line of defence: never overwrite good files
             raise TrainingDiverged(f"training diverged: the weights are not finite at step {step}; nothing was "
@@ -371,8 +607,11 @@ class Checkpointer:
             return f"rerun to continue from {self.run.last} (step {self.saved_step}, the last good state)"
         return "start again with train.overwrite=true (no checkpoint was written before the divergence)"
 
-    def load_weights(self, model: nn.Module, path: Path) -> bool:
-        """Load `path`'s weights on rank 0 and give them to every rank; False when rank 0 has no such file."""
+    def load_weights(self, model: nn.Module, path: Path) -> Path | None:
+        """Load `path`'s weights on rank 0 and give them to every rank; the file read, or None when rank 0 has
+        no such file. A run begun by an older version may hold them as a .pt file of the same name (best.pt)."""
+        if not path.is_file() and path.with_suffix(".pt").is_file():
+            path = path.with_suffix(".pt")
         found = [self.info.is_main and path.is_file()]
         if self.info.distributed:
             dist.broadcast_object_list(found, src=0)
@@ -381,10 +620,10 @@ class Checkpointer:
                 device = next(model.parameters()).device
                 model.load_state_dict(load_checkpoint(path, map_location=device)["model"])
             broadcast_weights(model)
-        return found[0]
+        return path if found[0] else None
 
     def average_last(self, n: int, log: Log) -> Path | None:
-        """Average the newest `n` epoch files into avg.pt (rank 0); None if n < 2 or too few exist."""
+        """Average the newest `n` epoch files into the run's avg file (rank 0); None if n < 2 or too few exist."""
         if n < 2:
             return None
         paths = [path for _, path in self.run.epoch_files()[-n:]]
@@ -396,6 +635,6 @@ class Checkpointer:
             return None
         if self.info.is_main:
             with writing(self.run.avg, run=self.run.path):
-                save_checkpoint(average_checkpoints(paths), self.run.avg)
+                write_checkpoint(average_checkpoints(paths), self.run.avg)
             log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
         return self.run.avg

@@ -6,10 +6,13 @@
       metrics.jsonl        one JSON object per log line and per epoch
       charts/              loss, learning rate and BLEU curves (.html with inlined JavaScript, .png)
       tensorboard/         the same figures as TensorBoard event files (train.tensorboard=true)
-      epoch_NN.pt          model weights after epoch NN (for averaging)
-      best.pt              the weights that scored best on validation
+      epoch_NN.safetensors model weights after epoch NN (for averaging), with epoch_NN.json beside it
+      best.safetensors     the weights that scored best on validation, with best.json (config, vocabulary)
       last.pt              everything needed to resume (optimizer, scheduler, data position, RNG)
-      avg.pt               the average of the last train.average_last epochs' weights (when set)
+      avg.safetensors      the average of the last train.average_last epochs' weights (when set), with avg.json
+
+    The model files (.safetensors + .json) are harness/checkpointing.py's; a run begun by an older
+    version may hold its weights as best.pt, avg.pt and epoch_NN.pt instead.
       .lock                held (flock) by the live training writing here; removed when it ends
 """
 
@@ -32,7 +35,7 @@ except ImportError:  # Windows has no flock: there a second training on a live r
 from ..config import Config, apply_dict, config_to_dict, config_yaml
 from ..errors import ConfigError, RunDirError
 from ..files import atomic_write, run_dir_error, writing
-from .checkpointing import load_checkpoint
+from .checkpointing import load_checkpoint, weights_pair
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts", "tensorboard"}
@@ -164,11 +167,11 @@ class RunDir:
 
     @property
     def best(self) -> Path:
-        return self.path / "best.pt"
+        return self.path / "best.safetensors"
 
     @property
     def avg(self) -> Path:
-        return self.path / "avg.pt"
+        return self.path / "avg.safetensors"
 
     @property
     def lock_file(self) -> Path:
@@ -177,22 +180,24 @@ class RunDir:
 
     def epoch(self, epoch: int) -> Path:
         """The weights saved after `epoch` (1-based)."""
-        return self.path / f"epoch_{epoch:02d}.pt"
+        return self.path / f"epoch_{epoch:02d}.safetensors"
 
     def epoch_files(self) -> list[tuple[int, Path]]:
-        """(epoch, path) of every epoch_NN.pt, oldest first (by number: epoch_100 comes after epoch_99)."""
-        found = []
-        for path in self.path.glob("epoch_*.pt"):
+        """(epoch, path) of every epoch's weights, oldest first (by number: epoch_100 comes after epoch_99): its
+        epoch_NN.safetensors, or the epoch_NN.pt of an older version."""
+        found: dict[int, Path] = {}
+        for path in sorted(self.path.glob("epoch_*.pt")) + sorted(self.path.glob("epoch_*.safetensors")):
             number = path.stem.removeprefix("epoch_")
             if number.isdigit():
-                found.append((int(number), path))
-        return sorted(found)
+                found[int(number)] = path  # the model file wins over a .pt of the same epoch
+        return sorted(found.items())
 
     def prune_epochs(self, keep_after: int) -> None:
-        """Delete epoch_NN.pt files of epochs up to `keep_after` (train.keep_last_epochs)."""
+        """Delete the weight files of epochs up to `keep_after` (train.keep_last_epochs)."""
         for epoch, path in self.epoch_files():
             if epoch <= keep_after:
-                path.unlink(missing_ok=True)
+                for old in (*weights_pair(path.with_suffix("")), path.with_suffix(".pt")):
+                    old.unlink(missing_ok=True)
 
     def entries(self) -> set[str]:
         """Names in the folder that belong to a run (all but .lock); empty when there is no folder."""

@@ -21,15 +21,15 @@ def finish(tr: Trainer) -> dict[str, Any]:
     t, s = tr.cfg.train, tr.train_state
     if tr.info.is_main:
         write_charts(tr.run, tr.log)
-    found_best = tr.checkpoints.load_weights(tr.model, tr.run.best)
+    found_best = tr.checkpoints.load_weights(tr.model, tr.run.best)  # the file read (perhaps an older best.pt)
     averaged = tr.checkpoints.average_last(t.average_last, tr.log)
     results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step,
                                "train_seconds": s.train_seconds, "wall_seconds": s.wall_seconds, "train_flops": s.flops}
     if t.target_bleu:
         results.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds,
                        target_flops=s.target_flops)
-    chosen = f"best.pt (epoch {s.best_epoch})" if found_best else "the final weights"
-    chosen_file = tr.run.best if found_best else tr.run.last
+    chosen = f"{found_best.name} (epoch {s.best_epoch})" if found_best else "the final weights"
+    chosen_file = found_best or tr.run.last
     if tr.task.name == "copy":
         k = tr.task.score(tr.model, tr.device)["exact_copies"]
         tr.log(f"exact copies: {k}/100")
@@ -82,7 +82,7 @@ def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file:
         kept = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
         tr.checkpoints.load_weights(tr.model, averaged)
         val_avg = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
-        tr.log(f"val BLEU: best.pt {val['bleu']:.2f} | {averaged.name} (last {t.average_last} "
+        tr.log(f"val BLEU: {chosen_file.name} {val['bleu']:.2f} | {averaged.name} (last {t.average_last} "
                f"epochs averaged) {val_avg['bleu']:.2f}")
         if val_avg["bleu"] > val["bleu"]:
             val, chosen, chosen_file = val_avg, averaged.name, averaged
