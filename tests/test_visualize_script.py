@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from annotated_transformer.cli import run
-from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
+from annotated_transformer.harness.checkpointing import load_checkpoint, save_weights
 
 SENTENCE = "Ein Mann und eine Frau gehen auf der Straße."
 # Every word is frequent in Multi30k, so the source labels are the words themselves (no "(unk)").
@@ -61,14 +61,19 @@ def test_writes_every_chart_as_offline_html_and_png(cli_run):
     assert code == 0, stderr
     lines = stdout.splitlines()
     assert lines[0].startswith("translation: ")
+    # The Vega libraries once in the folder (vega + vega-lite + vega-embed bundled), in the list of written files.
+    script = out / "vega.js"
+    assert str(script) in stdout and script.stat().st_size > 300_000
+    assert script.read_text(encoding="utf-8").startswith("(function () {\nif (window.vegaEmbed) return;")
     for stem in ATTENTION + TEACHING:
         html, png = out / f"{stem}.html", out / f"{stem}.png"
         assert str(html) in stdout and str(png) in stdout  # the list of written files
         text = html.read_text(encoding="utf-8")
         assert "vegaEmbed(" in text and "const spec = " in text
-        # The Vega libraries are inside the page: no script or stylesheet is fetched from anywhere.
-        assert re.search(r"<script[^>]*\ssrc=", text) is None and not re.search(r"<link[^>]*href=", text)
-        assert len(text) > 300_000  # vega + vega-lite + vega-embed bundled, not linked
+        # The page loads the folder's copy by a relative path: nothing is fetched from anywhere else.
+        assert re.findall(r"<script[^>]*\ssrc=\"([^\"]*)\"", text) == ["vega.js"]
+        assert not re.search(r"<link[^>]*href=", text)
+        assert "if (window.vegaEmbed) return;" not in text  # no page carries its own copy of the bundle
         assert png.read_bytes()[:8] == PNG_MAGIC
     index = (out / "index.html").read_text(encoding="utf-8")
     for stem in ATTENTION + TEACHING:
@@ -111,8 +116,12 @@ def test_only_the_chosen_layers_and_formats(tiny_checkpoint, tmp_path, monkeypat
                           "--layers", "1", "--formats", "html"], "visualize.py")
     assert exc.value.code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"{s}.html" for s in ATTENTION + TEACHING] + ["index.html"])
+        [f"{s}.html" for s in ATTENTION + TEACHING] + ["index.html", "vega.js"])
     assert "<img" not in (tmp_path / "index.html").read_text(encoding="utf-8")
+    with pytest.raises(SystemExit) as exc:  # PNGs alone need no JavaScript
+        run("visualize", ["--checkpoint", str(tiny_checkpoint), "--sentence", SENTENCE, "--out", str(tmp_path / "png"),
+                          "--layers", "1", "--formats", "png"], "visualize.py")
+    assert exc.value.code == 0 and not (tmp_path / "png" / "vega.js").exists()
 
 
 def run_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
@@ -127,8 +136,7 @@ def copy_task_checkpoint(tiny_checkpoint, tmp_path) -> Path:
     """A checkpoint without a text vocabulary, as the copy task writes."""
     payload = load_checkpoint(tiny_checkpoint)
     payload["text"] = None
-    path = tmp_path / "copy.pt"
-    save_checkpoint(payload, path)
+    path, _ = save_weights(payload, tmp_path / "copy.safetensors")
     return path
 
 

@@ -2,7 +2,7 @@
 
 The sentence is given as translate takes it: as arguments (the words joined with spaces), or with
 --sentence "...". Open DIR/index.html: every chart as a PNG, with links to the interactive HTML
-versions (they carry their JavaScript inside and open without internet).
+versions (they share DIR/vega.js, the charts' JavaScript, and open without internet).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
     from ..visualization import FORMATS
 
     parser = CommandParser(prog=prog, description="Chart the attention of a trained model on one sentence.")
-    add_checkpoint(parser, help="a run directory (the weights its final scores used) or a .pt file")
+    add_checkpoint(parser, help="a run directory (the weights its final scores used) or a model file")
     parser.add_argument("text", nargs="*", help="the source-language sentence to chart (the words are joined with "
                         "spaces)")
     parser.add_argument("--sentence", metavar="TEXT", help="the sentence, as one argument (instead of the words)")

@@ -6,7 +6,7 @@ One module per thing drawn:
                      learning-rate schedules, label smoothing and its loss penalty
     attention        attention maps of a sentence: translate it, keep every map, one chart per head
     training_curves  loss, learning rate and BLEU of a run, from its metrics.jsonl
-    rendering        offline HTML (the Vega JavaScript inlined) and PNG, as files and in Jupyter
+    rendering        offline HTML (the Vega JavaScript inlined, or shared by a folder) and PNG, as files and in Jupyter
     sentence_page    scripts/visualize.py's work: every chart of one sentence in a folder, with index.html
     heatmap          the matrix chart that the mask, label smoothing and attention maps share
 
@@ -31,19 +31,20 @@ _EXPORTS = {
                   "attention_charts", "attention_grid", "attention_maps_grid", "collect_attention", "display_token",
                   "keep_attention", "layer_indices", "sentence_attention"),
     "training_curves": ("training_curves_chart",),
-    "rendering": ("FORMATS", "chart_html", "chart_png", "enable_notebook_charts", "png_size", "save_chart"),
+    "rendering": ("FORMATS", "SCRIPT_FILE", "chart_html", "chart_png", "enable_notebook_charts", "png_size",
+                  "save_chart", "write_script"),
     "sentence_page": ("Visualization", "visualize_checkpoint", "visualize_sentence", "write_index"),
     "heatmap": ("CELL_PX",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __all__ = [
-    "ATTENTION_KINDS", "CELL_PX", "FORMATS", "NOTEBOOK_LR_SETTINGS", "SPM_SPACE", "AttentionKind",
+    "ATTENTION_KINDS", "CELL_PX", "FORMATS", "NOTEBOOK_LR_SETTINGS", "SCRIPT_FILE", "SPM_SPACE", "AttentionKind",
     "SentenceAttention", "Visualization", "attention_chart", "attention_charts", "attention_grid",
     "attention_maps_grid", "chart_html", "chart_png", "collect_attention", "display_token", "enable_notebook_charts",
     "keep_attention", "label_smoothing_chart", "layer_indices", "loss_penalty_chart", "lr_schedule_chart", "mask_chart", "png_size",
     "positional_encoding_chart", "save_chart", "sentence_attention", "teaching_charts", "training_curves_chart",
-    "visualize_checkpoint", "visualize_sentence", "write_index",
+    "visualize_checkpoint", "visualize_sentence", "write_index", "write_script",
 ]
 
 if TYPE_CHECKING:
@@ -63,7 +64,16 @@ if TYPE_CHECKING:
         sentence_attention,
     )
     from .heatmap import CELL_PX
-    from .rendering import FORMATS, chart_html, chart_png, enable_notebook_charts, png_size, save_chart
+    from .rendering import (
+        FORMATS,
+        SCRIPT_FILE,
+        chart_html,
+        chart_png,
+        enable_notebook_charts,
+        png_size,
+        save_chart,
+        write_script,
+    )
     from .sentence_page import Visualization, visualize_checkpoint, visualize_sentence, write_index
     from .teaching import (
         NOTEBOOK_LR_SETTINGS,

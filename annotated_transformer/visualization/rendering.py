@@ -1,11 +1,13 @@
-"""Charts as offline HTML (the Vega JavaScript inlined) and PNG: in files, and inline in Jupyter.
+"""Charts as offline HTML (the Vega JavaScript inlined, or in one file beside the pages) and PNG: in files,
+and inline in Jupyter.
 
     save_chart              <path>.html and <path>.png
     chart_html              the HTML of one chart: a fragment for a notebook output or a whole page
     enable_notebook_charts  Jupyter shows each chart interactive (HTML) with a PNG beside it
 
 Both need nothing from the internet: vl-convert bundles Vega, Vega-Lite and vega-embed into one
-script, which every HTML chart carries, and draws the PNGs on this machine.
+script, which every HTML chart carries, or a folder of charts holds once (`SCRIPT_FILE`, which its
+pages load by a relative path), and draws the PNGs on this machine.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ FORMATS = ("html", "png")
 NOTEBOOK_RENDERER = "annotated_transformer"
 # How vega-embed draws: SVG keeps text sharp at any zoom, as vl-convert's own HTML pages do.
 EMBED_OPTIONS = {"renderer": "svg"}
+# The Vega JavaScript of a folder of charts, shared by its pages (save_chart's `shared_script`).
+SCRIPT_FILE = "vega.js"
 
 
 def _vegalite_version() -> str | None:
@@ -80,16 +84,18 @@ def chart_png(spec: dict, scale: float = 2.0) -> bytes:
 
 
 def chart_html(spec: dict, *, page: bool = True, fallback_png: bytes | None = None,
-               png_scale: float = 2.0) -> str:
+               png_scale: float = 2.0, script_src: str | None = None) -> str:
     """The Vega-Lite `spec` as HTML that draws it with the inlined Vega JavaScript: no internet needed.
 
     page: a whole document (a .html file) rather than a fragment for a notebook output. Fragments
     can share a page: each draws into its own uniquely named element. fallback_png: shown until the
     chart is drawn, and where JavaScript does not run (a viewer that renders HTML but no scripts);
-    drawn at 1/`png_scale` of its pixel size.
+    drawn at 1/`png_scale` of its pixel size. script_src: load the Vega JavaScript from this relative
+    path (a file written by `write_script`) instead of inlining it.
     """
     div = f"vega-chart-{uuid.uuid4().hex}"
     title = _title(spec)
+    library = f'<script type="text/javascript" src="{html.escape(script_src)}"></script>\n' if script_src else ""
     fallback = ""
     if fallback_png is not None:
         width = png_size(fallback_png)[0] / png_scale
@@ -101,8 +107,8 @@ def chart_html(spec: dict, *, page: bool = True, fallback_png: bytes | None = No
   #{div}.vega-embed details, #{div}.vega-embed details summary {{ position: relative; }}
 </style>
 <div id="{div}">{fallback}</div>
-<script type="text/javascript">
-{_vega_script()}
+{library}<script type="text/javascript">
+{"" if script_src else _vega_script()}
 (function () {{
   let el = document.currentScript && document.currentScript.previousElementSibling;
   if (!el || el.id !== "{div}") el = document.getElementById("{div}");
@@ -117,12 +123,23 @@ def chart_html(spec: dict, *, page: bool = True, fallback_png: bytes | None = No
             f"<title>{html.escape(title or 'chart')}</title>\n</head>\n<body>\n{fragment}\n</body>\n</html>\n")
 
 
+def write_script(folder: str | Path) -> Path:
+    """The Vega JavaScript as `SCRIPT_FILE` in `folder`, for its pages to share; left as it is when it holds that."""
+    path = Path(folder) / SCRIPT_FILE
+    data = _vega_script().encode("utf-8")
+    if not path.is_file() or path.read_bytes() != data:
+        atomic_write(path, lambda f: f.write(data))
+    return path
+
+
 def save_chart(chart: alt.TopLevelMixin, path_without_suffix: str | Path,
-               formats: Sequence[str] = FORMATS, scale: float = 2.0) -> list[Path]:
+               formats: Sequence[str] = FORMATS, scale: float = 2.0, shared_script: bool = False) -> list[Path]:
     """Write `chart` as `<path>.html` (Vega JavaScript inlined, opens offline) and `<path>.png`.
 
-    `scale` multiplies the PNG's pixel size. Each file is written whole or not at all. Returns the
-    written paths.
+    `scale` multiplies the PNG's pixel size. `shared_script`: the page loads the Vega JavaScript from
+    `SCRIPT_FILE` beside it (`write_script`, which the caller runs once for the folder) instead of
+    carrying a copy, for a folder of many charts. Each file is written whole or not at all. Returns
+    the written paths.
     """
     unknown = set(formats) - set(FORMATS)
     if unknown:
@@ -132,7 +149,10 @@ def save_chart(chart: alt.TopLevelMixin, path_without_suffix: str | Path,
     base = Path(path_without_suffix)
     written = []
     for fmt in formats:
-        data = chart_html(spec).encode("utf-8") if fmt == "html" else chart_png(spec, scale)
+        if fmt == "html":
+            data = chart_html(spec, script_src=SCRIPT_FILE if shared_script else None).encode("utf-8")
+        else:
+            data = chart_png(spec, scale)
         # Append the suffix rather than with_suffix(): a name like "layer.1" must keep its dot.
         path = base.with_name(f"{base.name}.{fmt}")
         atomic_write(path, lambda f, data=data: f.write(data))

@@ -3,7 +3,7 @@
     from annotated_transformer import Translator
     from annotated_transformer.visualization import visualize_sentence
 
-    tr = Translator.from_checkpoint("runs/base/best.pt")
+    tr = Translator.from_checkpoint("runs/base")             # a run directory, or a model file
     visualize_sentence(tr, "Ein Mann fährt Fahrrad.", "viz/", layer_numbers=[1, 6])   # files + index.html
 """
 
@@ -18,7 +18,7 @@ from ..deploy.translator import Translator
 from ..errors import UserError
 from ..files import atomic_write
 from .attention import SentenceAttention, attention_charts, layer_indices, sentence_attention
-from .rendering import FORMATS, png_size, save_chart
+from .rendering import FORMATS, png_size, save_chart, write_script
 from .teaching import teaching_charts
 from .training_curves import training_curves_chart
 
@@ -28,7 +28,7 @@ class Visualization:
     """What `visualize_sentence` produced."""
 
     attention: SentenceAttention
-    files: list[Path]  # every chart file, then index.html
+    files: list[Path]  # the charts' shared JavaScript (with HTML charts), every chart file, then index.html
     index: Path
     warnings: list[str] = field(default_factory=list)  # charts that were skipped, and why
 
@@ -40,7 +40,8 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
 
     Charts: the encoder self-, decoder self- and decoder-source attention (all heads) of each
     layer in `layer_numbers` (1-based, as in the chart titles; default every layer), the teaching
-    charts, and the training curves when a metrics.jsonl path is given.
+    charts, and the training curves when a metrics.jsonl path is given. The HTML charts share one
+    copy of the Vega JavaScript in the folder (`rendering.SCRIPT_FILE`).
     """
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
@@ -63,8 +64,10 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
     written: list[Path] = []
     entries: list[tuple[str, list[Path]]] = []
     try:
+        if "html" in formats:
+            written.append(write_script(out))
         for stem, heading, chart in charts:
-            paths = save_chart(chart, out / stem, formats=formats)
+            paths = save_chart(chart, out / stem, formats=formats, shared_script=True)
             written += paths
             entries.append((heading, paths))
         index = write_index(out, sa, entries, n_attention=3 * len(layers))
@@ -82,7 +85,7 @@ def visualize_checkpoint(checkpoint: str | Path, sentence: str, out_dir: str | P
         raise UserError("the sentence is empty; give the source-language text to translate")
     translator = Translator.from_checkpoint(checkpoint, device=device)
     beam_size = translator.config.decode.beam_size if beam_size is None else beam_size
-    metrics = Path(checkpoint).parent / "metrics.jsonl"  # the run directory's, beside best.pt
+    metrics = Path(checkpoint).parent / "metrics.jsonl"  # the run directory's, beside its model files
     return visualize_sentence(translator, sentence, out_dir, layer_numbers, beam_size, formats,
                               metrics if metrics.is_file() else None)
 
