@@ -4,17 +4,36 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sized
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from ..config import Config, TrainConfig
 from ..device import device_name
 from ..loop import TrainState
+from .distributed import DistInfo
 from .malloc import malloc_in_use
+from .metrics import Metrics
+from .run_dir import RunDir
 
-if TYPE_CHECKING:  # the trainer calls these
-    from .trainer import Trainer
+
+class RunningRun(Protocol):
+    """What a run's first line and its slow-run warning read of the Trainer (harness/trainer.py calls them)."""
+
+    cfg: Config
+    train_state: TrainState
+    info: DistInfo
+    run: RunDir
+    metrics: Metrics
+    model: nn.Module
+    loader: Sized  # the training batches of an epoch
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    total_steps: int
+    step_clock: float  # time.perf_counter() when the current stretch of steps began
+    speed_mark: tuple[int, float, float, int]  # (step, train seconds, wall seconds, tokens) when timing began
 
 SLOW_RUN_SECONDS = 3600.0  # a run whose training will take longer than this says so early (speed_warning)
 SPEED_AFTER_STEPS = 20  # the early estimate waits for this many timed optimizer steps at a log line ...
@@ -22,7 +41,7 @@ SPEED_AFTER_SECONDS = 60.0  # ... or for this many seconds of them (then it look
 SPEED_MIN_STEPS = 3  # and never estimates from fewer steps before an epoch's end
 
 
-def start_line(tr: Trainer) -> str:
+def start_line(tr: RunningRun) -> str:
     """The run's first line: model size, device, ranks, precision, batches and where it writes."""
     ranks = f" x {tr.info.world_size} ranks" if tr.info.distributed else ""
     return (f"{tr.cfg.name}: {tr.model.num_parameters() / 1e6:.2f}M parameters | device {tr.device}{ranks} | "
@@ -127,7 +146,7 @@ def slow_run_warning(left: float | None, *, device: str, length: str, tokens_per
             f"{tokens_per_s:,.0f} tokens/s" + (f"; {advice}" if advice else ""))
 
 
-def speed_warning(tr: Trainer, at_epoch_end: bool) -> str | None:
+def speed_warning(tr: RunningRun, at_epoch_end: bool) -> str | None:
     """The early warning from the optimizer steps this process has timed since `fit` began (start-up and the
     compile step left out): during the first epoch once SPEED_AFTER_STEPS steps or SPEED_AFTER_SECONDS seconds are
     timed (training alone), at its end with its validation. None: quick enough, or not timed enough yet."""

@@ -7,16 +7,37 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ..loop import Log
+import torch
+from torch import nn
+
+from ..config import Config
+from ..loop import Log, TrainState
+from .checkpointer import Checkpointer
+from .distributed import DistInfo
+from .metrics import Metrics
 from .run_dir import RunDir
 
-if TYPE_CHECKING:  # the trainer calls these
-    from .trainer import Trainer
+
+class EndingRun(Protocol):
+    """What the end of a run reads of its Trainer (harness/trainer.py, which calls `finish`)."""
+
+    cfg: Config
+    train_state: TrainState
+    info: DistInfo
+    run: RunDir
+    checkpoints: Checkpointer
+    metrics: Metrics
+    model: nn.Module
+    task: Any  # harness/tasks.py: CopyTask or TranslationTask
+    device: torch.device
+    amp_dtype: torch.dtype | None
+    t_start: float  # time.perf_counter() when the run began
+    log: Log
 
 
-def finish(tr: Trainer) -> dict[str, Any]:
+def finish(tr: EndingRun) -> dict[str, Any]:
     """Charts; the best (or averaged) weights scored; the run's figures as a dict and a last log line."""
     t, s = tr.cfg.train, tr.train_state
     if tr.info.is_main:
@@ -71,7 +92,8 @@ def relative(path: Path) -> str:
         return str(path)
 
 
-def final_scores(tr: Trainer, results: dict[str, Any], chosen: str, chosen_file: Path, averaged: Path | None) -> Path:
+def final_scores(tr: EndingRun, results: dict[str, Any], chosen: str, chosen_file: Path,
+                 averaged: Path | None) -> Path:
     """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then greedy and beam
     BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone).
     Returns the file of the chosen weights."""

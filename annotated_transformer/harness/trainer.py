@@ -31,7 +31,7 @@ from .loss_meter import LossMeter
 from .train_loop import LoopHooks, evaluate_loss, train_loop
 from ..model_flops import train_step_flops
 from . import progress
-from .checkpointing import Checkpointer, improves
+from .checkpointer import Checkpointer, improves
 from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
 from .metrics import Metrics
 from .progress import epoch_line, speed_warning, start_line

@@ -1,0 +1,129 @@
+"""A run's checkpoint writer (`Checkpointer`): last.pt, the best and epoch model files, the average, resuming.
+
+The files' formats, and reading and writing them, are checkpointing.py's; this module binds them to one
+run directory, one rank's state and the ranks of a torchrun job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import TrainingDiverged
+from ..files import writing
+from ..loop import Log, unwrap_model
+from .checkpointing import CheckpointWriter, average_checkpoints, load_checkpoint, write_checkpoint
+from .distributed import DistInfo
+from .loss_meter import weights_finite, world_size
+from .resume import RunState
+from .run_dir import RunDir
+
+
+def broadcast_weights(model: nn.Module) -> None:
+    """Give every rank rank 0's weights (no-op on one process)."""
+    if world_size() > 1:
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
+
+def improves(metric: float | None, best: float | None, best_metric: str) -> bool:
+    """Whether an epoch's `metric` makes a new best: higher BLEU or lower loss (train.best_metric);
+    a missing figure never does, anything beats no best yet."""
+    if metric is None:
+        return False
+    return best is None or (metric > best if best_metric == "bleu" else metric < best)
+
+
+class Checkpointer:
+    """A run's checkpoint files: last.pt (resumable), and the model files best, epoch_NN and avg (weights).
+
+    With `ema.decay` on, best and epoch_NN hold the weight average (what validation scored) and
+    last.pt the raw weights beside the average.
+
+    Every rank takes part in a save (the random states are gathered); rank 0 copies the state to
+    the CPU and a background `CheckpointWriter` writes it while training goes on.
+    """
+
+    def __init__(self, run: RunDir, run_state: RunState, info: DistInfo, common: dict[str, Any]) -> None:
+        self.run, self.run_state, self.info = run, run_state, info
+        self.common = common  # what every file carries: the config and the text pipeline
+        self.writer = CheckpointWriter(run.path)
+        self.saved_step: int | None = None  # the step of the newest last.pt (None: there is none yet)
+
+    def resume(self, last: dict[str, Any], log: Log) -> bool:
+        """Continue from last.pt's payload: the run state restored, later metrics records dropped; True when
+        it stopped inside an epoch."""
+        mid_epoch = self.run_state.load_state_dict(last, self.run.last)
+        step = self.saved_step = self.run_state.train_state.step
+        if self.info.is_main:
+            self.run.truncate_metrics(step)
+        log(f"resumed {self.run.last}: epoch {self.run_state.train_state.epoch}, step {step}")
+        if last.get("ema") is not None and self.run_state.ema is None:
+            log(f"{self.run.last} holds a weight average that ema.decay=0 drops: from here on validation scores the "
+                "raw weights (the best model file so far holds the average); resume with its ema.decay to keep it")
+        return mid_epoch
+
+    def save(self, mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
+        """Queue last.pt, and the weights alone to the model files `weights_to`; never from weights that are not
+        finite."""
+        step = self.run_state.train_state.step
+        if not weights_finite(self.run_state.model):  # a last line of defence: never overwrite good files
+            raise TrainingDiverged(f"training diverged: the weights are not finite at step {step}; nothing was "
+                                   "saved from them. Lower train.lr_factor or set train.clip_grad_norm")
+        resumable = self.run_state.state_dict(mid_epoch=mid_epoch)  # a collective: every rank takes part
+        self.saved_step = step
+        if not self.info.is_main:
+            return
+        jobs = [({**self.common, **resumable}, [self.run.last])]
+        if weights_to:  # the weights validation scored: the raw ones, or their average (ema)
+            ema = self.run_state.ema
+            model = resumable["model"] if ema is None else ema.averaged_state_dict(unwrap_model(self.run_state.model))
+            jobs.insert(0, ({**self.common, "model": model, "train_state": resumable["train_state"]}, weights_to))
+        self.writer.save(*jobs)
+
+    def wait(self) -> None:
+        """Until every queued file is on disk (raises what the writer met)."""
+        self.writer.wait()
+
+    def restart_hint(self) -> str:
+        """How to go on after a divergence: from the last good last.pt, or from scratch."""
+        self.writer.wait()
+        if self.saved_step is not None:
+            return f"rerun to continue from {self.run.last} (step {self.saved_step}, the last good state)"
+        return "start again with train.overwrite=true (no checkpoint was written before the divergence)"
+
+    def load_weights(self, model: nn.Module, path: Path) -> Path | None:
+        """Load `path`'s weights on rank 0 and give them to every rank; the file read, or None when rank 0 has
+        no such file. A run begun by an older version may hold them as a .pt file of the same name (best.pt)."""
+        if not path.is_file() and path.with_suffix(".pt").is_file():
+            path = path.with_suffix(".pt")
+        found = [self.info.is_main and path.is_file()]
+        if self.info.distributed:
+            dist.broadcast_object_list(found, src=0)
+        if found[0]:
+            if self.info.is_main:
+                device = next(model.parameters()).device
+                model.load_state_dict(load_checkpoint(path, map_location=device)["model"])
+            broadcast_weights(model)
+        return path if found[0] else None
+
+    def average_last(self, n: int, log: Log) -> Path | None:
+        """Average the newest `n` epoch files into the run's avg file (rank 0); None if n < 2 or too few exist."""
+        if n < 2:
+            return None
+        paths = [path for _, path in self.run.epoch_files()[-n:]]
+        enough = [len(paths) >= n]
+        if self.info.distributed:
+            dist.broadcast_object_list(enough, src=0)
+        if not enough[0]:
+            log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
+            return None
+        if self.info.is_main:
+            with writing(self.run.avg, run=self.run.path):
+                write_checkpoint(average_checkpoints(paths), self.run.avg)
+            log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
+        return self.run.avg
