@@ -78,14 +78,15 @@ def module_key(parts: list[str]) -> str:
     return ".".join(parts[:2]) if parts[0] in BY_FILE and len(parts) > 1 else parts[0]
 
 
-def relative_imports(path: Path, package: Path):
-    """(importing module, imported module) for every relative import in `path`, named as in LAYERS."""
+def relative_imports(path: Path, package: Path, typing_too: bool = False):
+    """(importing module, imported module) for every relative import in `path`, named as in LAYERS; with
+    `typing_too`, those under TYPE_CHECKING as well."""
     parts = list(path.relative_to(package).with_suffix("").parts)
     tree = ast.parse(path.read_text(encoding="utf-8"))
     typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
                    and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level and id(node) not in typing_only:
+        if isinstance(node, ast.ImportFrom) and node.level and (typing_too or id(node) not in typing_only):
             target = parts[: len(parts) - node.level] + (node.module.split(".") if node.module else [])
             names = [target + [a.name] for a in node.names] if len(target) < 2 else [target]
             # `from .. import __version__`: a name of the package's own __init__, not a module.
@@ -110,11 +111,11 @@ def test_no_module_imports_a_higher_layer():
 
 
 def test_no_import_cycles():
-    """No module reaches itself through run-time imports (imports under TYPE_CHECKING do not count)."""
+    """No module reaches itself through its imports: at the top, inside functions or under TYPE_CHECKING."""
     package = ROOT / "annotated_transformer"
     edges: dict[str, set[str]] = {}
     for path in package.rglob("*.py"):
-        for me, target in relative_imports(path, package):
+        for me, target in relative_imports(path, package, typing_too=True):
             if me != target:
                 edges.setdefault(me, set()).add(target)
 
