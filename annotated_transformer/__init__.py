@@ -54,6 +54,7 @@ __all__ = [
     "Batch", "Config", "Decoder", "DecoderLayer", "Embeddings", "Encoder", "EncoderDecoder", "EncoderLayer",
     "Generator", "LabelSmoothing", "LayerNorm", "MultiHeadedAttention", "PositionalEncoding",
     "PositionwiseFeedForward", "SimpleLossCompute", "SublayerConnection", "TrainState", "Trainer", "Translator",
-    "attention", "clones", "beam_search", "data_gen", "decode_batch", "greedy_decode", "load_config", "make_model", "rate",
+    "attention", "clones", "beam_search", "data_gen", "decode_batch", "greedy_decode", "load_config", "make_model",
+    "rate",
     "run_epoch", "subsequent_mask", "train_step", "train_worker",
 ]

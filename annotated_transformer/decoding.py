@@ -67,7 +67,8 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     return out[:, : t + 1]
 
 
-def strip_special(ids: list[int], start_symbol: int, end_symbol: int | None, pad_symbol: int | None = None) -> list[int]:
+def strip_special(ids: list[int], start_symbol: int, end_symbol: int | None,
+                  pad_symbol: int | None = None) -> list[int]:
     """Drop the leading start symbol and everything from the end symbol on."""
     out = ids[1:] if ids and ids[0] == start_symbol else list(ids)
     if end_symbol is not None and end_symbol in out:

@@ -41,7 +41,8 @@ ONEDNN_CACHE_CAPACITY = 16384
 # search's logits: 640 hypotheses x 8,000 pieces, 20 MB), so each came back from the system and
 # was faulted in page by page again, which took longer than a log-softmax over it. Keeping freed
 # blocks up to 32 MB (glibc's largest mapping threshold) in the heap made beam search faster
-# (docs/performance.md); training steps measured no gain, so only the Translator sets it. The cost: the process keeps its peak heap
+# (docs/performance.md); training steps measured no gain, so only the Translator sets it. The cost: the process
+# keeps its peak heap
 # instead of shrinking after it. Settings the user gives glibc win.
 MALLOC_MMAP_THRESHOLD = 32 << 20
 MALLOC_TRIM_THRESHOLD = 1 << 30

@@ -1,4 +1,4 @@
-"""The masks (True = may attend), shared by the model (decoding) and the data (Batch) without either importing the other."""
+"""The masks (True = may attend), shared by the model (decoding) and the data (Batch), neither importing the other."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ with the start symbol; the target is the source itself.
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from annotated_transformer import LabelSmoothing, SimpleLossCompute, data_gen, greedy_decode, make_model, rate, run_epoch
+from annotated_transformer import (LabelSmoothing, SimpleLossCompute, data_gen, greedy_decode, make_model, rate,
+                                   run_epoch)
 
 V, PAD, START = 11, 0, 1  # token 0 pads, 1 starts every sequence, 2..10 are the tokens to copy
 

@@ -3,7 +3,8 @@
     uv run python scripts/benchmark.py --config cpu_15min.yaml --steps 10
     uv run python scripts/benchmark.py --config cpu_45min.yaml --engines --checkpoint runs/cpu_45min
 
-The code, with more examples, is annotated_transformer/cli/benchmark.py (also `python -m annotated_transformer benchmark`).
+The code, with more examples, is annotated_transformer/cli/benchmark.py (also `python -m annotated_transformer
+benchmark`).
 """
 
 from _entry import run_command

@@ -269,7 +269,8 @@ def test_top_indices_are_topks_whatever_block_holds_the_winners(V, c):
     scores[0, -1] = 10.0  # the best entry in the last, partial block
     scores[1, -c:] = 10.0 + torch.arange(c)  # all c best at the very end
     scores[2, :c] = 10.0 + torch.arange(c)  # all c best in the first block
-    scores[3, ::TOP_BLOCK] = 5.0 + torch.rand(len(range(0, V, TOP_BLOCK)), generator=g)  # each block's best at its start
+    # each block's best at its start
+    scores[3, ::TOP_BLOCK] = 5.0 + torch.rand(len(range(0, V, TOP_BLOCK)), generator=g)
     assert torch.equal(top_indices(scores, c), scores.topk(c, dim=-1).indices)
 
 

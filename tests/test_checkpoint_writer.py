@@ -119,4 +119,5 @@ def test_translation_run_scores_the_better_of_best_and_average_on_val(tiny_confi
     final = RunDir(tmp_path).records()[-1]
     assert final["kind"] == "final" and final["checkpoint"] == results["final_checkpoint"]
     last = out.strip().splitlines()[-1]  # the last line: the command that translates with the chosen weights
-    assert last.startswith("translate with it: ") and last.endswith(f"--checkpoint {tmp_path / final['checkpoint_file']}")
+    assert last.startswith("translate with it: ")
+    assert last.endswith(f"--checkpoint {tmp_path / final['checkpoint_file']}")

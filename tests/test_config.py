@@ -52,7 +52,8 @@ def test_wrong_types_are_rejected():
         load_config("copy", ["train.epochs=two"])
     with pytest.raises(ConfigError, match="model.norm_first must be true or false"):
         load_config("copy", ["model.norm_first=1"])
-    with pytest.raises(ConfigError, match="model.attention_kernel must be one of 'auto', 'fused', 'explicit'; got 'flash'"):
+    with pytest.raises(ConfigError,
+                       match="model.attention_kernel must be one of 'auto', 'fused', 'explicit'; got 'flash'"):
         load_config("copy", ["model.attention=flash"])  # its name before 2026-11-25, read under the new one
 
 
@@ -89,7 +90,8 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_yaml_unknown_key_names_the_file(tmp_path):
     f = tmp_path / "x.yaml"
     f.write_text("train:\n  epoch: 3\n")
-    with pytest.raises(ConfigError, match=r"x.yaml: unknown config key 'train.epoch' \(did you mean 'train.epochs'\?\)"):
+    with pytest.raises(ConfigError,
+                       match=r"x.yaml: unknown config key 'train.epoch' \(did you mean 'train.epochs'\?\)"):
         load_config(str(f))
 
 

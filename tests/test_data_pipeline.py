@@ -76,7 +76,8 @@ def test_split_sizes_and_alignment(multi30k_data):
         assert len(split.src_text) == len(split.tgt_text) == len(split.src) == len(split.tgt)
         for i in (0, 1, len(split) // 2, len(split) - 1):  # ids and raw text line up
             assert split.src[i][0] == BOS and split.src[i][-1] == EOS and split.src[i].dtype == np.int64
-            expected = " ".join(t if t in data.text.src_vocab else "<unk>" for t in word_tokenize(split.src_text[i], "de"))
+            words = word_tokenize(split.src_text[i], "de")
+            expected = " ".join(t if t in data.text.src_vocab else "<unk>" for t in words)
             assert data.text.ids_to_text(split.src[i], "src") == expected
     assert data.splits["test"].tgt_text[0] == "A man in an orange hat starring at something."
 

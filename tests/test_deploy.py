@@ -61,7 +61,8 @@ def test_engine_log_probs_equal_ours(tmp_path, norm_first, tie):
     g = torch.Generator().manual_seed(1)
     src_ids = [torch.randint(4, len(src_itos), (n,), generator=g).tolist() for n in (3, 9, 14)]
     tgt_ids = [torch.randint(4, len(tgt_itos), (n,), generator=g).tolist() for n in (5, 2, 11)]
-    scored = engine.score_batch([[src_itos[i] for i in s] for s in src_ids], [[tgt_itos[i] for i in t] for t in tgt_ids])
+    scored = engine.score_batch([[src_itos[i] for i in s] for s in src_ids],
+                                [[tgt_itos[i] for i in t] for t in tgt_ids])
     for s, t, result in zip(src_ids, tgt_ids, scored):
         src = torch.tensor([[0, *s, 1]])
         tgt_in, tgt_out = torch.tensor([[0, *t]]), [*t, 1]  # <s> y -> y </s>
@@ -102,7 +103,8 @@ def test_a_switch_without_an_equivalent_is_refused():
                        ("token_merging.prune_ratio", 0.25)):
         with pytest.raises(ExportError, match=rf"^{key}={value} has no CTranslate2 equivalent"):
             check_exportable(load_config("tiny", [f"{key}={value}"]))
-    check_exportable(load_config("tiny", ["scheduled_sampling.rate=0.3", "guided_attention.weight=0.5"]))  # training only
+    # training only
+    check_exportable(load_config("tiny", ["scheduled_sampling.rate=0.3", "guided_attention.weight=0.5"]))
 
 
 def test_missing_ctranslate2_is_one_line(monkeypatch):

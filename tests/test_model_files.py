@@ -146,7 +146,8 @@ def test_an_old_pt_file_loads_and_translates_as_its_model_file(tiny_checkpoint, 
     sentences = ["Ein Mann fährt Fahrrad.", "Eine Frau liest ein Buch."]
     from_pt = Translator.from_checkpoint(old, device="cpu")
     assert from_pt.checkpoint == old
-    assert from_pt.translate(sentences) == Translator.from_checkpoint(tiny_checkpoint, device="cpu").translate(sentences)
+    from_model_file = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
+    assert from_pt.translate(sentences) == from_model_file.translate(sentences)
 
 
 def test_averaging_old_pt_files_of_a_tied_model_stores_the_matrix_once(tmp_path):

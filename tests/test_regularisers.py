@@ -380,7 +380,8 @@ def test_cutoff_off_is_the_plain_step():
     (["cutoff.rate=0.1", "r_drop.alpha=5"], "r_drop and cutoff are on together"),
     (["cutoff.rate=0.1", "guided_attention.weight=0.5"], "cutoff and scheduled_sampling or guided_attention are on"),
     (["cutoff.rate=0.1", "data.dataset=copy"], "cutoff replaces source words by <unk>, which the copy task has not"),
-    (["bidirectional.epochs=3", "train.epochs=5"], "bidirectional training reads each pair both ways, which needs one vocabulary"),
+    (["bidirectional.epochs=3", "train.epochs=5"],
+     "bidirectional training reads each pair both ways, which needs one vocabulary"),
     (["data.tokenizer=spm", "bidirectional.epochs=-1"], r"bidirectional.epochs must be >= 0"),
     (["data.tokenizer=spm", "bidirectional.epochs=1", "train.epochs=3", "bidirectional.rate=1.5"],
      r"bidirectional.rate must be in \(0, 1\]"),
@@ -396,7 +397,8 @@ def test_bad_regulariser_settings_are_one_line_errors(overrides, message):
 
 
 @pytest.mark.slow
-def test_the_data_and_objective_switches_train_together_from_the_command_line(tmp_path, train_command, multi30k_dir, data_cache_dir):
+def test_the_data_and_objective_switches_train_together_from_the_command_line(tmp_path, train_command, multi30k_dir,
+                                                                              data_cache_dir):
     import json
 
     out = tmp_path / "run"

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from annotated_transformer import Batch, LabelSmoothing, SimpleLossCompute, TrainState, make_model, run_epoch, train_step
+from annotated_transformer import Batch, LabelSmoothing, TrainState, make_model, run_epoch, train_step
 from annotated_transformer.config import load_config
 from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
 from annotated_transformer.harness import checkpointing

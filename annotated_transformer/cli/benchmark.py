@@ -60,7 +60,8 @@ def build_parser(prog: str | None) -> CommandParser:
     parser.add_argument("--extensions", action="store_true", help="instead: the cost of each extension switch "
                         "(training tokens/s, decoding sentences/s) against the plain model, interleaved rounds")
     parser.add_argument("--profile", action="store_true", help="instead: where a training step's time goes "
-                        "(matmul, attention, elementwise, loss, optimizer, overhead), torch.profiler over --steps steps")
+                        "(matmul, attention, elementwise, loss, optimizer, overhead), torch.profiler over --steps "
+                        "steps")
     parser.add_argument("--products", action="store_true", help="instead: each linear layer's matrix products "
                         "(forward, input gradient, weight gradient) alone, data.batch_tokens rows, against the "
                         "measured matmul peak")
@@ -75,7 +76,8 @@ def build_parser(prog: str | None) -> CommandParser:
                         help="--gpu: seconds of the timed training run (0: none; default 150)")
     parser.add_argument("--all", action="store_true", help="instead: the whole speed picture for --checkpoint, side "
                         "by side: training eager vs compiled (tokens/s, MFU, compilation) and our decoders against "
-                        "CTranslate2 float32/int8 (sent/s, batch-1 latency, BLEU), medians of --rounds interleaved rounds")
+                        "CTranslate2 float32/int8 (sent/s, batch-1 latency, BLEU), medians of --rounds interleaved "
+                        "rounds")
     parser.add_argument("--rounds", type=int, default=None, help="rounds: --extensions' of --steps steps per arm "
                         "(default 5), --all's interleaved rounds (default 3), --engines' (default 1)")
     parser.add_argument("--arms", default=None, help="--extensions: a comma-separated subset of the arms "
@@ -98,7 +100,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         from ..deploy.translator import torch_checkpoint
 
         args.checkpoint = str(torch_checkpoint(args.checkpoint, "benchmark (--engines exports it itself)"))
-    log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else (lambda line: print(line, flush=True))
+    stream = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
+
+    def log(line: str) -> None:
+        print(line, file=stream, flush=True)
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     if args.gpu:

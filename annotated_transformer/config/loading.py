@@ -172,7 +172,8 @@ def _set_key(obj: Any, parts: list[str], value: Any, full: str, from_cli: bool) 
     if dataclasses.is_dataclass(ftype):
         if len(parts) == 1:
             if not isinstance(value, dict):
-                raise ConfigError(f"'{full}' is a section; give keys under it (e.g. {full}.{dataclasses.fields(ftype)[0].name}=...)")
+                example = f"{full}.{dataclasses.fields(ftype)[0].name}=..."
+                raise ConfigError(f"'{full}' is a section; give keys under it (e.g. {example})")
             for k, v in value.items():
                 _set_key(getattr(obj, name), [str(k)], v, f"{full}.{k}", from_cli)
             return

@@ -132,7 +132,8 @@ class TrainConfig:
                         "library's path (any device); the train command restarts itself with it preloaded, the "
                         "benchmark times its training steps under it (CPU training ran 1.13-1.24x faster under "
                         "tcmalloc than glibc's)")
-    precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), 'bf16' or 'fp32'",
+    precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), "
+                           "'bf16' or 'fp32'",
                            choices=("auto", "bf16", "fp32"))
     compile: bool | str = param(False, "torch.compile the model: true (one compile serves every batch shape), "
                                 "'captured' (also replays each batch shape's forward and backward as CUDA graphs: "
@@ -483,7 +484,8 @@ class Config:
         if bi.epochs < 0:
             raise ConfigError(f"bidirectional.epochs must be >= 0 (0: off), got {bi.epochs}")
         if bi.epochs and not 0 < bi.rate <= 1:
-            raise ConfigError(f"bidirectional.rate must be in (0, 1] (0.5 serves half the pairs reversed), got {bi.rate}")
+            raise ConfigError("bidirectional.rate must be in (0, 1] (0.5 serves half the pairs reversed), "
+                              f"got {bi.rate}")
         if bi.epochs >= self.train.epochs > 0:
             raise ConfigError(f"bidirectional.epochs ({bi.epochs}) must be below train.epochs ({self.train.epochs}): "
                               f"the last epochs train the source -> target direction alone")

@@ -66,7 +66,7 @@ def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
 def bucket_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int,
                    rng: np.random.Generator | None = None,
                    served: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
-    """Length-bucketed batches of sentence indices, each within `batch_tokens` padded positions of `src_lens`/`tgt_lens`.
+    """Length-bucketed batches of sentence indices, each within `batch_tokens` padded positions of the lengths.
 
     The padded size of a batch is max(S, T+1) * B, with S and T+1 its longest source and target
     (both counting <s> and </s>). A sentence longer than the whole budget gets a batch of its own.

@@ -152,7 +152,8 @@ class TrainLoader:
             static=static_shapes)
         width = NOTEBOOK_PADDING if batching == "notebook" else None
         self.width = width
-        # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the batches' sizes keep the lengths above
+        # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the batches' sizes keep the
+        # lengths above
         self.resegment = resegment
         # Fill the batches in the order of the served lengths (subword sampling: fewer padded positions)
         self.plan_on_served = plan_on_served

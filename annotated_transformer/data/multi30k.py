@@ -78,7 +78,8 @@ def verification_problem(path: Path) -> str | None:
     if actual == expected:
         return None
     # A checksum says only "different"; say *how* when we can, since a cut-off copy is the usual cause.
-    return _gzip_problem(path) or f"corrupted or a different version (sha256 {actual[:12]}..., expected {expected[:12]}...)"
+    return _gzip_problem(path) or (f"corrupted or a different version (sha256 {actual[:12]}..., "
+                                   f"expected {expected[:12]}...)")
 
 
 def verify_dir(folder: Path, source: str) -> Path:

@@ -260,7 +260,8 @@ def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
     }
 
 
-def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1, log: Callable[[str], None] | None = print) -> TranslationData:
+def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1,
+                          log: Callable[[str], None] | None = print) -> TranslationData:
     """Find (Multi30k: download and verify) the data, tokenise and cache it once, return it ready for the loaders.
 
     Under an initialised torch.distributed group, rank 0 does the downloading and building while

@@ -1,4 +1,4 @@
-"""`CT2Translator`: a model exported by `ct2_export.py` (scripts/export.py), translated by CTranslate2 instead of PyTorch.
+"""`CT2Translator`: a model exported by `ct2_export.py` (scripts/export.py), translated by CTranslate2, not PyTorch.
 
     from annotated_transformer import Translator
     tr = Translator.load("exported/cpu_45min", beam=5)    # a CT2Translator, as CT2Translator.from_dir gives

@@ -11,5 +11,5 @@ default and exact when off, and reaches the paper's classes only as a subclass o
     subword_sampling.py    subword regularisation: a sampled segmentation of each training sentence every epoch
     bidirectional.py       bidirectional training: pairs also served reversed (English -> German) in the first epochs
     ema.py                 a moving average of the weights, validated and saved in their place
-    builder.py             a Config -> model, loss, objective, optimizer, weight average, resegmentation: the switches on
+    builder.py             a Config -> model, loss, objective, optimizer, weight average, resegmentation
 """

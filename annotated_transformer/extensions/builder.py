@@ -32,7 +32,8 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
     m = cfg.model
     model = make_model(src_vocab, tgt_vocab, N=m.N, d_model=m.d_model, d_ff=m.d_ff, h=m.h, dropout=m.dropout,
                        norm_first=m.norm_first, tie_embeddings=m.tie_embeddings,
-                       fused_attention={"auto": None, "fused": True, "explicit": False}[m.attention_kernel], max_positions=m.max_positions,
+                       fused_attention={"auto": None, "fused": True, "explicit": False}[m.attention_kernel],
+                       max_positions=m.max_positions,
                        layer_norm_eps=m.layer_norm_eps, N_dec=m.N_dec or None,
                        attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout)
     model = with_local_attention(model, cfg.local_attention.window)

@@ -70,5 +70,6 @@ def fused_adam_pays(model: nn.Module) -> bool:
     return len(devices) == 1 and next(iter(devices)).type in ("cuda", "cpu")
 
 
-__all__ = ["FastDropout", "FusedLossCompute", "compile_model", "fused_adam_pays", "onednn_linears", "onednn_pays", "slow_down",
+__all__ = ["FastDropout", "FusedLossCompute", "compile_model", "fused_adam_pays", "onednn_linears", "onednn_pays",
+           "slow_down",
            "smoothed_cross_entropy", "speed_up"]

@@ -85,7 +85,8 @@ def _restart_scoped_store(info: DistInfo, timeout: timedelta) -> dist.Store | No
     and the agent (torch 2.15 checked) keeps that store, on the same port, across --max-restarts
     restarts. Each rank's gloo address (or NCCL id) goes under the same keys in every attempt, so a
     restarted rank can read the killed worker's address and fail in connectFullMesh with "Connection
-    refused", or hang (as in pytorch/pytorch#135712): 5 of 8 restarts failed this way on 2 CPU ranks. All the workers of one node share one TORCHELASTIC_RESTART_COUNT, so there the keys
+    refused", or hang (as in pytorch/pytorch#135712), as most restarts on 2 CPU ranks did. All the workers of one
+    node share one TORCHELASTIC_RESTART_COUNT, so there the keys
     go under a per-restart prefix (8 of 8 restarts joined). Across nodes each agent counts its own
     restarts and the counts can differ, so torch's default is kept; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
     on torchrun's command line gives every restart a fresh store there.

@@ -112,7 +112,7 @@ class TranslationTask:
         return self.data.text.pad_id
 
     def train_loader(self, pin_memory: bool = False):
-        """Length-bucketed (or the notebook's) batches, sharded by rank; resegmented each epoch with subword sampling."""
+        """Length-bucketed (or the notebook's) batches, sharded by rank; resegmented each epoch (subword sampling)."""
         return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size, pin_memory=pin_memory,
                                       resegment=build_resegmentation(self.cfg, self.data),
                                       plan_on_served=self.cfg.subword_sampling.alpha > 0)

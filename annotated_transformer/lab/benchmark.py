@@ -256,7 +256,8 @@ def resolve_fast_precision(cfg: Config, device: torch.device) -> None:
 
 
 def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str | None = None,
-                  one_sentence_limit: int = 100, decode_limit: int | None = None, train: bool = True, decode: bool = True,
+                  one_sentence_limit: int = 100, decode_limit: int | None = None, train: bool = True,
+                  decode: bool = True,
                   sweep_tokens: list[int] | None = None, sweep_lengths: list[int] | None = None,
                   out_dir: str | None = None, log: Log = print) -> dict[str, Any]:
     """Everything scripts/benchmark.py reports, as one dict (see the module docstring)."""

@@ -185,7 +185,8 @@ def summarize_run(out: Path, code: int, seconds: float, total: int, log_path: Pa
                   wall_seconds_per_epoch=per_epoch, first_epoch_wall_seconds=walls[0],
                   estimate_whole_run_s=walls[0] + per_epoch * (total - 1),
                   val_bleu=bleus[-1] if bleus else None)
-    log(f"  {len(epochs)} of {total} epochs in {walls[-1]:.0f} s | per epoch: steps {result['step_seconds_per_epoch']:.1f}"
+    log(f"  {len(epochs)} of {total} epochs in {walls[-1]:.0f} s | per epoch: steps "
+        f"{result['step_seconds_per_epoch']:.1f}"
         f" s, validation {result['eval_seconds_per_epoch']:.1f} s, in all {per_epoch:.1f} s | whole run about "
         f"{result['estimate_whole_run_s'] / 60:.1f} min" + (f" | val BLEU {bleus[-1]:.2f}" if bleus else ""))
     return result
@@ -254,7 +255,8 @@ def format_gpu_check(result: dict[str, Any]) -> str:
              f"{result['peak_flop_per_s'] / 1e12:.1f} TFLOP/s measured"
              + (f", {result['datasheet_peak_flop_per_s'] / 1e12:.0f} datasheet"
                 if result.get("datasheet_peak_flop_per_s") else ""),
-             "", "| batch tokens | mode | tokens/s | ms/step | MFU | GPU busy | vs eager |", "|---|---|---|---|---|---|---|"]
+             "", "| batch tokens | mode | tokens/s | ms/step | MFU | GPU busy | vs eager |",
+             "|---|---|---|---|---|---|---|"]
     for size, by_mode in result["steps"].items():
         if size == "errors":
             continue

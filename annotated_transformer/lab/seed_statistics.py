@@ -216,7 +216,8 @@ def write_report(out: Path, results: Sequence[RunResult], title: str, target_ble
                  chart: bool = True) -> list[Path]:
     """sweep.md, sweep.csv and (when `chart` and altair can draw) sweep.html / sweep.png in `out`."""
     written = []
-    for name, text in (("sweep.md", summary_markdown(results, title, target_bleu)), ("sweep.csv", results_csv(results))):
+    files = (("sweep.md", summary_markdown(results, title, target_bleu)), ("sweep.csv", results_csv(results)))
+    for name, text in files:
         path = out / name
         with writing(path):
             atomic_write(path, lambda f, t=text: f.write(t.encode("utf-8")))

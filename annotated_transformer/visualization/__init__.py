@@ -42,7 +42,8 @@ __all__ = [
     "ATTENTION_KINDS", "CELL_PX", "FORMATS", "NOTEBOOK_LR_SETTINGS", "SCRIPT_FILE", "SPM_SPACE", "AttentionKind",
     "SentenceAttention", "Visualization", "attention_chart", "attention_charts", "attention_grid",
     "attention_maps_grid", "chart_html", "chart_png", "collect_attention", "display_token", "enable_notebook_charts",
-    "keep_attention", "label_smoothing_chart", "layer_indices", "loss_penalty_chart", "lr_schedule_chart", "mask_chart", "png_size",
+    "keep_attention", "label_smoothing_chart", "layer_indices", "loss_penalty_chart", "lr_schedule_chart", "mask_chart",
+    "png_size",
     "positional_encoding_chart", "save_chart", "sentence_attention", "teaching_charts", "training_curves_chart",
     "visualize_checkpoint", "visualize_sentence", "write_index", "write_script",
 ]
