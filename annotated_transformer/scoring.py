@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sacrebleu.metrics import BLEU, CHRF
 
 from .data.text import MODES
+from .errors import DataError, UserError
 
 if TYPE_CHECKING:  # the translators of either engine (deploy/ sits above this module)
     from .deploy.text_translator import TextTranslator
@@ -136,47 +137,95 @@ def score_translations(hyps: list[str], raw_refs: list[str], text,
 def score_translator(translator: TextTranslator, checkpoint: str, split: str = "test", beam: int | None = None,
                      alpha: float | None = None, output: str | None = None, show: int = 0,
                      as_json: bool = False, data_root: str | None = None,
-                     limit: int | None = None) -> dict[str, Any]:
-    """The evaluate command's work: a split of the model's data (Multi30k or its own files) translated, its
-    hypotheses written and scored.
+                     limit: int | None = None, files: tuple[str, str] | None = None,
+                     overwrite: bool = True) -> dict[str, Any]:
+    """The evaluate command's work: a split of the model's data (Multi30k or its own files), or `files` (a source
+    file and its reference file, one sentence a line), translated, its hypotheses written and scored.
 
-    `translator` was loaded from `checkpoint` (which names the hypotheses file beside it unless `output`
-    does); the figures are printed (as one JSON object with `as_json`) and returned.
+    `translator` was loaded from `checkpoint`, which places the hypotheses unless `output` does: beside it
+    (NAME.SPLIT.beamK.txt) for a split, in eval/ beside it (INPUT.beamK.txt) for files. With `overwrite` False an
+    existing hypotheses file is refused before anything is translated. The figures are printed (as one JSON object
+    with `as_json`) and returned.
     """
     from .data import open_corpus
     from .errors import ConfigError
-    from .files import atomic_write
 
-    if split not in ("val", "test"):
-        raise ConfigError(f"--split must be 'val' or 'test', got {split!r}")
     cfg = translator.config
-    if data_root is not None:
-        cfg.data.root = data_root
-    src_lines, ref_lines = open_corpus(cfg.data).read(split)
-    if limit:
-        src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
     k = beam or cfg.decode.beam_size
     a = cfg.decode.alpha if alpha is None else alpha
+    if files is None:
+        if split not in ("val", "test"):
+            raise ConfigError(f"--split must be 'val' or 'test', got {split!r}")
+        if data_root is not None:
+            cfg.data.root = data_root
+        src_lines, ref_lines = open_corpus(cfg.data).read(split)
+        name, where = split, {"split": split}
+        default = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}.beam{k}.txt")
+    else:
+        src_lines, ref_lines = read_pair(*files)
+        name, where = Path(files[0]).name, {"input": files[0], "ref": files[1]}
+        default = Path(checkpoint).parent / "eval" / f"{name}.beam{k}.txt"
+    if limit:
+        src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
+    out_path = Path(output) if output else default
+    prepare_output(out_path, overwrite)
     t0 = time.perf_counter()
     hyps = translator.translate(src_lines, beam_size=k, alpha=a)
     seconds = time.perf_counter() - t0
-    out_path = Path(output) if output else Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}.beam{k}.txt")
-    atomic_write(out_path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")))
+    write_hypotheses(out_path, hyps)
     head, scores = score_translations(hyps, ref_lines, translator.text)
     result: dict[str, Any] = {
-        "bleu": head.score, "signature": head.signature, "split": split, "beam": k, "alpha": a,
+        "bleu": head.score, "signature": head.signature, **where, "beam": k, "alpha": a,
         "sentences": len(hyps), "seconds": seconds, "checkpoint": str(checkpoint), "hypotheses": str(out_path),
         "scores": {key: {"score": s.score, "signature": s.signature} for key, s in scores.items()},
     }
     if as_json:
         print(json.dumps(result))
     else:
-        print(f"{split}: {len(hyps)} sentences, beam {k}, {seconds:.1f} s ({len(hyps) / max(seconds, 1e-9):.1f} "
+        print(f"{name}: {len(hyps)} sentences, beam {k}, {seconds:.1f} s ({len(hyps) / max(seconds, 1e-9):.1f} "
               f"sentences/s); hypotheses in {out_path}")
         print(format_scores(scores))
     if show:
         print(check_outputs(src_lines, ref_lines, hyps, n=show), file=sys.stderr if as_json else sys.stdout)
     return result
+
+
+def prepare_output(path: Path, overwrite: bool) -> None:
+    """Make the hypotheses file's folder; an existing file is refused unless `overwrite` (before any translating)."""
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} already holds hypotheses from an earlier evaluate; pass --overwrite to replace it, "
+                        "or --out FILE to write them elsewhere")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+
+
+def write_hypotheses(path: Path, hyps: list[str]) -> None:
+    """`hyps` one a line in `path`, written atomically; a problem is one UserError line."""
+    from .files import atomic_write
+
+    try:
+        atomic_write(path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")))
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+
+
+def _cannot_write(path: Path, exc: OSError) -> UserError:
+    return UserError(f"cannot write the hypotheses to {path}: {exc.strerror or exc}; choose another --out FILE")
+
+
+def read_pair(source: str, reference: str) -> tuple[list[str], list[str]]:
+    """The lines of a source file and of its reference translations (UTF-8, plain or .gz, one sentence a line),
+    which must pair up line by line; a DataError line when they cannot be read or do not pair up."""
+    from .data.own_files import read_file
+
+    src, _ = read_file(Path(source).expanduser())
+    ref, _ = read_file(Path(reference).expanduser())
+    if len(src) != len(ref):
+        raise DataError(f"--input {source} has {len(src)} lines but --ref {reference} has {len(ref)}: line i of the "
+                        "reference must translate line i of the input; fix the files so they pair up")
+    return src, ref
 
 
 def check_outputs(sources: list[str], references: list[str], hypotheses: list[str], n: int = 3,

@@ -1,22 +1,33 @@
 """`evaluate --checkpoint PATH --split test [--beam 5] [data.root=DIR]`: translate a Multi30k split and score it
-with sacreBLEU."""
+with sacreBLEU; `evaluate --checkpoint PATH --input SRC --ref REF` scores any pair of files the same way."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from ..errors import UserError
 from .options import (CommandParser, add_checkpoint, add_data_root, add_decoding, add_device, add_limit, add_out,
                       add_quantize, data_root)
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
-    parser = CommandParser(prog=prog, description="Translate a Multi30k split and score it with sacreBLEU and chrF.",
-                           takes_overrides=frozenset({"data.root"}))
+    parser = CommandParser(prog=prog, description="Translate a Multi30k split, or any source file with its reference "
+                           "file, and score it with sacreBLEU and chrF.", takes_overrides=frozenset({"data.root"}))
     add_checkpoint(parser)
-    parser.add_argument("--split", default="test", choices=["val", "test"], help="which split (test = test2016 flickr)")
+    parser.add_argument("--split", default=None, choices=["val", "test"],
+                        help="which split of the model's data (default: test, the test2016 flickr set)")
+    parser.add_argument("--input", default=None, metavar="SRC",
+                        help="score this file instead of a split: UTF-8, one source sentence a line (with --ref)")
+    parser.add_argument("--ref", default=None, metavar="REF",
+                        help="the reference translations of --input, one a line, as many lines as --input")
     add_decoding(parser)
-    add_out(parser, "where to write the hypotheses (default: beside the checkpoint)")
+    add_out(parser, "where to write the hypotheses (default: beside the checkpoint, NAME.SPLIT.beamK.txt; with "
+                    "--input, eval/INPUT.beamK.txt in the checkpoint's folder); an existing file is refused "
+                    "unless --overwrite")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the hypotheses file of an earlier evaluate (without it evaluate refuses to)")
     add_limit(parser, "score only the first N sentences (for quick checks)")
     add_device(parser)
     add_quantize(parser)
@@ -29,9 +40,13 @@ def build_parser(prog: str | None = None) -> CommandParser:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Score a model (a run, a .pt file or an exported folder) on val or test; BLEU with its signature."""
+    """Score a model (a run, a model file or an exported folder) on val, test or a pair of files; BLEU with its
+    signature."""
     args = build_parser(prog).parse_args(argv)
     root = data_root(args, "evaluate")
+    files = given_files(args, root)
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit must be at least 1, got {args.limit}; leave it out to score every sentence")
     from ..config import check_decode_options
     from ..deploy.translator import load_translator, set_token_reduction
     from ..scoring import score_translator
@@ -42,6 +57,22 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     # An exported folder's hypotheses go inside it (model.<split>.beam<k>.txt), a checkpoint's beside it.
     folder = getattr(translator, "folder", None)
     source = str(Path(folder) / "model.bin") if folder is not None else str(translator.checkpoint)
-    score_translator(translator, source, args.split, beam=args.beam, alpha=args.alpha, output=args.out,
-                     show=args.show, as_json=args.json, data_root=root, limit=args.limit)
+    score_translator(translator, source, args.split or "test", beam=args.beam, alpha=args.alpha, output=args.out,
+                     show=args.show, as_json=args.json, data_root=root, limit=args.limit, files=files,
+                     overwrite=args.overwrite)
     return 0
+
+
+def given_files(args: argparse.Namespace, root: str | None) -> tuple[str, str] | None:
+    """(--input, --ref) when both are given, None for a split; any other mix is one line."""
+    if args.input is None and args.ref is None:
+        return None
+    if args.input is None or args.ref is None:
+        given, missing = ("--input", "--ref") if args.ref is None else ("--ref", "--input")
+        raise UserError(f"{given} needs {missing}: evaluate scores a source file (--input) against its reference "
+                        "translations (--ref)")
+    if args.split is not None or root is not None:
+        other = "--split" if args.split is not None else "data.root"
+        raise UserError(f"{other} chooses a split of the model's data; --input and --ref score your own files "
+                        "instead: give one or the other")
+    return args.input, args.ref

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -18,15 +19,18 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="the run directory (the same as train.out_dir=DIR; default: runs/<config name>)")
     parser.add_argument("--device", default=None, help="the same as train.device=NAME: auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--quiet", action="store_true",
+                        help="show only warnings, errors and the final result lines, no progress bar (the run "
+                             "directory's train.log still gets every line)")
     return parser
 
 
-def read_config(argv: list[str] | None = None, prog: str | None = None) -> Config:
-    """The command line's config: --config, the shorthands, then the dotted overrides (which win)."""
+def parse(argv: list[str] | None = None, prog: str | None = None) -> tuple[argparse.Namespace, Config]:
+    """The command line's options and its config: --config, the shorthands, then the dotted overrides (which win)."""
     args = build_parser(prog).parse_args(argv)
     shorthands = [f"train.out_dir={args.out}"] * (args.out is not None) + \
-        [f"train.device={args.device}"] * (args.device is not None)
-    return load_config(args.config, [*shorthands, *args.overrides])
+        [f"train.device={args.device}"] * (args.device is not None) + ["train.progress=false"] * args.quiet
+    return args, load_config(args.config, [*shorthands, *args.overrides])
 
 
 def prepare_process(argv: list[str] | None = None) -> None:
@@ -38,7 +42,7 @@ def prepare_process(argv: list[str] | None = None) -> None:
         return
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            cfg = read_config(argv)
+            cfg = parse(argv)[1]
     except (Exception, SystemExit):
         return
     preload_or_note(cfg.train.malloc, cfg.train.device)
@@ -46,8 +50,10 @@ def prepare_process(argv: list[str] | None = None) -> None:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train from a config; the exit code of a run stopped by a signal is 128 + its number."""
-    cfg = read_config(argv, prog)
+    args, cfg = parse(argv, prog)
+    from ..harness.distributed import quiet_terminal
     from ..harness.trainer import train_worker  # the harness loads after the config is known to be good
 
-    results = train_worker(cfg)
+    with quiet_terminal(args.quiet):
+        results = train_worker(cfg)
     return 128 + int(results["stopped_by"]) if "stopped_by" in results else 0

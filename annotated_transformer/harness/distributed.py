@@ -4,19 +4,30 @@ The same code path serves one CPU process, one GPU, and `torchrun --nproc_per_no
 torchrun sets RANK / LOCAL_RANK / WORLD_SIZE (and the rendezvous address), a plain
 `python` run has none of them and is rank 0 of 1. Which device a rank uses, and at what
 precision, is decided in device.py.
+
+Rank 0's lines (`print0`) go through one logger, "annotated_transformer": to the terminal as they are and,
+while a run's log is open (the Trainer opens it once the run directory is ready, `train_worker` closes it),
+to its train.log with a time stamp in front of every line.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from .. import device as devices
-from ..errors import ConfigError, DistributedError
+from ..errors import ConfigError, DistributedError, UserError, excerpt
+from ..files import writing
 
 
 @dataclass(frozen=True)
@@ -124,10 +135,112 @@ def is_main_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def print0(*args, **kwargs) -> None:
-    """print on rank 0 only."""
-    if is_main_process():
-        print(*args, **kwargs, flush=True)
+LOGGER_NAME = "annotated_transformer"
+RESULT = logging.INFO + 5  # a run's outcome (its final scores, where it stopped): what --quiet still shows
+logging.addLevelName(RESULT, "RESULT")
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"  # train.log's time stamps: 2026-11-27 19:58:03
+
+logger = logging.getLogger(LOGGER_NAME)
+logger.setLevel(logging.INFO)
+logger.propagate = False  # an application's own root handlers would print every line twice
+
+
+class _Terminal(logging.Handler):
+    """The terminal: each message as it is, on the sys.stdout of the moment (a test may have swapped it), written
+    above tqdm's progress bar while one shows."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "file_only", False):
+            return
+        try:
+            message = self.format(record)
+            if getattr(tqdm, "_instances", None):
+                tqdm.write(message, file=sys.stdout)
+            else:
+                sys.stdout.write(message + "\n")
+            sys.stdout.flush()
+        except Exception:
+            self.handleError(record)
+
+
+class _Stamped(logging.Formatter):
+    """train.log's form: the time stamp before every line of a message (a block of examples too)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = self.formatTime(record, TIME_FORMAT)
+        return "\n".join(f"{stamp} {line}" for line in record.getMessage().split("\n"))
+
+
+_TERMINAL = _Terminal()
+logger.addHandler(_TERMINAL)
+_RUN_LOG: list[logging.FileHandler] = []  # the open train.log, if any
+_DEFAULT_LEVEL = [logging.INFO]  # RESULT inside `result_lines`
+
+
+def print0(*args: object, level: int | None = None) -> None:
+    """One line (or block) from rank 0 only, through the logger: the terminal, and train.log while it is open.
+
+    Its level: `level` when given, WARNING for a line that starts with 'warning:', else INFO (RESULT inside
+    `result_lines`); --quiet shows RESULT and above.
+    """
+    if not is_main_process():
+        return
+    text = " ".join(map(str, args))
+    if level is None:
+        level = logging.WARNING if text.startswith("warning:") else _DEFAULT_LEVEL[-1]
+    logger.log(level, text)
+
+
+@contextmanager
+def result_lines() -> Iterator[None]:
+    """Inside this block print0's lines are the run's result (level RESULT): --quiet shows them."""
+    _DEFAULT_LEVEL.append(RESULT)
+    try:
+        yield
+    finally:
+        _DEFAULT_LEVEL.pop()
+
+
+@contextmanager
+def quiet_terminal(quiet: bool = True) -> Iterator[None]:
+    """With `quiet`, the terminal shows only warnings, errors and results (train.log still gets every line)."""
+    before = _TERMINAL.level
+    _TERMINAL.setLevel(RESULT if quiet else logging.NOTSET)
+    try:
+        yield
+    finally:
+        _TERMINAL.setLevel(before)
+
+
+def open_run_log(path: Path) -> None:
+    """Append every line print0 logs from now on to `path`, time-stamped; replaces any run log still open."""
+    close_run_log()
+    with writing(path, "open", run=path.parent):
+        handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(_Stamped())
+    logger.addHandler(handler)
+    _RUN_LOG.append(handler)
+
+
+def close_run_log(error: BaseException | None = None) -> None:
+    """Close the open train.log, if any; `error`, the exception that ends the run, is written to it first."""
+    if not _RUN_LOG:
+        return
+    handler = _RUN_LOG.pop()
+    if isinstance(error, (Exception, KeyboardInterrupt)):  # not SystemExit: its message, if any, was printed
+        logger.error(f"error: {describe_error(error)}", extra={"file_only": True})  # the terminal gets it on stderr
+    logger.removeHandler(handler)
+    handler.close()
+
+
+def describe_error(error: BaseException) -> str:
+    """The one line an error that ends a run is told in: a UserError's message, Ctrl-C, or the type and its first
+    line (whose traceback the terminal shows)."""
+    if isinstance(error, UserError):
+        return " ".join(str(error).split())
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    return f"{type(error).__name__}: {excerpt(error, 300)}"
 
 
 def barrier() -> None:

@@ -4,6 +4,7 @@
       config.yaml          the resolved config (after overrides)
       vocab/               the TextPipeline: vocabularies, SentencePiece model, settings
       metrics.jsonl        one JSON object per log line and per epoch
+      train.log            every line rank 0 printed, each with its time; a resumed run appends to it
       charts/              loss, learning rate and BLEU curves (.html with inlined JavaScript, .png)
       tensorboard/         the same figures as TensorBoard event files (train.tensorboard=true)
       epoch_NN.safetensors model weights after epoch NN (for averaging), with epoch_NN.json beside it
@@ -38,7 +39,7 @@ from ..files import atomic_write, run_dir_error, writing
 from .checkpointing import load_checkpoint, weights_pair
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
-STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "charts", "tensorboard"}
+STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "train.log", "charts", "tensorboard"}
 
 # The file a live training holds an OS lock on; it is not part of the run (a killed run may leave it, unlocked).
 LOCK_FILE = ".lock"
@@ -148,6 +149,11 @@ class RunDir:
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def train_log(self) -> Path:
+        """What the terminal showed, time-stamped (harness/distributed.py writes it)."""
+        return self.path / "train.log"
 
     @property
     def vocab(self) -> Path:

@@ -32,7 +32,8 @@ from .train_loop import LoopHooks, evaluate_loss, train_loop
 from ..model_flops import train_step_flops
 from . import progress
 from .checkpointer import Checkpointer, improves
-from .distributed import DistInfo, barrier, cleanup, init_distributed, print0
+from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, init_distributed, open_run_log, print0,
+                          result_lines)
 from .metrics import Metrics
 from .progress import epoch_line, speed_warning, start_line
 from .resume import RunState, StopSignal
@@ -72,6 +73,7 @@ class Trainer:
             summary_writer_class()  # a missing package is an error before anything is written
         if info.is_main:
             self.run.prepare(cfg, start_mode)
+            open_run_log(self.run.train_log)  # from here on rank 0's lines go to train.log too
         barrier()
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
@@ -158,7 +160,7 @@ class Trainer:
         bar = tqdm(total=steps, desc=f"epoch {self.train_state.epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
         self.metrics.new_epoch()
-        self.write = self.log if bar.disable else bar.write
+        self.write = self.log  # print0 writes above the bar while it shows
         self.step_clock = time.perf_counter()
         self.run_state.meter.start_clock()
         self._look_again(after=self.step_clock)
@@ -222,8 +224,8 @@ class Trainer:
         self.checkpoints.wait()  # last.pt on disk ...
         barrier()  # ... before any rank exits: torchrun stops the others when the first one exits
         name = signal.Signals(self.stopper.signum).name if self.stopper.signum else "a signal on another rank"
-        self.log(f"stopped by {name} in epoch {epoch + 1} at step {self.train_state.step}; saved {self.run.last}; "
-                 "run the same command again to continue (train.resume=auto)")
+        print0(f"stopped by {name} in epoch {epoch + 1} at step {self.train_state.step}; saved {self.run.last}; "
+               "run the same command again to continue (train.resume=auto)", level=RESULT)
         return {"stopped_by": self.stopper.signum or signal.SIGTERM}
 
     def validate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
@@ -278,8 +280,9 @@ class Trainer:
         self.log(epoch_line(record, s, t, self.total_steps) + self.metrics.gpu_line())
 
     def finish(self) -> dict[str, Any]:
-        """Charts, final scores and example translations (run_end.finish)."""
-        return finish(self)
+        """Charts, final scores and example translations (run_end.finish): the run's result, which --quiet shows."""
+        with result_lines():
+            return finish(self)
 
 
 def train_worker(cfg: Config) -> dict[str, Any]:
@@ -288,8 +291,20 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     Builds data, model, loss, optimizer and schedule; trains epoch by epoch; computes validation
     loss every epoch and validation BLEU every `train.bleu_every` epochs; keeps `best.pt`,
     `last.pt` and `epoch_NN.pt`; finally scores the test split with the best weights and shows a
-    few translations (or, for the copy task, counts exact copies).
+    few translations (or, for the copy task, counts exact copies). Rank 0's lines go to the run's train.log too,
+    the error that ends a run among them.
     """
+    try:
+        return _train_worker(cfg)
+    except BaseException as exc:
+        close_run_log(exc)
+        raise
+    finally:
+        close_run_log()
+
+
+def _train_worker(cfg: Config) -> dict[str, Any]:
+    """`train_worker` but for the closing of train.log."""
     info, device = init_distributed(cfg.train.device)
     run = RunDir(cfg.run_dir())
     try:
@@ -299,7 +314,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
             s = last["train_state"]
             print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
                    "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
-                   "train.out_dir, or raise train.epochs to continue it")
+                   "train.out_dir, or raise train.epochs to continue it", level=RESULT)
             return {"finished": True, "steps": s["step"]}
         return Trainer(cfg, info, device, start_mode, last).fit()
     except RuntimeError as exc:

@@ -1,0 +1,111 @@
+"""evaluate --input SRC --ref REF: any pair of files scored as a split is, its hypotheses never overwritten unasked,
+and the mistakes around it (unpaired files, a missing half, --limit below 1) one line each."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+
+def val_lines(multi30k_dir: Path, lang: str, n: int) -> list[str]:
+    """The first `n` lines of Multi30k's val split in `lang`, as the files hold them."""
+    with gzip.open(multi30k_dir / f"val.{lang}.gz", "rt", encoding="utf-8") as f:
+        return f.read().split("\n")[:n]
+
+
+def write_pair(folder: Path, name: str, multi30k_dir: Path, n: int) -> tuple[Path, Path]:
+    """NAME.de and NAME.en in `folder`: the first `n` val sentences and their references, one a line."""
+    src, ref = folder / f"{name}.de", folder / f"{name}.en"
+    src.write_text("\n".join(val_lines(multi30k_dir, "de", n)) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(val_lines(multi30k_dir, "en", n)) + "\n", encoding="utf-8")
+    return src, ref
+
+
+def one_error(command, *args: object) -> str:
+    """Run evaluate where it must fail: exit 2, nothing on stdout, one `error: ...` line on stderr; that line."""
+    code, stdout, stderr = command("evaluate", *args)
+    lines = stderr.decode().splitlines()
+    assert code == 2 and stdout == b"" and len(lines) == 1 and lines[0].startswith("error: "), (code, stderr)
+    return lines[0].removeprefix("error: ")
+
+
+def test_a_pair_of_files_scores_as_the_same_sentences_of_a_split(tiny_checkpoint, multi30k_dir, tmp_path, command):
+    src, ref = write_pair(tmp_path, "mine", multi30k_dir, 12)
+    common = ("--checkpoint", tiny_checkpoint, "--device", "cpu", "--json")
+    code, out, err = command("evaluate", *common, "--input", src, "--ref", ref, "--out", tmp_path / "files.txt")
+    assert code == 0, err.decode()
+    files = json.loads(out)
+    code, out, err = command("evaluate", *common, "--split", "val", "--limit", "12", "--out", tmp_path / "split.txt",
+                             "data.root=" + str(multi30k_dir))
+    assert code == 0, err.decode()
+    split = json.loads(out)
+    assert (files["input"], files["ref"], files["sentences"]) == (str(src), str(ref), 12) and "split" not in files
+    assert (tmp_path / "files.txt").read_text() == (tmp_path / "split.txt").read_text()
+    assert len((tmp_path / "files.txt").read_text().splitlines()) == 12
+    assert files["signature"] == split["signature"]  # the same sacreBLEU settings ...
+    for key in ("bleu", "bleu_lc", "chrf"):  # ... and the same figures
+        assert files["scores"][key]["score"] == pytest.approx(split["scores"][key]["score"], abs=1e-9), key
+
+
+def test_hypotheses_go_to_eval_in_the_run_and_are_never_overwritten_unasked(tiny_checkpoint, multi30k_dir, tmp_path,
+                                                                          command):
+    name = f"pair_{tmp_path.name}"  # a name of its own in the session's run directory
+    src, ref = write_pair(tmp_path, name, multi30k_dir, 4)
+    args = ("--checkpoint", tiny_checkpoint.parent, "--device", "cpu", "--input", src, "--ref", ref, "--beam", "1")
+    code, out, err = command("evaluate", *args)
+    assert code == 0, err.decode()
+    hyps = tiny_checkpoint.parent / "eval" / f"{name}.de.beam1.txt"
+    first = out.decode().splitlines()[0]
+    assert first.startswith(f"{name}.de: 4 sentences, beam 1") and first.endswith(f"hypotheses in {hyps}")
+    translations = hyps.read_text(encoding="utf-8")
+    assert len(translations.splitlines()) == 4
+
+    hyps.write_text("kept\n", encoding="utf-8")
+    message = one_error(command, *args)
+    assert message == (f"{hyps} already holds hypotheses from an earlier evaluate; pass --overwrite to replace it, "
+                       "or --out FILE to write them elsewhere")
+    assert hyps.read_text(encoding="utf-8") == "kept\n"
+    code, _, err = command("evaluate", *args, "--overwrite")
+    assert code == 0, err.decode()
+    assert hyps.read_text(encoding="utf-8") == translations
+
+
+def test_an_existing_out_file_is_refused_for_a_split_too(tiny_checkpoint, tmp_path, command):
+    out = tmp_path / "h.txt"
+    out.write_text("kept\n", encoding="utf-8")
+    message = one_error(command, "--checkpoint", tiny_checkpoint, "--device", "cpu", "--split", "val", "--limit", "3",
+                        "--out", out)
+    assert message.startswith(f"{out} already holds hypotheses") and "--overwrite" in message
+    assert out.read_text(encoding="utf-8") == "kept\n"
+
+
+def test_files_that_do_not_pair_up_are_one_line_and_write_nothing(tiny_checkpoint, tmp_path, command):
+    src, ref = tmp_path / "a.de", tmp_path / "a.en"
+    src.write_text("Ein Hund.\nZwei Katzen.\nEin Mann.\n", encoding="utf-8")
+    ref.write_text("A dog.\nTwo cats.\n", encoding="utf-8")
+    message = one_error(command, "--checkpoint", tiny_checkpoint, "--input", src, "--ref", ref,
+                        "--out", tmp_path / "h.txt")
+    assert message == (f"--input {src} has 3 lines but --ref {ref} has 2: line i of the reference must translate "
+                       "line i of the input; fix the files so they pair up")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.de", "a.en"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--input", "a.de"], "--input needs --ref: evaluate scores a source file (--input) against its reference "
+                          "translations (--ref)"),
+    (["--ref", "a.en"], "--ref needs --input: evaluate scores a source file (--input) against its reference "
+                        "translations (--ref)"),
+    (["--input", "a.de", "--ref", "a.en", "--split", "val"],
+     "--split chooses a split of the model's data; --input and --ref score your own files instead: give one or the "
+     "other"),
+    (["--input", "a.de", "--ref", "a.en", "data.root=/data"],
+     "data.root chooses a split of the model's data; --input and --ref score your own files instead: give one or the "
+     "other"),
+    (["--limit", "0"], "--limit must be at least 1, got 0; leave it out to score every sentence"),
+    (["--limit", "-3"], "--limit must be at least 1, got -3; leave it out to score every sentence"),
+])
+def test_mistakes_around_the_files_and_limit_are_one_line(args, message, command):
+    assert one_error(command, "--checkpoint", "nowhere", *args) == message  # before any model is loaded
