@@ -123,7 +123,7 @@ class FakeTrainer:
 
     fail: BaseException | None = None
 
-    def __init__(self, cfg, info, device, start_mode, last) -> None:
+    def __init__(self, cfg, info, device, start_mode, last, run) -> None:
         self.path = cfg.run_dir()
 
     def fit(self) -> dict:

@@ -65,10 +65,10 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, info: DistInfo, device: torch.device, start_mode: str = "start",
-                 last: dict[str, Any] | None = None) -> None:
+                 last: dict[str, Any] | None = None, run: RunDir | None = None) -> None:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
         self.t_start = time.perf_counter()
-        self.run = RunDir(cfg.run_dir())
+        self.run = run if run is not None else RunDir(cfg.run_dir())  # train_worker's, which holds its lock
         if cfg.train.tensorboard and info.is_main:
             summary_writer_class()  # a missing package is an error before anything is written
         if info.is_main:
@@ -316,7 +316,7 @@ def _train_worker(cfg: Config) -> dict[str, Any]:
                    "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
                    "train.out_dir, or raise train.epochs to continue it", level=RESULT)
             return {"finished": True, "steps": s["step"]}
-        return Trainer(cfg, info, device, start_mode, last).fit()
+        return Trainer(cfg, info, device, start_mode, last, run).fit()
     except RuntimeError as exc:
         if info.distributed and _lost_a_rank(exc):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
