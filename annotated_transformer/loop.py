@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .data.batch import Batch
-from .device import amp_context
+from .runtime.device import amp_context
 from .loss import SimpleLossCompute
 
 Log = Callable[[str], None]

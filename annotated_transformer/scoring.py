@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sacrebleu.metrics import BLEU, CHRF
 
 from .data.text import MODES
-from .errors import DataError, UserError
+from .runtime.errors import DataError, UserError
 
 if TYPE_CHECKING:  # the translators of either engine (deploy/ sits above this module)
     from .deploy.text_translator import TextTranslator
@@ -148,7 +148,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     with `as_json`) and returned.
     """
     from .data import open_corpus
-    from .errors import ConfigError
+    from .runtime.errors import ConfigError
 
     cfg = translator.config
     k = beam or cfg.decode.beam_size
@@ -203,7 +203,7 @@ def prepare_output(path: Path, overwrite: bool) -> None:
 
 def write_hypotheses(path: Path, hyps: list[str]) -> None:
     """`hyps` one a line in `path`, written atomically; a problem is one UserError line."""
-    from .files import atomic_write
+    from .runtime.files import atomic_write
 
     try:
         atomic_write(path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")))

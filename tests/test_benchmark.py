@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from annotated_transformer.model_flops import train_step_flops
+from annotated_transformer.runtime.model_flops import train_step_flops
 from annotated_transformer.model import make_model, subsequent_mask
 
 

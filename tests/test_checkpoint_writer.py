@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import ConfigError, RunDirError
+from annotated_transformer.runtime.errors import ConfigError, RunDirError
 from annotated_transformer.harness.checkpointing import CheckpointWriter, load_checkpoint
 from annotated_transformer.harness.run_dir import RunDir
 from annotated_transformer.harness.trainer import train_worker

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.cli import COMMANDS, command_name, main as cli_main
-from annotated_transformer.errors import CheckpointError, ConfigError
+from annotated_transformer.runtime.errors import CheckpointError, ConfigError
 from annotated_transformer.deploy.translator import resolve_checkpoint, torch_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ import torch
 from annotated_transformer.cli import COMMANDS, command_name, main as cli_main
 from annotated_transformer.config import load_config
 from annotated_transformer.config.loading import closest_key
-from annotated_transformer.errors import ConfigError, excerpt
+from annotated_transformer.runtime.errors import ConfigError, excerpt
 from annotated_transformer.harness.checkpointing import load_checkpoint, not_a_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

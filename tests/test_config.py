@@ -15,7 +15,7 @@ from annotated_transformer.config import (
     load_config,
     shipped_configs,
 )
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 

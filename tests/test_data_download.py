@@ -17,7 +17,7 @@ import pytest
 
 from annotated_transformer.cli import run
 from annotated_transformer.data.multi30k import MULTI30K_FILES, read_split, resolve_multi30k_dir, sha256_file
-from annotated_transformer.errors import DataError
+from annotated_transformer.runtime.errors import DataError
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):

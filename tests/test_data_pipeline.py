@@ -27,7 +27,7 @@ from annotated_transformer.data import (
 )
 from annotated_transformer.data.cache import CacheUnreadable, cache_folder, read_cache
 from annotated_transformer.data.tokenizers import word_tokenize
-from annotated_transformer.errors import DataError
+from annotated_transformer.runtime.errors import DataError
 
 # Word mode, min_freq 2, vocabulary from the 29,000 training pairs only (the notebook's
 # train+val+test vocabulary had 8,315 / 6,384 entries).

@@ -10,7 +10,7 @@ import torch
 
 from annotated_transformer.data import BOS, EOS, PAD, SPECIALS, UNK, TextPipeline, Vocab
 from annotated_transformer.data.tokenizers import word_tokenize, word_tokenize_many
-from annotated_transformer.errors import ConfigError, DataError
+from annotated_transformer.runtime.errors import ConfigError, DataError
 
 GERMAN = ["Ein Mann fährt Fahrrad.", "Eine Frau fährt Auto.", "Ein Hund läuft  im Park.", "Ein Mann läuft."]
 ENGLISH = ["A man rides a bike.", "A woman drives a car.", "A dog runs in the park.", "A man runs."]

@@ -14,7 +14,7 @@ import torch
 
 from annotated_transformer.config import Config, ModelConfig
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import ExportError
+from annotated_transformer.runtime.errors import ExportError
 from annotated_transformer.masks import subsequent_mask
 from annotated_transformer.model import make_model
 
@@ -154,7 +154,7 @@ def int8_products_exact() -> bool:
     """Whether this CPU has VNNI for CTranslate2's int8 products (and the tests' MKL is not limited below it)."""
     import os
 
-    from annotated_transformer.device import cpu_info
+    from annotated_transformer.runtime.device import cpu_info
 
     flags = (cpu_info("flags") or "").split()
     limited = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "").upper() in ("AVX2", "AVX", "SSE4_2")

@@ -11,9 +11,9 @@ import types
 import pytest
 import torch
 
-from annotated_transformer import device as devices
-from annotated_transformer.device import configure_backends, select_device, unusable_gpu
-from annotated_transformer.errors import ConfigError, run_cli
+from annotated_transformer.runtime import device as devices
+from annotated_transformer.runtime.device import configure_backends, select_device, unusable_gpu
+from annotated_transformer.runtime.errors import ConfigError, run_cli
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -196,7 +196,7 @@ def test_choosing_the_cpu_enlarges_onednns_kernel_cache_unless_the_user_set_it(m
 
 FAULTS_OF_LARGE_TENSORS = """
 import ctypes, resource, torch
-from annotated_transformer.device import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, keep_freed_memory
+from annotated_transformer.runtime.device import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, keep_freed_memory
 
 # glibc's documented defaults, fixed: its own raises them as it goes, so what it faults varies from run to run
 ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)

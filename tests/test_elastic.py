@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from annotated_transformer.errors import DistributedError, UserError, run_cli
+from annotated_transformer.runtime.errors import DistributedError, UserError, run_cli
 from annotated_transformer.harness.distributed import DistInfo, _restart_scoped_store, init_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +210,7 @@ DISAGREE = """
 import sys
 from pathlib import Path
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import UserError
+from annotated_transformer.runtime.errors import UserError
 from annotated_transformer.harness import run_dir, trainer
 from annotated_transformer.harness.distributed import init_distributed
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.extensions.ema import WeightAverage, build_weight_average
 from annotated_transformer.harness.checkpointing import load_checkpoint
 from annotated_transformer.harness.distributed import DistInfo

@@ -16,7 +16,7 @@ from annotated_transformer.data.batch import Batch
 from annotated_transformer.decode.beam_search import beam_search
 from annotated_transformer.decoding import greedy_decode
 from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.extensions.guided_attention import guide_weights, guided_attention_penalty
 from annotated_transformer.extensions.objective import TrainingObjective, build_objective
 from annotated_transformer.extensions.scheduled_sampling import mix_inputs, replace_probability

@@ -104,7 +104,7 @@ def test_the_plain_optimizer_is_pytorchs_adam_and_training_asks_for_the_fused_on
 
 
 def test_train_compile_takes_false_true_or_captured_and_captured_needs_a_gpu(tiny_config, tmp_path, train_command):
-    from annotated_transformer.errors import ConfigError
+    from annotated_transformer.runtime.errors import ConfigError
     from annotated_transformer.fast import compile_model
 
     assert tiny_config("train.compile=captured").train.compile == "captured"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.files import give_default_permissions
+from annotated_transformer.runtime.files import give_default_permissions
 from annotated_transformer.harness.checkpointing import save_checkpoint
 
 

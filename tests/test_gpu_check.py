@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.lab import gpu_check as check
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.cli import run
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.config import load_config
 from annotated_transformer.harness import malloc
 from annotated_transformer.harness.malloc import (RESTARTED_ENV, library_to_preload, malloc_in_use, restart_with,

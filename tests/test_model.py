@@ -312,7 +312,7 @@ def test_attention_and_activation_dropout_set_apart_from_p_drop():
 
 def test_dropout_rates_come_from_the_config_and_are_checked():
     from annotated_transformer.config import load_config
-    from annotated_transformer.errors import ConfigError
+    from annotated_transformer.runtime.errors import ConfigError
     from annotated_transformer.extensions.builder import build_model
     from annotated_transformer.model import PositionwiseFeedForward
 

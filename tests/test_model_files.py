@@ -16,7 +16,7 @@ from safetensors import safe_open
 from annotated_transformer.config import config_from_dict, config_to_dict, load_config
 from annotated_transformer.data.text import TextPipeline
 from annotated_transformer.deploy.translator import Translator, resolve_checkpoint
-from annotated_transformer.errors import CheckpointError
+from annotated_transformer.runtime.errors import CheckpointError
 from annotated_transformer.extensions.builder import build_model
 from annotated_transformer.harness.checkpointing import (CheckpointWriter, average_checkpoints_into, load_checkpoint,
                                                          save_checkpoint, save_weights)

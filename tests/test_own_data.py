@@ -15,7 +15,7 @@ from annotated_transformer.data import load_translation_data, open_corpus
 from annotated_transformer.data.cache import MANIFEST, cache_folder, cache_settings
 from annotated_transformer.data.multi30k import MULTI30K_FILES
 from annotated_transformer.data.tokenizers import word_tokenize
-from annotated_transformer.errors import ConfigError, DataError
+from annotated_transformer.runtime.errors import ConfigError, DataError
 from annotated_transformer.scoring import bleu_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -87,7 +87,7 @@ def test_wheel_ships_every_module_and_config_and_trains_copy_outside_the_checkou
     done = _run([sys.executable, "-c", """if True:
         import json, runpy, sys, annotated_transformer
         from annotated_transformer.config import load_config, resolve_config_path
-        from annotated_transformer.errors import ConfigError
+        from annotated_transformer.runtime.errors import ConfigError
         try:
             load_config("nope")
         except ConfigError as exc:
@@ -156,7 +156,7 @@ WITHOUT_THE_HEAVY_PACKAGES = BLOCK_PRELUDE + """
     import annotated_transformer, annotated_transformer.data, annotated_transformer.deploy.translator
     tell("imported", sorted(m for m in ("spacy", "altair", "vl_convert", "torchdata") if m in sys.modules))
     from annotated_transformer.data.tokenizers import word_tokenize
-    from annotated_transformer.errors import UserError
+    from annotated_transformer.runtime.errors import UserError
     try:  # tokenising text (building a word-mode cache, translating a sentence) does need spaCy
         word_tokenize("Ein Mann.", "de")
     except UserError as exc:

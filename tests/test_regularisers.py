@@ -17,7 +17,7 @@ from annotated_transformer.data.buckets import bucket_batches, epoch_rng, paddin
 from annotated_transformer.data.loader import TrainLoader
 from annotated_transformer.data.text import TextPipeline
 from annotated_transformer.data.vocab import UNK
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.extensions.bidirectional import DirectionSampling
 from annotated_transformer.extensions.builder import build_resegmentation, build_training
 from annotated_transformer.extensions.cutoff import CutoffObjective, build_cutoff, cut_tokens
@@ -169,7 +169,7 @@ def test_subword_sampling_off_leaves_the_cached_ids_and_on_resegments_the_traini
 
 
 def test_a_resegmentation_that_loses_rows_is_a_clear_error(subwords):
-    from annotated_transformer.errors import DataError
+    from annotated_transformer.runtime.errors import DataError
 
     _, _, _, src, tgt = subwords
     broken = TrainLoader(src, tgt, batch_tokens=400, seed=5, resegment=lambda epoch: (src[:-1], tgt[:-1]))

@@ -15,7 +15,7 @@ import torch
 
 from annotated_transformer.cli import run as run_command
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import CheckpointError, ConfigError
+from annotated_transformer.runtime.errors import CheckpointError, ConfigError
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.harness.run_dir import RunDir
 from annotated_transformer.harness.trainer import train_worker

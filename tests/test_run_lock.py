@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import ConfigError, RunDirError
+from annotated_transformer.runtime.errors import ConfigError, RunDirError
 from annotated_transformer.harness import checkpointing
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.checkpointing import CheckpointWriter, load_checkpoint, write_failure
@@ -206,7 +206,7 @@ TORCHRUN_WORKER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from annotated_transformer.config import load_config
-    from annotated_transformer.errors import UserError
+    from annotated_transformer.runtime.errors import UserError
     from annotated_transformer.harness import trainer
     from annotated_transformer.harness.distributed import init_distributed
 
@@ -342,16 +342,16 @@ def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_res
     args = ["--config", "copy.yaml", f"train.out_dir={out}", "train.epochs=2", "data.copy_batches=3", *QUIET]
     real_save, calls = torch.save, []
 
-    def save(obj, f, *rest, **kwargs):  # epoch 1's weights and last.pt fit; epoch 2's last.pt meets a full disk
-        calls.append(1)
-        return real_save(obj, FullFile() if len(calls) == 4 else f, *rest, **kwargs)  # torch's own RuntimeError
+    def save(obj, f, *rest, **kwargs):  # epoch 1's last.pt fits; epoch 2's meets a full disk (the model files of
+        calls.append(1)                 # each epoch are safetensors, written without torch.save)
+        return real_save(obj, FullFile() if len(calls) == 2 else f, *rest, **kwargs)  # torch's own RuntimeError
 
     with monkeypatch.context() as m:
         m.setattr(torch, "save", save)
         code, _, err = train_command(*args)
     assert code == 2, err[-3000:]
     assert err == f"error: {full_disk_message(out, 'last.pt')}\n"  # one line, no traceback
-    assert len(calls) == 4
+    assert len(calls) == 2
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 1  # the previous last.pt
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == LOCK_FILE]
     code, stdout, err = train_command(*args)

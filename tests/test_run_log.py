@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from annotated_transformer.errors import DataError
+from annotated_transformer.runtime.errors import DataError
 from annotated_transformer.harness import distributed, trainer as trainer_module
 from annotated_transformer.harness.distributed import (close_run_log, open_run_log, print0, quiet_terminal,
                                                        result_lines)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.harness.schedules import budget_rate, build_scheduler, peak_rate
 from annotated_transformer.optim import build_optimizer, rate
 
@@ -117,7 +117,7 @@ def test_epoch_records_carry_the_training_clock_and_the_target(tiny_config, tmp_
 
 
 def test_decoder_depth_can_differ_from_the_encoder_depth():
-    from annotated_transformer.model_flops import train_step_flops
+    from annotated_transformer.runtime.model_flops import train_step_flops
     from annotated_transformer.extensions.builder import build_model
     from annotated_transformer.model import make_model
 

@@ -24,7 +24,7 @@ from annotated_transformer.data.buckets import (
     width_ladder,
 )
 from annotated_transformer.data.loader import static_shapes_on
-from annotated_transformer.errors import DataError
+from annotated_transformer.runtime.errors import DataError
 from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 from annotated_transformer.model import make_model
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.harness.checkpointing import load_checkpoint
 from annotated_transformer.harness.run_dir import read_metrics
 from annotated_transformer.lab.sweep import Launcher, Run, check_settings, parse_grid, grid_runs, read_grid
@@ -294,7 +294,7 @@ def test_a_run_that_has_not_finished_an_epoch_adds_no_figures(tmp_path):
 
 
 def test_a_run_still_trained_by_an_earlier_sweep_is_not_started_twice(tmp_path):
-    from annotated_transformer.errors import RunDirError
+    from annotated_transformer.runtime.errors import RunDirError
 
     run = grid_runs([()], [1], tmp_path)[0]
     run.path.parent.mkdir(parents=True)
@@ -317,7 +317,7 @@ def test_a_run_still_trained_by_an_earlier_sweep_is_not_started_twice(tmp_path):
 
 
 def test_a_damaged_test_scores_file_is_one_line_error(tmp_path):
-    from annotated_transformer.errors import DataError
+    from annotated_transformer.runtime.errors import DataError
 
     _fake_run(tmp_path, "a", 1, [30.0])
     (tmp_path / "a" / "seed1" / "test_scores.json").write_text("{not json")

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from annotated_transformer import Batch, LabelSmoothing, TrainState, make_model, run_epoch, train_step
 from annotated_transformer.config import load_config
-from annotated_transformer.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
+from annotated_transformer.runtime.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
 from annotated_transformer.harness import checkpointing
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
@@ -421,7 +421,7 @@ def test_tensorboard_without_the_package_is_one_clear_line(tmp_path, monkeypatch
 
 
 def test_metrics_count_the_model_flops_of_every_step_and_r_drop_twice(tmp_path):
-    from annotated_transformer.model_flops import train_step_flops
+    from annotated_transformer.runtime.model_flops import train_step_flops
 
     per_epoch = train_step_flops(128, 256, 2, 11, [10] * 16 * 6, [9] * 16 * 6)  # 6 batches of 16 copies
     for name, extra, factor in (("plain", [], 1.0), ("rdrop", ["r_drop.alpha=1"], 2.0)):

@@ -10,7 +10,7 @@ import pytest
 
 from annotated_transformer import Translator
 from annotated_transformer.deploy.translator import resolve_checkpoint
-from annotated_transformer.errors import ConfigError, UserError
+from annotated_transformer.runtime.errors import ConfigError, UserError
 
 SENTENCES = ["Ein Mann fährt Fahrrad.", "", "Zwei Hunde spielen im Schnee.", "Eine Frau."]
 TAKES = "translate\\(\\) takes a str or a list or tuple of str, got"

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from annotated_transformer import visualization as viz
-from annotated_transformer.errors import UserError
+from annotated_transformer.runtime.errors import UserError
 from annotated_transformer.harness.run_dir import RunDir, read_metrics
 from annotated_transformer.model import MultiHeadedAttention, make_model
 from annotated_transformer.optim import rate

@@ -10,7 +10,7 @@ import difflib
 import importlib
 import sys
 
-from ..errors import run_cli
+from ..runtime.errors import run_cli
 
 # command -> (module in this package, what it does)
 COMMANDS = {

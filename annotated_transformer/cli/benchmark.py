@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config, config_parser, load_config
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from .options import CommandParser, add_checkpoint, add_device, add_limit, add_out
 
 

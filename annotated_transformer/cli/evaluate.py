@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import UserError
+from ..runtime.errors import UserError
 from .options import (CommandParser, add_checkpoint, add_data_root, add_decoding, add_device, add_limit, add_out,
                       add_quantize, data_root)
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..errors import fail
+from ..runtime.errors import fail
 
 CHECKPOINT_HELP = ("a run directory (the weights its final scores used), a model file written by training or "
                    "averaging (.safetensors, its .json beside it; or an older .pt), or a folder written by the export "
@@ -213,7 +213,7 @@ def data_root(args: argparse.Namespace, command: str) -> str | None:
     value is the config's own one line (with its suggestion), as in every command.
     """
     from ..config import Config, apply_override
-    from ..errors import ConfigError
+    from ..runtime.errors import ConfigError
 
     for override in args.overrides:
         apply_override(Config(), override)  # the form, the key and the value, checked as train checks them

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from .options import CommandParser, add_data_root, add_out, overridden
 
 # How a sweep starts each training: this package's own train command, in the same Python.

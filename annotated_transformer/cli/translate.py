@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
-from ..errors import DataError, UserError
+from ..runtime.errors import DataError, UserError
 from .options import CommandParser, add_checkpoint, add_decoding, add_device, add_out, add_quantize
 
 LANGUAGES = {"de": "German", "en": "English"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import UserError
+from ..runtime.errors import UserError
 from .options import CommandParser, add_beam, add_checkpoint, add_device, add_out
 
 

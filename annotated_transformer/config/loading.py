@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from .schema import Config, all_keys, field_types
 
 # The shipped configs live in `configs/` at the top of a checkout; the wheel carries the same files

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 
 
 def param(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:

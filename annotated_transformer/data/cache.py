@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..files import give_default_permissions
+from ..runtime.files import give_default_permissions
 from .multi30k import MULTI30K_FILES
 from .text import TextPipeline
 

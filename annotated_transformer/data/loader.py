@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from ..errors import DataError
+from ..runtime.errors import DataError
 from .batch import Batch
 from .buckets import (
     NOTEBOOK_BATCH_SIZE,

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
-from ..files import give_default_permissions
+from ..runtime.errors import DataError
+from ..runtime.files import give_default_permissions
 from .own_files import split_lines
 
 MULTI30K_FILES: dict[str, str] = {

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..runtime.errors import DataError
 
 SPLIT_KEYS = ("train", "val", "test")  # the config keys data.train, data.val, data.test, in this order
 

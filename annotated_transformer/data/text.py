@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ..files import atomic_write
-from ..errors import DataError
+from ..runtime.files import atomic_write
+from ..runtime.errors import DataError
 from .tokenizers import SubwordModel, train_sentencepiece, word_tokenize, word_tokenize_many
 from .vocab import BOS, EOS, PAD, UNK, Vocab
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
 
-from ..errors import ConfigError, UserError
+from ..runtime.errors import ConfigError, UserError
 from .vocab import BOS, EOS, PAD, SPECIALS, UNK
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch.distributed as dist
 
 from ..config import Config, DataConfig
-from ..errors import ConfigError, DataError
+from ..runtime.errors import ConfigError, DataError
 from .batch import Batch
 from .buckets import (
     NOTEBOOK_PADDING,

@@ -12,7 +12,7 @@ from .beam_search import beam_search
 from ..fast.cpu_linear import onednn_linears
 from ..data.buckets import pad_rows
 from ..decoding import greedy_decode, strip_special
-from ..device import amp_context
+from ..runtime.device import amp_context
 from ..masks import padding_mask
 from ..model import EncoderDecoder
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..config import Config
-from ..errors import ExportError
+from ..runtime.errors import ExportError
 from ..model import EncoderDecoder, MultiHeadedAttention
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "bfloat16")  # CTranslate2's weight types
@@ -148,7 +148,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     whatever was there before (with `force`) or nothing.
     """
     from ..config import config_yaml
-    from ..files import give_default_permissions
+    from ..runtime.files import give_default_permissions
 
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")

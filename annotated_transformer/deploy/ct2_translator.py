@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict, read_yaml
-from ..errors import ExportError, excerpt
+from ..runtime.errors import ExportError, excerpt
 from .ct2_export import CONFIG_FILE, TEXT_FOLDER, import_ctranslate2
 from .text_translator import TextTranslator
 

@@ -11,7 +11,7 @@ import operator
 from typing import Any, overload
 
 from ..config import Config
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 
 
 class TextTranslator:

@@ -24,8 +24,8 @@ import torch
 
 from ..config import Config, config_from_dict
 from ..decode.inference import translate_ids
-from ..device import configure_backends, keep_freed_memory, native_bf16, select_device
-from ..errors import CheckpointError, ConfigError, excerpt
+from ..runtime.device import configure_backends, keep_freed_memory, native_bf16, select_device
+from ..runtime.errors import CheckpointError, ConfigError, excerpt
 from ..harness.checkpointing import checkpoint_file, load_checkpoint
 from ..harness.run_dir import RunDir, read_metrics
 from ..extensions.builder import build_model

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..config import Config
 from ..data.loader import Resegment
-from ..device import resolve_amp_dtype
+from ..runtime.device import resolve_amp_dtype
 from ..fast import FusedLossCompute, fused_adam_pays, speed_up
 from ..loop import Objective
 from ..loss import LabelSmoothing, SimpleLossCompute

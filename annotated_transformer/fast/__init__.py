@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 from .cpu_linear import onednn_linears, onednn_pays
 from .dropout import FastDropout
 from .loss import FusedLossCompute, smoothed_cross_entropy

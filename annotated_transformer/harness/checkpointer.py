@@ -13,8 +13,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import TrainingDiverged
-from ..files import writing
+from ..runtime.errors import TrainingDiverged
+from ..runtime.files import writing
 from ..loop import Log, unwrap_model
 from .checkpointing import CheckpointWriter, average_checkpoints, load_checkpoint, write_checkpoint
 from .distributed import DistInfo

@@ -51,8 +51,8 @@ import torch
 from torch import nn
 
 from ..config import Config, apply_dict
-from ..errors import CheckpointError, ConfigError, excerpt
-from ..files import atomic_write, run_dir_error, writing
+from ..runtime.errors import CheckpointError, ConfigError, excerpt
+from ..runtime.files import atomic_write, run_dir_error, writing
 from ..loop import unwrap_model
 
 CHECKPOINT_FORMAT = "annotated-transformer/1"

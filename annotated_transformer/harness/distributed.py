@@ -3,7 +3,7 @@
 The same code path serves one CPU process, one GPU, and `torchrun --nproc_per_node=N`:
 torchrun sets RANK / LOCAL_RANK / WORLD_SIZE (and the rendezvous address), a plain
 `python` run has none of them and is rank 0 of 1. Which device a rank uses, and at what
-precision, is decided in device.py.
+precision, is decided in runtime/device.py.
 
 Rank 0's lines (`print0`) go through one logger, "annotated_transformer": to the terminal as they are and,
 while a run's log is open (the Trainer opens it once the run directory is ready, `train_worker` closes it),
@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from .. import device as devices
-from ..errors import ConfigError, DistributedError, UserError, excerpt
-from ..files import writing
+from ..runtime import device as devices
+from ..runtime.errors import ConfigError, DistributedError, UserError, excerpt
+from ..runtime.files import writing
 
 
 @dataclass(frozen=True)

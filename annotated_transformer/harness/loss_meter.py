@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..errors import TrainingDiverged
+from ..runtime.errors import TrainingDiverged
 from ..loop import Log, TrainState
 
 

@@ -21,7 +21,7 @@ import sysconfig
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 
 RESTARTED_ENV = "ANNOTATED_TRANSFORMER_MALLOC"  # set in a process started with a library preloaded: that library
 TCMALLOC_FILES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")  # gperftools' (the minimal one has no profiler)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..config import Config, TrainConfig
-from ..device import device_name
+from ..runtime.device import device_name
 from ..loop import TrainState
 from .distributed import DistInfo
 from .malloc import malloc_in_use

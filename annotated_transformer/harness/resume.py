@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import CheckpointError
+from ..runtime.errors import CheckpointError
 from ..loop import TrainState, unwrap_model
 from .loss_meter import LossMeter, world_size
 from .distributed import host_group

@@ -34,8 +34,8 @@ except ImportError:  # Windows has no flock: there a second training on a live r
     fcntl = None  # type: ignore[assignment]
 
 from ..config import Config, apply_dict, config_to_dict, config_yaml
-from ..errors import ConfigError, RunDirError
-from ..files import atomic_write, run_dir_error, writing
+from ..runtime.errors import ConfigError, RunDirError
+from ..runtime.files import atomic_write, run_dir_error, writing
 from .checkpointing import load_checkpoint, weights_pair
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..runtime.errors import ConfigError
 
 # metrics.jsonl record kind -> {field: TensorBoard tag}
 TAGS: dict[str, dict[str, str]] = {

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..data.batch import Batch
-from ..device import amp_context
+from ..runtime.device import amp_context
 from ..loop import Log, Objective, TrainState, batch_groups, train_step
 from ..loss import SimpleLossCompute
 from .loss_meter import LossMeter, diverged, log_window, world_size

@@ -23,13 +23,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
-from ..errors import DistributedError, TrainingDiverged, UserError
+from ..runtime.errors import DistributedError, TrainingDiverged, UserError
 from ..extensions.builder import build_ema, build_training
 from ..fast import compile_model
 from ..loop import TrainState
 from .loss_meter import LossMeter
 from .train_loop import LoopHooks, evaluate_loss, train_loop
-from ..model_flops import train_step_flops
+from ..runtime.model_flops import train_step_flops
 from . import progress
 from .checkpointer import Checkpointer, improves
 from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, init_distributed, open_run_log, print0,

@@ -40,12 +40,12 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict, config_to_dict
-from ..device import device_name, native_bf16, select_device, synchronize
-from ..errors import ConfigError
+from ..runtime.device import device_name, native_bf16, select_device, synchronize
+from ..runtime.errors import ConfigError
 from ..harness.malloc import malloc_in_use, training_malloc
 from ..loop import Log
 from ..masks import padding_mask
-from ..model_flops import train_step_flops
+from ..runtime.model_flops import train_step_flops
 from .hardware import (
     batch_lengths,
     datasheet_peak,

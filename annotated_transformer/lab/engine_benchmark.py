@@ -74,7 +74,7 @@ def compare_engines(checkpoint: str, engines: tuple[str, ...] = ENGINES, beam: i
     from ..data import read_split, resolve_multi30k_dir
     from ..deploy.ct2_export import export_ctranslate2
     from ..deploy.translator import Translator
-    from ..device import native_bf16
+    from ..runtime.device import native_bf16
     from ..scoring import score_translations
     from .hardware import in_fresh_process
 

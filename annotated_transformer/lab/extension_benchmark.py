@@ -22,8 +22,8 @@ import torch
 from ..config import Config, apply_override, config_from_dict, config_to_dict
 from ..data.buckets import pad_rows
 from ..decoding import greedy_decode
-from ..device import amp_context, select_device
-from ..errors import ConfigError
+from ..runtime.device import amp_context, select_device
+from ..runtime.errors import ConfigError
 from ..extensions.builder import build_ema, build_training
 from ..loop import Log, train_step
 from ..masks import padding_mask

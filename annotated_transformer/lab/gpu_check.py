@@ -33,9 +33,9 @@ from typing import Any, Callable
 import torch
 
 from ..config import Config
-from ..device import device_name, select_device, synchronize
-from ..errors import ConfigError
-from ..model_flops import train_step_flops
+from ..runtime.device import device_name, select_device, synchronize
+from ..runtime.errors import ConfigError
+from ..runtime.model_flops import train_step_flops
 from .hardware import batch_lengths, datasheet_peak, matmul_peak
 
 Log = Callable[[str], None]

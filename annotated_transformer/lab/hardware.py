@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..device import synchronize
+from ..runtime.device import synchronize
 from ..harness.malloc import preloaded_for_children
 
 

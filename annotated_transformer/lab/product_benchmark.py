@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..config import Config
-from ..device import device_name, resolve_amp_dtype, select_device, synchronize
+from ..runtime.device import device_name, resolve_amp_dtype, select_device, synchronize
 from .hardware import matmul_peak
 
 FORWARD, INPUT_GRAD, WEIGHT_GRAD = "forward x W^T", "input gradient dY W", "weight gradient dY^T x"

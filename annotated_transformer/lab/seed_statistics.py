@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DataError
-from ..files import atomic_write, writing
+from ..runtime.errors import ConfigError, DataError
+from ..runtime.files import atomic_write, writing
 from ..harness.run_dir import read_metrics
 
 TEST_SCORES = "test_scores.json"  # written into a run directory by the sweep's --score-test

@@ -10,7 +10,7 @@ import torch
 
 from ..config import Config
 from ..data.batch import Batch
-from ..device import select_device, synchronize
+from ..runtime.device import select_device, synchronize
 from ..loop import Log, train_step
 from ..loss import LabelSmoothing
 from ..extensions.builder import build_model

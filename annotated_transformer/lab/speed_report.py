@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..config import Config
-from ..device import cpu_info, device_name, select_device
+from ..runtime.device import cpu_info, device_name, select_device
 from ..harness.malloc import training_malloc
 from .engine_benchmark import format_engines, median_rows
 

@@ -29,8 +29,8 @@ from typing import Any
 import yaml
 
 from ..config import load_config
-from ..errors import ConfigError, RunDirError
-from ..files import atomic_write, writing
+from ..runtime.errors import ConfigError, RunDirError
+from ..runtime.files import atomic_write, writing
 from ..harness.run_dir import read_metrics
 from .seed_statistics import TEST_SCORES, collect_results, read_result, write_report
 

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..decode.inference import translate_ids
 from ..deploy.translator import Translator
-from ..errors import UserError
+from ..runtime.errors import UserError
 from ..extensions.token_merging import TokenMergingModel, merged_groups_by_layer
 from ..model import EncoderDecoder, MultiHeadedAttention, subsequent_mask
 from .heatmap import CELL_PX, heatmap

@@ -23,7 +23,7 @@ from typing import Any
 
 import altair as alt
 
-from ..files import atomic_write
+from ..runtime.files import atomic_write
 
 FORMATS = ("html", "png")
 NOTEBOOK_RENDERER = "annotated_transformer"

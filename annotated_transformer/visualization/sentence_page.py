@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..deploy.translator import Translator
-from ..errors import UserError
-from ..files import atomic_write
+from ..runtime.errors import UserError
+from ..runtime.files import atomic_write
 from .attention import SentenceAttention, attention_charts, layer_indices, sentence_attention
 from .rendering import FORMATS, png_size, save_chart, write_script
 from .teaching import teaching_charts
