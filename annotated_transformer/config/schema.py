@@ -76,7 +76,8 @@ class DataConfig:
     root: str | None = param(None, "folder holding the six Multi30k .gz files (else $MULTI30K_DIR, else download)")
     train: str | None = param(None, "data.dataset=files: the training files' path prefix: PREFIX.<src_lang> and "
                               "PREFIX.<tgt_lang>, plain or .gz, one sentence a line (docs/own_data.md)")
-    val: str | None = param(None, "data.dataset=files: the validation files' prefix (BLEU, best.pt), as data.train")
+    val: str | None = param(None, "data.dataset=files: the validation files' prefix (BLEU, the best model file), "
+                            "as data.train")
     test: str | None = param(None, "data.dataset=files: the test files' prefix, as data.train (optional: without it "
                              "the final scores are on val)")
     cache_dir: str = param("~/.cache/annotated_transformer", "where downloads and tokenised caches are kept")
@@ -145,9 +146,9 @@ class TrainConfig:
         "auto", "'auto': continue out_dir's run from its last.pt when there is one (a finished run is left as "
         "it is), else start; true: continue it, and fail without last.pt; false: refuse an existing run",
         choices=("auto", True, False))
-    keep_last_epochs: int = param(0, "keep only the newest N epoch_NN.pt files (0: keep them all)")
-    average_last: int = param(0, "at the end, average the last N epochs' weights into avg.pt and use it "
-                              "for the final scores if it beats best.pt on val (0 or 1: off)")
+    keep_last_epochs: int = param(0, "keep only the newest N epoch_NN model files (0: keep them all)")
+    average_last: int = param(0, "at the end, average the last N epochs' weights into the avg model file and "
+                              "use it for the final scores if it beats best on val (0 or 1: off)")
     log_every: int = param(50, "optimizer steps between log lines")
     bleu_every: int = param(1, "epochs between validation BLEU evaluations (0: never)")
     target_bleu: float = param(0.0, "validation BLEU to time: the first epoch and train_seconds reaching it are "
@@ -155,12 +156,13 @@ class TrainConfig:
     stop_at_target: bool = param(False, "end training at the first epoch whose validation BLEU reaches "
                                  "train.target_bleu (to time a config to a target; with the 'noam' schedule, "
                                  "which needs no run length)")
-    best_metric: str = param("bleu", "what picks best.pt: 'bleu' (higher is better) or 'loss' (lower)",
+    best_metric: str = param("bleu", "what picks the best model file: 'bleu' (higher is better) or 'loss' (lower)",
                              choices=("bleu", "loss"))
     progress: bool = param(True, "show a tqdm progress bar on rank 0 (when stderr is a terminal)")
     tensorboard: bool = param(False, "also write the metrics as TensorBoard event files in <run dir>/tensorboard "
                               "(rank 0; needs the tensorboard extra: uv sync --extra tensorboard)")
-    final_eval: bool = param(True, "at the end, score val and test with best.pt and show example translations")
+    final_eval: bool = param(True, "at the end, score val and test with the best model file and show example "
+                             "translations")
     score_test: bool = param(True, "final_eval also scores the test split (false while choosing settings on val)")
 
     def finished(self, epoch: int, step: int, target_reached: bool = False) -> bool:
@@ -273,7 +275,7 @@ class EmaConfig:
 
     decay: float = param(0.0, "after every optimizer step avg <- d * avg + (1 - d) * weights, d = min(decay, "
                          "(1 + n) / (10 + n)) at the n-th step; the average is what validation scores and "
-                         "best.pt / epoch_NN.pt hold (0: off; 0.999 averages about the last 1,000 steps)")
+                         "the best and epoch_NN model files hold (0: off; 0.999 averages about the last 1,000 steps)")
 
 
 @dataclass

@@ -8,7 +8,7 @@ decay of the n-th update is min(decay, (1 + n) / (10 + n)), so the random initia
 within the first steps instead of weighing on a short run's average.
 
 Training itself never sees the average: it updates the raw weights. The Trainer swaps the average in
-(`swapped_in`) to validate, and writes it (`averaged_state_dict`) to best.pt and epoch_NN.pt, so the
+(`swapped_in`) to validate, and writes it (`averaged_state_dict`) to the best and epoch_NN model files, so the
 checkpoints, the scores and checkpoint averaging are of the average; last.pt keeps the raw weights
 and the average to resume.
 `build_weight_average` returns None when `ema.decay` is 0, and nothing changes.

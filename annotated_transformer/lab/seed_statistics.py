@@ -143,7 +143,7 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
             f"{_pm([r.train_flops / 1e12 if r.train_flops is not None else None for r in rs], 0)} | "
             f"{_pm([r.tokens_per_s for r in rs], 0)} | {f'{params / 1e6:.2f}M' if params else '-'} |")
     lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Val BLEU: the "
-              "chosen weights' (best.pt, or avg.pt when it scores higher), greedy, of finished runs. Time to target: "
+              "chosen weights' (best, or avg when it scores higher), greedy, of finished runs. Time to target: "
               "median training minutes (optimizer steps only) [fastest-slowest] (runs that reached it / runs). TFLOP: "
               "training compute in 10^12 model FLOPs (matmuls of the real sentence lengths, 3x the forward pass, "
               "extra passes of the objective counted), which compares across machines.", ""]
