@@ -91,7 +91,7 @@ def test_wheel_ships_every_module_and_config_and_trains_copy_outside_the_checkou
         try:
             load_config("nope")
         except ConfigError as exc:
-            error = str(exc)
+            error = str(exc) + "\\n" + "\\n".join(exc.details)
         print(json.dumps({"package": annotated_transformer.__file__, "base": str(resolve_config_path("base")),
                           "error": error}))
         sys.argv = ["annotated_transformer", *sys.argv[1:]]  # python -m annotated_transformer train --config ...
@@ -103,8 +103,8 @@ def test_wheel_ships_every_module_and_config_and_trains_copy_outside_the_checkou
     found = json.loads(done.stdout.splitlines()[0])
     assert Path(found["package"]).is_relative_to(site)
     assert Path(found["base"]) == site / PACKAGE / "configs" / "base.yaml"
-    assert found["error"].startswith("config file 'nope' not found; the shipped configs: copy (")
-    assert all(f" {Path(n).stem} (" in found["error"] for n in SHIPPED)
+    assert found["error"].startswith("config file 'nope' not found; give a config's name (listed below)")
+    assert all(f"\n  {Path(n).stem} " in found["error"] for n in SHIPPED)  # the installed package lists its own
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     commands = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "annotated-transformer = annotated_transformer.cli:console_main" in commands  # pip install . adds it
