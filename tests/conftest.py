@@ -164,6 +164,20 @@ def _run_command(command: str, *args: str, stdin: bytes = b"") -> tuple[int, byt
 
 
 @pytest.fixture(scope="session")
+def weights_only_roundtrip():
+    """A function: `obj` saved with torch.save and read back with weights_only=True, as a checkpoint is."""
+    import io
+
+    def roundtrip(obj):
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=True)
+
+    return roundtrip
+
+
+@pytest.fixture(scope="session")
 def command():
     """A function: `command(name, *args, stdin=b"")` runs `python -m annotated_transformer NAME ARGS` (what
     scripts/NAME.py runs) in this process, with `stdin` as its standard input; returns (exit code, stdout bytes,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import shutil
 from collections import Counter
@@ -37,13 +36,6 @@ VOCAB_SRC, VOCAB_TGT = 8012, 6190
 def with_data(data: TranslationData, **changes) -> TranslationData:
     """The same data with other batching settings (no reloading)."""
     return dataclasses.replace(data, config=dataclasses.replace(data.config, **changes))
-
-
-def weights_only_roundtrip(obj):
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 def rows(t: torch.Tensor) -> list[tuple[int, ...]]:
@@ -99,7 +91,7 @@ def test_vocabulary_sizes_and_built_from_train_only(multi30k_data):
     assert (val_ids == UNK).sum() > 0
 
 
-def test_vocab_round_trips_through_run_dir_and_checkpoint(multi30k_data, tmp_path):
+def test_vocab_round_trips_through_run_dir_and_checkpoint(multi30k_data, tmp_path, weights_only_roundtrip):
     text = multi30k_data.text
     text.save(tmp_path / "vocab")
     assert TextPipeline.load(tmp_path / "vocab") == text
@@ -176,7 +168,7 @@ def test_batches_carry_masks(bucket_4096):
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_mid_epoch_resume_continues_with_the_next_batch(multi30k_data, num_workers):
+def test_mid_epoch_resume_continues_with_the_next_batch(multi30k_data, num_workers, weights_only_roundtrip):
     data = with_data(multi30k_data, batch_tokens=4096, num_workers=num_workers)
     full = epoch_batches(data.train_loader(seed=11), 2)
     first = data.train_loader(seed=11)
@@ -198,7 +190,7 @@ def test_mid_epoch_resume_continues_with_the_next_batch(multi30k_data, num_worke
     assert len(list(second)) == len(full)
 
 
-def test_resume_at_epoch_end_and_mismatched_world_size(multi30k_data):
+def test_resume_at_epoch_end_and_mismatched_world_size(multi30k_data, weights_only_roundtrip):
     loader = multi30k_data.train_loader(seed=3)
     loader.set_epoch(0)
     n = sum(1 for _ in loader)

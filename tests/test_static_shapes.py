@@ -4,7 +4,6 @@ an epoch, the same plan on every rank and after a resume, and today's bucket pla
 from __future__ import annotations
 
 import dataclasses
-import io
 from collections import Counter
 
 import numpy as np
@@ -193,17 +192,14 @@ def test_loader_plan_is_a_pure_function_of_seed_and_epoch(part, static_2048):
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
-def test_mid_epoch_resume_with_static_shapes(part, num_workers):
+def test_mid_epoch_resume_with_static_shapes(part, num_workers, weights_only_roundtrip):
     data = with_data(part, batch_tokens=2048, static_shapes=True, num_workers=num_workers)
     full = epoch_batches(data.train_loader(seed=11), 2)
     first = data.train_loader(seed=11)
     first.set_epoch(2)
     it = iter(first)
     taken = [next(it) for _ in range(17)]
-    buffer = io.BytesIO()
-    torch.save(first.state_dict(), buffer)  # as in a checkpoint
-    buffer.seek(0)
-    state = torch.load(buffer, weights_only=True)
+    state = weights_only_roundtrip(first.state_dict())  # as in a checkpoint
     second = data.train_loader(seed=11)
     second.set_epoch(0)
     second.load_state_dict(state)
