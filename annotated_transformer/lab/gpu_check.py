@@ -36,6 +36,7 @@ from ..config import Config
 from ..runtime.device import device_name, select_device, synchronize
 from ..runtime.errors import ConfigError
 from ..runtime.model_flops import train_step_flops
+from ..harness.run_dir import read_metrics
 from .hardware import batch_lengths, datasheet_peak, matmul_peak
 
 Log = Callable[[str], None]
@@ -168,7 +169,7 @@ def train_for(config: str, overrides: list[str], seconds: float, epochs_total: i
 def summarize_run(out: Path, code: int, seconds: float, total: int, log_path: Path, log: Log) -> dict[str, Any]:
     """Epochs, per-epoch step and validation seconds, the whole run's estimate and the last val BLEU."""
     metrics = out / "metrics.jsonl"
-    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    records = read_metrics(metrics) if metrics.is_file() else []  # a torn last line of the stopped run is skipped
     epochs = [r for r in records if r.get("kind") == "epoch"]
     result: dict[str, Any] = {"exit_code": code, "seconds_allowed": seconds, "epochs_done": len(epochs),
                               "epochs_total": total, "log": str(log_path)}
