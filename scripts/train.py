@@ -2,7 +2,8 @@
 
 The same command runs one process (CPU, one GPU) or one rank of many under
 `uv run torchrun --nproc_per_node=N scripts/train.py --config base.yaml`. The code is
-annotated_transformer/cli/train.py (also `python -m annotated_transformer train`).
+annotated_transformer/cli/train.py (also `python -m annotated_transformer train`): on the CPU its first step
+restarts the process under tcmalloc (`relaunch_with_malloc`, docs/training.md), then `main` trains.
 """
 
 from _entry import run_command

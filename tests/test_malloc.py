@@ -90,13 +90,13 @@ def test_a_command_run_in_process_never_restarts_the_process(monkeypatch):
     from annotated_transformer.cli import train
 
     calls = []
-    monkeypatch.setattr(train, "prepare_process", lambda argv: calls.append(("prepare", argv)))
+    monkeypatch.setattr(train, "relaunch_with_malloc", lambda argv: calls.append(("relaunch", argv)))
     monkeypatch.setattr(train, "main", lambda argv, prog=None: calls.append(("main", argv)) or 0)
     with pytest.raises(SystemExit):
         run("train", ["--config", "copy.yaml"], "train.py")  # as a test or a notebook calls it
     with pytest.raises(SystemExit):
         run("train", ["--config", "copy.yaml"], "train.py", whole_process=True)  # as scripts/train.py does
-    assert calls == [("main", ["--config", "copy.yaml"]), ("prepare", ["--config", "copy.yaml"]),
+    assert calls == [("main", ["--config", "copy.yaml"]), ("relaunch", ["--config", "copy.yaml"]),
                      ("main", ["--config", "copy.yaml"])]
 
 

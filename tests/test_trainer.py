@@ -57,6 +57,42 @@ def all_tensors(obj):
             yield from all_tensors(v)
 
 
+# --------------------------------------------------------------------------- the way in
+
+
+def test_the_train_command_reaches_train_step_in_the_five_calls_its_docstring_names(train_command, tmp_path,
+                                                                                   monkeypatch):
+    import inspect
+    import re
+
+    import annotated_transformer
+    from annotated_transformer.cli import train as train_cli
+    from annotated_transformer.harness import train_loop as train_loop_module
+
+    package = Path(annotated_transformer.__file__).resolve().parent
+    seen: list[list[str]] = []
+
+    class Reached(Exception):
+        """Ends the run at its first step: the way there is all this test wants."""
+
+    def recording_train_step(*args, **kwargs):
+        # The package's own functions between the command's main and train_step, outermost first; wrappers from
+        # elsewhere (contextlib, torch's decorators) are not a reader's steps and do not count.
+        frames = [f for f in inspect.stack(context=0)[1:] if package in Path(f.filename).resolve().parents]
+        names = [f.function for f in reversed(frames)]
+        seen.append(names[len(names) - 1 - names[::-1].index("main"):])
+        raise Reached
+
+    monkeypatch.setattr(train_loop_module, "train_step", recording_train_step)
+    with pytest.raises(Reached):
+        train_command("--config", "copy.yaml", f"train.out_dir={tmp_path / 'run'}", *QUIET)
+    chain = [*seen[0], "train_step"]
+    assert len(chain) - 1 <= 5, chain  # calls from cli/train.py's main to train_step
+    documented = re.search(r"The way to `train_step`: (.*?)\.\s", " ".join(train_cli.main.__doc__.split()))
+    assert documented is not None, train_cli.main.__doc__
+    assert [step.split(".")[-1] for step in documented.group(1).split(" -> ")] == chain
+
+
 # --------------------------------------------------------------------------- divergence
 
 

@@ -33,10 +33,14 @@ def parse(argv: list[str] | None = None, prog: str | None = None) -> tuple[argpa
     return args, load_config(args.config, [*shorthands, *args.overrides])
 
 
-def prepare_process(argv: list[str] | None = None) -> None:
-    """What a train process does before anything else: restart under tcmalloc on the CPU (harness.malloc).
+def relaunch_with_malloc(argv: list[str] | None = None) -> None:
+    """The launcher's step before `main`, in a process of the train command's own: on the CPU, restart this
+    process under tcmalloc (`train.malloc`; harness.malloc, docs/training.md "tcmalloc on the CPU").
 
-    A command line that does not parse is left to `main`, which says what is wrong with it.
+    It reads the command line quietly for train.malloc and train.device, then, where a library applies,
+    replaces this process with the same command with it preloaded (exec: the same process id); otherwise it
+    returns, having said how to install tcmalloc where that would help. A command line that does not parse is
+    left to `main`, which says what is wrong with it; a restarted process goes straight on.
     """
     if RESTARTED_ENV in os.environ:  # restarted already: nothing to choose again
         return
@@ -49,7 +53,13 @@ def prepare_process(argv: list[str] | None = None) -> None:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Train from a config; the exit code of a run stopped by a signal is 128 + its number."""
+    """Train from a config; the exit code of a run stopped by a signal is 128 + its number.
+
+    The way to `train_step`: main -> harness.trainer.train_worker -> Trainer.fit -> Trainer.train_epoch ->
+    harness.train_loop.train_loop -> loop.train_step. Run as a process of its own (scripts/train.py,
+    `python -m annotated_transformer train`, the console command), the launcher calls `relaunch_with_malloc`
+    first; a call from Python (a test, a notebook) leaves its process as it is.
+    """
     args, cfg = parse(argv, prog)
     from ..harness.distributed import quiet_terminal
     from ..harness.trainer import train_worker  # the harness loads after the config is known to be good

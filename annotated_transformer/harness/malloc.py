@@ -6,8 +6,9 @@ its heap for each; tcmalloc takes a block from a list per size class, which trai
 same losses to the last digit (docs/performance.md, "tcmalloc"). A process
 cannot change its malloc once it runs, so on the CPU, where the machine has tcmalloc, the train
 command starts itself again with it preloaded (LD_PRELOAD) once it has read its config, before it
-builds anything: the same arguments, and `exec` keeps the process id, so torchrun, a sweep and the
-run directory's lock see one process throughout. (The package and torch load twice: about 2.5 s
+builds anything: a launcher step (`cli.train.relaunch_with_malloc`, before the command's `main`) with
+the same arguments, and `exec` keeps the process id, so torchrun, a sweep and the run directory's lock
+see one process throughout. (The package and torch load twice: about 2.5 s
 more at start-up on a 2-core CPU.) The benchmark starts the processes that time training steps
 with it preloaded, and decodes in its own process with the system's malloc, as translating does.
 """

@@ -13,7 +13,8 @@ import math
 import random
 import signal
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -294,39 +295,43 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     few translations (or, for the copy task, counts exact copies). Rank 0's lines go to the run's train.log too,
     the error that ends a run among them.
     """
+    with run_log_closed():
+        info, device = init_distributed(cfg.train.device)
+        run = RunDir(cfg.run_dir())
+        try:
+            # every rank decides (or fails) alike before rank 0 writes
+            start_mode, last = agree_on_start_mode(run, cfg, info)
+            if start_mode == "finished":
+                s = last["train_state"]
+                print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
+                       "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
+                       "train.out_dir, or raise train.epochs to continue it", level=RESULT)
+                return {"finished": True, "steps": s["step"]}
+            return Trainer(cfg, info, device, start_mode, last, run).fit()
+        except RuntimeError as exc:
+            if info.distributed and _lost_a_rank(exc):
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise DistributedError(
+                    f"rank {info.rank} lost contact with another rank ({first[:200]}); under torchrun --max-restarts "
+                    "the job restarts and continues from last.pt, otherwise rerun the same command to continue"
+                ) from None
+            raise
+        finally:
+            run.unlock()  # after fit's last checkpoint is on disk (fit waits for the writer)
+            cleanup()
+
+
+@contextmanager
+def run_log_closed() -> Iterator[None]:
+    """Rank 0's train.log (which the Trainer opens) is closed when the block ends; an error that ends it is
+    written to it first."""
     try:
-        return _train_worker(cfg)
+        yield
     except BaseException as exc:
         close_run_log(exc)
         raise
     finally:
         close_run_log()
-
-
-def _train_worker(cfg: Config) -> dict[str, Any]:
-    """`train_worker` but for the closing of train.log."""
-    info, device = init_distributed(cfg.train.device)
-    run = RunDir(cfg.run_dir())
-    try:
-        # every rank decides (or fails) alike before rank 0 writes
-        start_mode, last = agree_on_start_mode(run, cfg, info)
-        if start_mode == "finished":
-            s = last["train_state"]
-            print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
-                   "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
-                   "train.out_dir, or raise train.epochs to continue it", level=RESULT)
-            return {"finished": True, "steps": s["step"]}
-        return Trainer(cfg, info, device, start_mode, last, run).fit()
-    except RuntimeError as exc:
-        if info.distributed and _lost_a_rank(exc):
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise DistributedError(
-                f"rank {info.rank} lost contact with another rank ({first[:200]}); under torchrun --max-restarts "
-                "the job restarts and continues from last.pt, otherwise rerun the same command to continue") from None
-        raise
-    finally:
-        run.unlock()  # after fit's last checkpoint is on disk (fit waits for the writer)
-        cleanup()
 
 
 def agree_on_start_mode(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[str, Any] | None]:
