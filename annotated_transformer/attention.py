@@ -2,12 +2,9 @@
 
 Shapes: B batch, T queries, S keys, d = d_model, h heads, d_k = d / h. Masks are boolean with
 True = "may attend", or a float bias added to the scores. `MultiHeadedAttention` runs equation 1
-through PyTorch's fused kernel, or explicitly (`attention`) when `fused=False` or when one of its
-`hooks` asks for the probabilities: the one place where attention maps and the extensions see
-inside attention. `fused=None` (the default) takes the fused kernel on GPUs and the explicit product
-on the CPU, where it is the faster of the two: PyTorch's CPU kernel falls back to an unfused path
-with its own, slower dropout mask in training, and its flash kernel costs more than the explicit
-product for the decoder's one-position queries (docs/performance.md).
+through PyTorch's fused kernel, or explicitly (`attention`) when `fused=False`, on the CPU by default
+(faster there: docs/performance.md), or when one of its `hooks` asks for the probabilities: the one
+place where attention maps and the extensions see inside attention.
 """
 
 from __future__ import annotations
@@ -19,8 +16,6 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from .kv_cache import AttentionCache
 
 
 def attention(
@@ -73,20 +68,15 @@ class MultiHeadedAttention(nn.Module):
         y = linear(x)  # (B, L, d)
         return y.view(y.size(0), -1, self.h, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
 
-    def forward(
-        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-        cache: AttentionCache | None = None,
-    ) -> Tensor:
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
         """query (B, T, d), key/value (B, S, d), mask (B, 1 or T, S) -> (B, T, d)."""
         q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
-        B = q.size(0)
-        if cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v  # memory projected on the first step
-        else:
-            k = self._heads(key, self.linears[1])  # (B, h, S, d_k)
-            v = self._heads(value, self.linears[2])  # (B, h, S, d_k)
-            if cache is not None:
-                k, v = cache.update(k, v)  # (B, h, t+1, d_k) in self-attention
+        k = self._heads(key, self.linears[1])  # (B, h, S, d_k)
+        v = self._heads(value, self.linears[2])  # (B, h, S, d_k)
+        return self.linears[3](self.attend(q, k, v, mask))  # (B, T, d)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """Equation 1 in every head, heads concatenated: q (B, h, T, d_k), k/v (B, h, S, d_k) -> (B, T, h * d_k)."""
         if mask is not None:
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
             if mask.dtype != torch.bool:
@@ -99,5 +89,4 @@ class MultiHeadedAttention(nn.Module):
             x, probs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None  # (B, h, T, d_k)
         for hook in self.hooks:
             hook(self, k, probs)
-        x = x.transpose(1, 2).reshape(B, -1, self.h * self.d_k)  # (B, T, d)
-        return self.linears[3](x)
+        return x.transpose(1, 2).reshape(q.size(0), -1, self.h * self.d_k)  # (B, T, d)

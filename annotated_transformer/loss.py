@@ -8,7 +8,6 @@ import torch
 from torch import Tensor, nn
 
 
-
 def _xlogx(p: float) -> float:
     return p * math.log(p) if p > 0 else 0.0
 

@@ -1,14 +1,10 @@
 """The Transformer of "Attention Is All You Need", with the notebook's names, top to bottom.
 
-Shapes: B batch, S source length, T target length, d = d_model, h heads, d_k = d / h,
-V vocabulary size. Masks are boolean with True = "may attend", as in the notebook:
-`src_mask` is (B, 1, S), `tgt_mask` is (B, T, T).
-
-`norm_first` chooses where LayerNorm sits: pre-norm (True, the notebook) x + Sublayer(LayerNorm(x)),
-with a final LayerNorm after each stack; post-norm (False, the paper, Section 3.1)
-LayerNorm(x + Sublayer(x)). Attention is `attention.py`, read first. Dropout is PyTorch's nn.Dropout, as in
-the notebook (training installs a faster CPU mask from outside: `fast/`). The extensions (`extensions/`)
-subclass these classes or hook into attention; nothing here knows of them.
+Shapes: B batch, S source length, T target length, d = d_model, h heads, d_k = d / h, V vocabulary
+size. Masks are boolean with True = "may attend": `src_mask` (B, 1, S), `tgt_mask` (B, T, T).
+`norm_first` puts LayerNorm before each sublayer (the notebook, with a final LayerNorm after each stack)
+or after the residual sum (the paper, Section 3.1). Speed (`fast/`), incremental decoding with a
+key/value cache (`decode/`) and the extensions (`extensions/`) work on these classes from outside.
 """
 
 from __future__ import annotations
@@ -21,7 +17,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import MultiHeadedAttention, attention  # noqa: F401 - equation 1 and Section 3.2.2
-from .kv_cache import AttentionCache, DecoderCache
 from .masks import subsequent_mask  # noqa: F401 - the decoder's mask, public here as in the notebook
 
 
@@ -31,8 +26,7 @@ def clones(module: nn.Module, N: int) -> nn.ModuleList:
 
 
 class LayerNorm(nn.LayerNorm):
-    """Layer normalisation (Ba et al. 2016): (x - mean) / sqrt(var + eps) with the biased variance, a gain
-    and a bias; the notebook's hand-written one divided by (unbiased std + eps) (docs/model.md)."""
+    """Layer normalisation (Ba et al. 2016) with the biased variance inside the root (the notebook's: docs/model.md)."""
 
     def __init__(self, features: int, eps: float = 1e-6) -> None:
         super().__init__(features, eps=eps)
@@ -116,13 +110,11 @@ class DecoderLayer(nn.Module):
         self.feed_forward = feed_forward
         self.sublayer = clones(SublayerConnection(size, dropout, norm_first, eps), 3)
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None,
-                cache: tuple[AttentionCache, AttentionCache] | None = None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         """x (B, T, d), memory (B, S, d), src_mask (B, 1, S), tgt_mask (B, T, T) -> (B, T, d)."""
-        self_cache, src_cache = cache if cache is not None else (None, None)
         m = memory
-        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask, self_cache))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask, src_cache))  # keys/values: the memory
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, m, m, src_mask))  # keys/values: the memory
         return self.sublayer[2](x, self.feed_forward)
 
 
@@ -134,11 +126,10 @@ class Decoder(nn.Module):
         self.layers = clones(layer, N)
         self.norm = LayerNorm(layer.size, eps=eps) if norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor | None,
-                cache: DecoderCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
         """x (B, T, d), memory (B, S, d) -> (B, T, d)."""
-        for i, layer in enumerate(self.layers):
-            x = layer(x, memory, src_mask, tgt_mask, cache.layers[i] if cache is not None else None)
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
         return self.norm(x)
 
 
@@ -172,13 +163,12 @@ class PositionalEncoding(nn.Module):
         # Derived, not learned: kept out of checkpoints.
         self.register_buffer("pe", pe.unsqueeze(0), persistent=False)  # (1, max_len, d)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """(B, L, d) -> (B, L, d), positions start..start+L-1."""
-        L = x.size(1)
-        if start + L > self.pe.size(1):
-            raise ValueError(f"sequence of {start + L} positions exceeds the positional table "
+    def forward(self, x: Tensor) -> Tensor:
+        """(B, L, d) -> (B, L, d)."""
+        if x.size(1) > self.pe.size(1):
+            raise ValueError(f"sequence of {x.size(1)} positions exceeds the positional table "
                              f"({self.pe.size(1)}); raise model.max_positions")
-        return self.dropout(x + self.pe[:, start:start + L])
+        return self.dropout(x + self.pe[:, : x.size(1)])
 
 
 class Generator(nn.Module):
@@ -217,31 +207,14 @@ class EncoderDecoder(nn.Module):
         """src (B, S) -> memory (B, S, d)."""
         return self.encoder(self.src_embed(src), src_mask)
 
-    def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor | None,
-               cache: DecoderCache | None = None) -> Tensor:
-        """memory (B, S, d), tgt (B, T) -> (B, T, d).
-
-        With a `cache`, `tgt` holds only the new positions (usually one, (B, 1)), which
-        attend to themselves and to everything cached; `tgt_mask` may then be None.
-        """
-        start = cache.advance(tgt.size(1)) if cache is not None else 0
-        x = self.tgt_embed[1](self.tgt_embed[0](tgt), start=start)  # (B, T, d): embeddings, then positions
-        return self.decoder(x, memory, src_mask, tgt_mask, cache)
+    def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor) -> Tensor:
+        """memory (B, S, d), tgt (B, T) -> (B, T, d)."""
+        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
 
     def encode_memory(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """What the decoders in decoding.py call: the memory and the mask to read it with, here `encode`'s memory
-        and `src_mask`. A subclass whose encoder shortens the memory overrides it."""
+        """The memory and the mask the decoders read it with: `encode`'s and `src_mask`, unless a subclass's
+        encoder shortens the memory."""
         return self.encode(src, src_mask), src_mask
-
-    def init_cache(self) -> DecoderCache:
-        """An empty cache for incremental decoding with `decode(..., cache=...)`."""
-        return DecoderCache([(AttentionCache(static=False), AttentionCache(static=True))
-                             for _ in self.decoder.layers])
-
-    @property
-    def max_positions(self) -> int:
-        """The longest target this model decodes: the length of its positional table (`model.max_positions`)."""
-        return self.tgt_embed[1].pe.size(1)
 
     def num_parameters(self) -> int:
         """Distinct parameters (a tied matrix counts once), trainable or frozen (a Translator's model is frozen)."""
@@ -255,13 +228,10 @@ def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d
                activation_dropout: float | None = None) -> EncoderDecoder:
     """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
 
-    N layers in the encoder and `N_dec` (default N, as in the paper) in the decoder.
-    `dropout` is P_drop (Section 5.4); `attention_dropout` and `activation_dropout` (default: `dropout`,
-    as the notebook) set apart its rate on the attention probabilities and after the FFN's ReLU.
-    `tie_embeddings` shares one (V, d) matrix between the source embedding, the target embedding
-    and the generator's projection (Section 3.4); it needs src_vocab == tgt_vocab.
-    `fused_attention` runs attention through PyTorch's fused kernel (False: the explicit equation 1;
-    None: fused on GPUs, explicit on the CPU, where that is faster).
+    `N_dec` decoder layers (default N); `dropout` is P_drop (Section 5.4), also on the attention
+    probabilities and after the FFN's ReLU unless `attention_dropout` / `activation_dropout` say otherwise.
+    `tie_embeddings` shares one (V, d) matrix between both embeddings and the generator (Section 3.4).
+    `fused_attention`: MultiHeadedAttention's `fused`.
     """
     if tie_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"tied embeddings need one shared vocabulary, got {src_vocab} and {tgt_vocab}")

@@ -24,10 +24,8 @@ def example_simple_model(epochs: int = 20, batches: int = 20, seed: int = 0) -> 
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     # rate() is the paper's schedule (Section 5.3); the factor 0.3 keeps a 128-wide model's peak stable
     scheduler = LambdaLR(optimizer, lambda step: rate(step, model_size=128, factor=0.3, warmup=100))
-    for epoch in range(epochs):
-        model.train()
+    for epoch in range(epochs):  # run_epoch puts the model in training or evaluation mode itself
         loss, _ = run_epoch(data_gen(V, 128, batches), model, loss_compute, optimizer, scheduler, log=None)
-        model.eval()
         eval_loss, _ = run_epoch(data_gen(V, 128, 5), model, loss_compute, mode="eval")
         print(f"epoch {epoch + 1:2d} | train loss {loss:.3f} | eval loss {eval_loss:.3f}")
     src = torch.tensor([[START, 2, 3, 4, 5, 6, 7, 8, 9, 10]])  # (1, 10)

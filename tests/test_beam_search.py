@@ -12,6 +12,7 @@ import torch
 
 from annotated_transformer import greedy_decode, make_model
 from annotated_transformer.decode.beam_search import TOP_BLOCK, beam_search, length_penalty, top_indices
+from annotated_transformer.decode import incremental
 from annotated_transformer.decode.inference import decode_batch
 from annotated_transformer.model import subsequent_mask
 
@@ -250,7 +251,7 @@ def test_finished_hypotheses_and_sentences_leave_the_working_batch():
     src, mask, _ = random_sources(6, 12)
     k = 4
     sizes: list[int] = []
-    handle = model.decoder.register_forward_hook(lambda m, args, out: sizes.append(out.size(0)))
+    handle = model.decoder.norm.register_forward_hook(lambda m, args, out: sizes.append(out.size(0)))
     out = beam_search(model, src, mask, 30, BOS, EOS, beam_size=k, pad_symbol=FILL)
     handle.remove()
     assert sizes[0] == 12  # the first step runs on the start rows only
@@ -274,20 +275,22 @@ def test_top_indices_are_topks_whatever_block_holds_the_winners(V, c):
     assert torch.equal(top_indices(scores, c), scores.topk(c, dim=-1).indices)
 
 
-def test_the_memory_stays_one_row_per_sentence_while_hypotheses_multiply():
+def test_the_memory_stays_one_row_per_sentence_while_hypotheses_multiply(monkeypatch):
     """The encoder-decoder attention keeps its keys/values per working sentence, never per hypothesis."""
     model = random_model(6)
     src, mask, _ = random_sources(6, 12)
     seen: list[tuple[int, int]] = []  # (hypothesis rows, projected memory rows) at each step
+    attend = incremental.cached_attention
 
-    def record(module, args, out):
-        query, cache = args[0], args[4]
-        seen.append((query.size(0), cache.k.size(0)))
-        assert out.shape == query.shape  # each hypothesis gets its own row back
+    def record(attn, query, key, value, mask, cache):
+        out = attend(attn, query, key, value, mask, cache)
+        if attn is model.decoder.layers[0].src_attn:
+            seen.append((query.size(0), cache.k.size(0)))
+            assert out.shape == query.shape  # each hypothesis gets its own row back
+        return out
 
-    handle = model.decoder.layers[0].src_attn.register_forward_hook(record)
+    monkeypatch.setattr(incremental, "cached_attention", record)
     beam_search(model, src, mask, 30, BOS, EOS, beam_size=4, pad_symbol=FILL)
-    handle.remove()
     assert max(rows for rows, _ in seen) > 12  # hypotheses outnumber sentences
     assert all(memory_rows <= min(rows, 12) for rows, memory_rows in seen)
     assert [m for _, m in seen] == sorted((m for _, m in seen), reverse=True)  # only done sentences leave

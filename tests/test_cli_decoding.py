@@ -11,8 +11,8 @@ import torch
 
 from annotated_transformer import Translator
 from annotated_transformer.decode.beam_search import beam_search
+from annotated_transformer.decode.incremental import greedy_search
 from annotated_transformer.decoding import greedy_decode
-from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
 from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
 from annotated_transformer.extensions.builder import build_model
 from annotated_transformer.deploy.translator import set_token_reduction
@@ -55,8 +55,8 @@ def test_cached_greedy_equals_naive_on_a_trained_model(translator, multi30k_data
     lengths = mask.sum(-1).squeeze(-1)
     max_len = lengths + 10  # per-sentence limits of mixed lengths
     with torch.no_grad():
-        fast = greedy_decode(translator.model, src, mask, max_len, text.bos_id, text.eos_id, text.pad_id)
-        slow = greedy_decode_naive(translator.model, src, mask, max_len, text.bos_id, text.eos_id, text.pad_id)
+        fast = greedy_search(translator.model, src, mask, max_len, text.bos_id, text.eos_id, text.pad_id)
+        slow = greedy_decode(translator.model, src, mask, max_len, text.bos_id, text.eos_id, text.pad_id)
     assert torch.equal(fast, slow)
 
 
@@ -64,7 +64,7 @@ def test_beam_one_equals_greedy_on_a_trained_model(translator, multi30k_data):
     text = translator.text
     src, mask = padded(val_sources(multi30k_data, 12), text.pad_id)
     with torch.no_grad():
-        g = greedy_decode(translator.model, src, mask, 30, text.bos_id, text.eos_id, text.pad_id)
+        g = greedy_search(translator.model, src, mask, 30, text.bos_id, text.eos_id, text.pad_id)
         b = beam_search(translator.model, src, mask, 30, text.bos_id, text.eos_id, beam_size=1, pad_symbol=text.pad_id)
     assert torch.equal(g, b)
 

@@ -75,7 +75,8 @@ def test_engine_log_probs_equal_ours(tmp_path, norm_first, tie):
 
 @pytest.mark.parametrize("norm_first", [True, False], ids=["pre-norm", "post-norm"])
 def test_engine_greedy_equals_our_greedy(tmp_path, norm_first):
-    from annotated_transformer.decoding import greedy_decode, strip_special
+    from annotated_transformer.decode.incremental import greedy_search
+    from annotated_transformer.decode.inference import strip_special
 
     model, cfg = random_model(norm_first, tie=False)
     engine, src_itos, tgt_itos = load_engine(model, cfg, tmp_path)
@@ -83,7 +84,7 @@ def test_engine_greedy_equals_our_greedy(tmp_path, norm_first):
     for n in (2, 6, 13):
         s = torch.randint(4, len(src_itos), (n,), generator=g).tolist()
         src = torch.tensor([[0, *s, 1]])
-        ours = greedy_decode(model, src, torch.ones(1, 1, n + 2, dtype=torch.bool), 12, 0, 1)
+        ours = greedy_search(model, src, torch.ones(1, 1, n + 2, dtype=torch.bool), 12, 0, 1)
         theirs = engine.translate_batch([[src_itos[i] for i in s]], beam_size=1, max_decoding_length=11,
                                         min_decoding_length=0)[0].hypotheses[0]
         assert theirs == [tgt_itos[i] for i in strip_special(ours[0].tolist(), 0, 1)]

@@ -14,8 +14,8 @@ from annotated_transformer.config import GuidedAttentionConfig, ScheduledSamplin
 from annotated_transformer.config import load_config
 from annotated_transformer.data.batch import Batch
 from annotated_transformer.decode.beam_search import beam_search
+from annotated_transformer.decode.incremental import greedy_search
 from annotated_transformer.decoding import greedy_decode
-from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
 from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.extensions.guided_attention import guide_weights, guided_attention_penalty
 from annotated_transformer.extensions.objective import TrainingObjective, build_objective
@@ -108,13 +108,13 @@ def test_a_small_window_limits_what_a_position_sees_and_padding_gives_no_nan():
 def test_decoding_with_a_window_agrees_between_cache_and_full_prefix():
     model = tiny(window=2)
     b = padded_batch()
-    cached = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
-    naive = greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    cached = greedy_search(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    naive = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
     assert cached.equal(naive)
     beam = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)
     assert beam[:, :cached.size(1)].equal(cached)
     wider = tiny(window=0)
-    assert not greedy_decode(wider, b.src, b.src_mask, 12, BOS, EOS, PAD).equal(cached)
+    assert not greedy_search(wider, b.src, b.src_mask, 12, BOS, EOS, PAD).equal(cached)
 
 
 # --------------------------------------------------------------------------- scheduled sampling
@@ -299,14 +299,14 @@ def test_merging_ratio_0_is_exact_and_merging_shortens_the_memory():
 def test_decoding_with_a_merged_memory_agrees_between_cache_and_full_prefix(proportional):
     b = padded_batch()
     model = with_token_merging(tiny(), 0.4, layers=(0,), proportional=proportional)
-    cached = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
-    assert cached.equal(greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
+    cached = greedy_search(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    assert cached.equal(greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
     beam1 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)
     assert beam1[:, :cached.size(1)].equal(cached)
     beam4 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=4, pad_symbol=PAD)
     assert beam4.size(0) == 3 and beam4[:, 0].eq(BOS).all()
     # one sentence alone decodes as it does inside the batch: nothing leaks between rows through the merging
-    alone = greedy_decode(model, b.src[1:2], b.src_mask[1:2], 12, BOS, EOS, PAD)
+    alone = greedy_search(model, b.src[1:2], b.src_mask[1:2], 12, BOS, EOS, PAD)
     assert alone[0].equal(cached[1, :alone.size(1)])
 
 
@@ -348,8 +348,8 @@ def test_pruning_in_the_model_shortens_the_memory_and_decodes_alike_cached_and_n
     real = b.src_mask[:, 0].sum(1)  # (B,)
     left = (mask > float("-inf")).sum((1, 2)) if mask.dtype != torch.bool else mask.sum((1, 2))
     assert (left < real).all() and memory.size(1) < b.src.size(1)
-    cached = greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
-    assert cached.equal(greedy_decode_naive(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
+    cached = greedy_search(model, b.src, b.src_mask, 12, BOS, EOS, PAD)
+    assert cached.equal(greedy_decode(model, b.src, b.src_mask, 12, BOS, EOS, PAD))
     beam1 = beam_search(model, b.src, b.src_mask, 12, BOS, EOS, beam_size=1, pad_symbol=PAD)
     assert beam1[:, :cached.size(1)].equal(cached)
     groups = merged_groups(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5, mode="prune")

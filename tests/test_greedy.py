@@ -1,11 +1,12 @@
-"""Batched greedy decoding with the key/value cache equals the recompute-everything decoder."""
+"""Batched greedy decoding with the key/value cache (decode.greedy_search) equals the notebook's greedy_decode, which
+re-runs the decoder over the whole prefix."""
 
 import pytest
 import torch
 
-from annotated_transformer import greedy_decode, make_model
-from annotated_transformer.decoding import strip_special
-from annotated_transformer.lab.notebook_decoding import greedy_decode_naive
+from annotated_transformer import greedy_decode, make_model, subsequent_mask
+from annotated_transformer.decode.incremental import decode_step, greedy_search, start_cache
+from annotated_transformer.decode.inference import strip_special
 
 BOS, EOS, PAD = 0, 1, 2
 
@@ -34,15 +35,15 @@ def test_cached_greedy_equals_naive(B, norm_first):
         model = random_model(seed, norm_first=norm_first)
         src, mask, lengths = random_sources(seed, B)
         max_len = lengths + 6  # per-sentence limits
-        fast = greedy_decode(model, src, mask, max_len, BOS, EOS, pad_symbol=PAD)
-        slow = greedy_decode_naive(model, src, mask, max_len, BOS, EOS, pad_symbol=PAD)
+        fast = greedy_search(model, src, mask, max_len, BOS, EOS, pad_symbol=PAD)
+        slow = greedy_decode(model, src, mask, max_len, BOS, EOS, pad_symbol=PAD)
         assert torch.equal(fast, slow), (seed, fast, slow)
 
 
 def test_each_sentence_stops_at_its_own_end_symbol():
     model = random_model(4)
     src, mask, lengths = random_sources(4, 16)
-    out = greedy_decode(model, src, mask, 25, BOS, EOS, pad_symbol=PAD)
+    out = greedy_search(model, src, mask, 25, BOS, EOS, pad_symbol=PAD)
     ended = 0
     for row in out.tolist():
         assert row[0] == BOS
@@ -58,10 +59,10 @@ def test_each_sentence_stops_at_its_own_end_symbol():
 def test_batched_equals_one_at_a_time():
     model = random_model(5)
     src, mask, lengths = random_sources(5, 9)
-    batched = greedy_decode(model, src, mask, 20, BOS, EOS, pad_symbol=PAD)
+    batched = greedy_search(model, src, mask, 20, BOS, EOS, pad_symbol=PAD)
     for i in range(9):
         L = int(lengths[i])
-        single = greedy_decode(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], 20, BOS, EOS, pad_symbol=PAD)
+        single = greedy_search(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], 20, BOS, EOS, pad_symbol=PAD)
         a = strip_special(batched[i].tolist(), BOS, EOS, PAD)
         b = strip_special(single[0].tolist(), BOS, EOS, PAD)
         assert a == b
@@ -71,8 +72,8 @@ def test_finished_sentences_leave_the_working_batch():
     model = random_model(6)
     src, mask, _ = random_sources(6, 12)
     sizes = []
-    handle = model.decoder.register_forward_hook(lambda m, args, out: sizes.append(out.size(0)))
-    out = greedy_decode(model, src, mask, 30, BOS, EOS, pad_symbol=PAD)
+    handle = model.decoder.norm.register_forward_hook(lambda m, args, out: sizes.append(out.size(0)))
+    out = greedy_search(model, src, mask, 30, BOS, EOS, pad_symbol=PAD)
     handle.remove()
     assert sizes[0] == 12
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] < 12
@@ -83,16 +84,41 @@ def test_finished_sentences_leave_the_working_batch():
 def test_no_end_symbol_runs_to_max_len():
     model = random_model(7)
     src, mask, _ = random_sources(7, 3)
-    out = greedy_decode(model, src, mask, 9, BOS)
+    out = greedy_search(model, src, mask, 9, BOS)
     assert out.shape == (3, 9)
-    assert torch.equal(out, greedy_decode_naive(model, src, mask, 9, BOS))
+    assert torch.equal(out, greedy_decode(model, src, mask, 9, BOS))
 
 
 def test_a_limit_of_one_yields_only_the_start_symbol():
     model = random_model(8)
     src, mask, _ = random_sources(8, 3)
     limits = torch.tensor([1, 4, 1])
-    fast = greedy_decode(model, src, mask, limits, BOS, EOS, pad_symbol=PAD)
-    slow = greedy_decode_naive(model, src, mask, limits, BOS, EOS, pad_symbol=PAD)
+    fast = greedy_search(model, src, mask, limits, BOS, EOS, pad_symbol=PAD)
+    slow = greedy_decode(model, src, mask, limits, BOS, EOS, pad_symbol=PAD)
     assert torch.equal(fast, slow)
     assert fast[0].tolist()[1:] == [PAD] * (fast.size(1) - 1)
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+def test_a_cached_step_equals_the_last_row_of_the_whole_prefix(norm_first):
+    """decode_step on one new position at a time gives what the paper's decode gives on the whole prefix."""
+    model = random_model(9, norm_first=norm_first)
+    src, mask, _ = random_sources(9, 5)
+    tgt = torch.randint(3, 15, (5, 7), generator=torch.Generator().manual_seed(9))  # (B, T)
+    memory = model.encode(src, mask)
+    full = model.decode(memory, mask, tgt, subsequent_mask(7))  # (B, T, d)
+    cache = start_cache(model)
+    with torch.no_grad():
+        steps = torch.cat([decode_step(model, memory, mask, tgt[:, t:t + 1], cache) for t in range(7)], dim=1)
+    assert cache.length == 7 and cache.layers[0][0].k.size(2) == 7  # one cached key per position decoded
+    torch.testing.assert_close(steps, full.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_past_the_positional_table_says_so():
+    model = make_model(15, 15, N=1, d_model=16, d_ff=32, h=2, max_positions=3).eval()
+    src = torch.tensor([[0, 5, 1]])
+    memory, cache = model.encode(src, (src != 2).unsqueeze(1)), start_cache(model)
+    with torch.no_grad():
+        decode_step(model, memory, (src != 2).unsqueeze(1), torch.zeros(1, 3, dtype=torch.long), cache)
+        with pytest.raises(ValueError, match="exceeds the positional table"):
+            decode_step(model, memory, (src != 2).unsqueeze(1), torch.zeros(1, 1, dtype=torch.long), cache)

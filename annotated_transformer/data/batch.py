@@ -12,11 +12,9 @@ class Batch:
     """Holds a batch of sentences for training, with masks (True = may attend).
 
     src (B, S); tgt (B, T+1) including <s> ... </s>. The decoder reads `tgt` = tgt[:, :-1]
-    and is trained to predict `tgt_y` = tgt[:, 1:] (teacher forcing).
-    `ntokens` is the number of non-padding tokens in `tgt_y`, a plain int computed once on
-    the host so that dividing by it never waits for the GPU. `global_ntokens` is the same count
-    summed over the batches that every rank trains on at this position of the epoch; the
-    training loaders set it from the shared batch plan (None: nobody computed it).
+    and is trained to predict `tgt_y` = tgt[:, 1:] (teacher forcing). `ntokens` counts the
+    non-padding tokens of `tgt_y` on the host, so dividing by it never waits for the GPU;
+    `global_ntokens` sums it over every rank's batch at this step (set by the training loaders).
     """
 
     def __init__(self, src: Tensor, tgt: Tensor | None = None, pad: int = 2) -> None:

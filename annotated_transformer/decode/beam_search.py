@@ -1,4 +1,5 @@
-"""Beam search over a batch of sentences, with the key/value cache (Wu et al. 2016's length penalty).
+"""Beam search over a batch of sentences, with the key/value cache of `incremental.py` (Wu et al. 2016's length
+penalty).
 
 The paper decodes with beam size 4 and length penalty alpha 0.6 (Section 6.1); the notebook decodes
 greedily (`decoding.greedy_decode`), which is this search with one beam.
@@ -13,8 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..decoding import length_limits
-from ..kv_cache import DecoderCache
 from ..model import EncoderDecoder
+from .incremental import decode_step, start_cache
+from .kv_cache import DecoderCache
 from .query_grid import QueryGrid, QueryLayout, grouped_queries
 
 
@@ -106,7 +108,7 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: i
     best_len = torch.zeros(B, dtype=torch.long, device=device)  # (B,) its generated length
     lp = length_penalty(torch.arange(L + 1, device=device), alpha)  # (L+1,) lp of every |Y| up to L
     beams = _start_beams(model, src, src_mask, limits, k, start_symbol)
-    cache = model.init_cache()
+    cache = start_cache(model)
     with grouped_queries(model) as layout:  # each sentence's hypotheses query its memory together
         for t in range(1, L):
             val, parent, token = _rank_extensions(model, beams, cache, k, layout)  # (b, k) each, best first
@@ -157,7 +159,7 @@ def _rank_extensions(model: EncoderDecoder, beams: _Beams, cache: DecoderCache, 
     b, device = beams.sent.numel(), beams.sent.device
     grid_row = beams.work * k + beams.slot  # (n,) row's place in the (b*k) slot grid
     layout.grid = QueryGrid(grid_row, b, k)  # each sentence's rows read its memory together
-    x = model.decode(beams.memory, beams.mask, beams.seq[:, -1:], None, cache)  # (n, 1, d)
+    x = decode_step(model, beams.memory, beams.mask, beams.seq[:, -1:], cache)  # (n, 1, d)
     # Generator.forward is exactly log_softmax(logits(x)); projecting once gives both the logits
     # (argmax with greedy_decode's tie-breaking, which bf16 makes matter) and fp32 log-probs.
     logits = model.generator.logits(x[:, -1])  # (n, V)

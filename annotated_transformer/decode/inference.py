@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from .beam_search import beam_search
+from .incremental import greedy_search
 from ..fast.cpu_linear import onednn_linears
 from ..data.buckets import pad_rows
-from ..decoding import greedy_decode, strip_special
 from ..runtime.device import amp_context
 from ..masks import padding_mask
 from ..model import EncoderDecoder
@@ -24,8 +24,24 @@ def decode_batch(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: 
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     if beam_size == 1:
-        return greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol, pad_symbol)
+        return greedy_search(model, src, src_mask, max_len, start_symbol, end_symbol, pad_symbol)
     return beam_search(model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha, pad_symbol)
+
+
+def longest_target(model: EncoderDecoder) -> int:
+    """The most target positions `model` decodes: the length of its positional table (`model.max_positions`)."""
+    return model.tgt_embed[1].pe.size(1)
+
+
+def strip_special(ids: list[int], start_symbol: int, end_symbol: int | None,
+                  pad_symbol: int | None = None) -> list[int]:
+    """A decoder's output row as the sentence's ids: the start symbol and everything from the end symbol on dropped."""
+    out = ids[1:] if ids and ids[0] == start_symbol else list(ids)
+    if end_symbol is not None and end_symbol in out:
+        out = out[: out.index(end_symbol)]
+    if pad_symbol is not None and pad_symbol != end_symbol:
+        out = [i for i in out if i != pad_symbol]
+    return out
 
 
 def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pad: int, bos: int, eos: int,
@@ -40,7 +56,7 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     results: list[list[int]] = [[] for _ in sources]
-    cap = model.max_positions
+    cap = longest_target(model)
     with onednn_linears(model, enabled=None if device.type == "cpu" else False):  # MKL's or oneDNN's fp32 matmuls
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kv_cache import DecoderCache
 from ..model import EncoderDecoder
 
 
@@ -46,15 +45,16 @@ class LocalAttentionModel(EncoderDecoder):
         banded = (src_mask & band) | torch.eye(S, dtype=torch.bool, device=src.device)  # (B, S, S)
         return super().encode(src, banded)
 
-    def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor | None,
-               cache: DecoderCache | None = None) -> Tensor:
-        """`EncoderDecoder.decode` with the causal band added to the target mask (positions counted from the cache)."""
-        start = cache.length if cache is not None else 0
-        L = tgt.size(1)
-        band = local_mask(L, start + L, self.window, start, causal=True, device=tgt.device)  # (1, L, start+L)
-        itself = local_mask(L, start + L, 0, start, device=tgt.device)  # kept even where padding masks it
-        tgt_mask = band if tgt_mask is None else (tgt_mask & band) | itself  # (B, L, start+L)
-        return super().decode(memory, src_mask, tgt, tgt_mask, cache)
+    def decode(self, memory: Tensor, src_mask: Tensor, tgt: Tensor, tgt_mask: Tensor) -> Tensor:
+        """`EncoderDecoder.decode` with the causal band added to the target mask."""
+        T = tgt.size(1)
+        itself = local_mask(T, T, 0, device=tgt.device)  # kept even where padding masks it
+        return super().decode(memory, src_mask, tgt, (tgt_mask & self.step_mask(0, T, tgt.device)) | itself)
+
+    def step_mask(self, start: int, length: int, device: torch.device) -> Tensor:
+        """(1, length, start+length): what target positions start.. see within the band; incremental decoding's mask
+        (`decode.incremental.decode_step`)."""
+        return local_mask(length, start + length, self.window, start, causal=True, device=device)
 
 
 def with_local_attention(model: EncoderDecoder, window: int) -> EncoderDecoder:

@@ -19,7 +19,7 @@ from ..config import Config
 from ..data.batch import Batch
 from ..data.copy_loader import CopyLoader, copy_validation_batches
 from ..data.copy_task import COPY_PAD, COPY_START
-from ..decoding import greedy_decode
+from ..decode.incremental import greedy_search
 from ..extensions.builder import build_resegmentation
 from ..decode.inference import translate_ids
 from ..masks import padding_mask
@@ -79,7 +79,7 @@ def exact_copies(model, V: int, seq_len: int, n: int = 100, seed: int = 1234,
     was_training = model.training
     model.eval()
     try:
-        out = greedy_decode(model, src, padding_mask(src, COPY_PAD), seq_len, COPY_START)
+        out = greedy_search(model, src, padding_mask(src, COPY_PAD), seq_len, COPY_START)
     finally:
         model.train(was_training)
     return int((out == src).all(dim=1).sum())

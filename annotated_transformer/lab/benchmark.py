@@ -218,8 +218,8 @@ def _one_by_one(model: Any, run_cfg: Any, text: Any, sources: list[list[int]], m
                 device: torch.device) -> list[list[int]]:
     """The notebook's decoder on `model`'s weights: explicit attention, fp32, one sentence at a time, the whole
     prefix every step."""
-    from ..decoding import strip_special
-    from .notebook_decoding import greedy_decode_naive
+    from ..decode.inference import longest_target, strip_special
+    from ..decoding import greedy_decode
     from ..extensions.builder import build_model
 
     explicit = replace(run_cfg, model=replace(run_cfg.model, attention_kernel="explicit"))
@@ -228,9 +228,9 @@ def _one_by_one(model: Any, run_cfg: Any, text: Any, sources: list[list[int]], m
     outs = []
     for ids in sources:
         src = torch.tensor([ids], device=device)
-        max_len = min(len(ids) + max_len_a, model.max_positions)
-        out = greedy_decode_naive(ref_model, src, padding_mask(src, text.pad_id), max_len,
-                                  text.bos_id, text.eos_id, text.pad_id)
+        max_len = min(len(ids) + max_len_a, longest_target(model))
+        out = greedy_decode(ref_model, src, padding_mask(src, text.pad_id), max_len,
+                            text.bos_id, text.eos_id, text.pad_id)
         outs.append(strip_special(out[0].tolist(), text.bos_id, text.eos_id, text.pad_id))
     return outs
 

@@ -21,7 +21,7 @@ import torch
 
 from ..config import Config, apply_override, config_from_dict, config_to_dict
 from ..data.buckets import pad_rows
-from ..decoding import greedy_decode
+from ..decode.incremental import greedy_search
 from ..runtime.device import amp_context, select_device
 from ..runtime.errors import ConfigError
 from ..extensions.builder import build_ema, build_training
@@ -93,7 +93,7 @@ class _Arm:
         self.model.eval()
         t0 = time.perf_counter()
         with amp_context(src.device, self.amp_dtype):
-            greedy_decode(self.model, src, padding_mask(src, pad), length, bos, None, pad)
+            greedy_search(self.model, src, padding_mask(src, pad), length, bos, None, pad)
         return time.perf_counter() - t0
 
 

@@ -1,4 +1,4 @@
-"""The key/value cache of incremental decoding: what each attention sublayer keeps between steps."""
+"""The key/value cache of incremental decoding (`incremental.py`): what each attention sublayer keeps between steps."""
 
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ class DecoderCache:
         """Count `n` new positions; return the index of the first of them."""
         self.length += n
         return self.length - n
+
+    @classmethod
+    def empty(cls, layers: int) -> DecoderCache:
+        """A cache for a decoder of `layers` layers, nothing decoded yet."""
+        return cls([(AttentionCache(static=False), AttentionCache(static=True)) for _ in range(layers)])
 
     def index_select(self, index: Tensor) -> None:
         """Keep/reorder batch rows of every cached tensor (greedy search drops finished sentences with it)."""
