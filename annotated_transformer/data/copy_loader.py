@@ -19,6 +19,8 @@ class CopyLoader:
     needs the number of batches already taken: they are generated again and skipped.
     """
 
+    static_shapes = False  # not the static plan, though every batch has the same shape already
+
     def __init__(self, V: int, batch_size: int, nbatches: int, seq_len: int, seed: int, rank: int = 0,
                  world_size: int = 1) -> None:
         self.V, self.batch_size, self.nbatches, self.seq_len = V, batch_size, nbatches, seq_len

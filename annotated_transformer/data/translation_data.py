@@ -33,10 +33,13 @@ from .batch import Batch
 from .buckets import (
     NOTEBOOK_PADDING,
     PadCollate,
+    ShapedPadCollate,
+    ShapedPairs,
     bucket_batches,
     epoch_rng,
     padding_fraction,
     notebook_batches,
+    static_batches,
 )
 from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
 from .loader import Resegment, TrainLoader, static_shapes_on
@@ -100,11 +103,12 @@ class TranslationData:
                            pad=self.text.pad_id, resegment=resegment, plan_on_served=plan_on_served,
                            static_shapes=static)
 
-    def eval_batches(self, split: str, rank: int = 0, world_size: int = 1) -> list[Batch]:
+    def eval_batches(self, split: str, rank: int = 0, world_size: int = 1, static: bool = False) -> list[Batch]:
         """Deterministic length-bucketed batches of this rank's share of `split` (each sentence on one rank).
 
-        Always bucketed with data.batch_tokens, also under data.batching=notebook: evaluation
-        batches change no result, only the speed.
+        Always bucketed with data.batch_tokens, also under data.batching=notebook, and with `static`
+        drawn from the few shapes of the static plan (buckets.py), as the training batches of a run
+        with static shapes: evaluation batches change no result, only the speed.
         """
         if split not in self.splits:
             raise ValueError(f"split must be one of {sorted(self.splits)}, got {split!r}")
@@ -112,6 +116,10 @@ class TranslationData:
         # Deal sentences out in length order, so every rank gets a similar mix of lengths.
         order = np.lexsort((sp.tgt_lens, sp.src_lens, np.maximum(sp.src_lens, sp.tgt_lens)))
         mine = order[rank::world_size]
+        if static:
+            shaped = ShapedPadCollate(self.text.pad_id, self.text.bos_id)
+            plan = static_batches(sp.src_lens[mine], sp.tgt_lens[mine], self.config.batch_tokens)
+            return [shaped(ShapedPairs([(sp.src[i], sp.tgt[i]) for i in mine[b.ids]], b.rows, b.width)) for b in plan]
         collate = PadCollate(self.text.pad_id)
         batches = bucket_batches(sp.src_lens[mine], sp.tgt_lens[mine], self.config.batch_tokens)
         return [collate([(sp.src[i], sp.tgt[i]) for i in mine[b]]) for b in batches]

@@ -1,5 +1,6 @@
 """Decoding many sentences: greedy or beam search on a batch (`decode_batch`), and id sequences of any number
-decoded in length-sorted batches (`translate_ids`), as training's BLEU, the Translator and the charts do."""
+decoded in length-sorted batches (`translate_ids`), as training's BLEU, the Translator and the charts do; on fixed
+shapes (static.py) for a compiled or captured step."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from torch import Tensor
 
 from .beam_search import beam_search
 from .incremental import greedy_search
+from .static import Step, static_greedy_search
 from ..fast.cpu_linear import onednn_linears
-from ..data.buckets import pad_rows
+from ..data.buckets import pad_rows, width_ladder
 from ..runtime.device import amp_context
 from ..masks import padding_mask
 from ..model import EncoderDecoder
@@ -46,12 +48,17 @@ def strip_special(ids: list[int], start_symbol: int, end_symbol: int | None,
 
 def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pad: int, bos: int, eos: int,
                   device: torch.device, beam_size: int = 1, alpha: float = 0.6, max_len_a: int = 50,
-                  batch_size: int = 128, amp_dtype: torch.dtype | None = None) -> list[list[int]]:
+                  batch_size: int = 128, amp_dtype: torch.dtype | None = None,
+                  static: Step | None = None) -> list[list[int]]:
     """Decode id sequences (each <s> ... </s>) in length-sorted batches; return output ids in input order.
 
     Each output starts after <s> and stops before </s> (both removed). The longest output of a
-    sentence is its source length + `max_len_a` tokens, capped by the positional table.
+    sentence is its source length + `max_len_a` tokens, capped by the positional table. With a
+    `static` step (static.py), greedy search runs on fixed shapes: every batch `batch_size` rows
+    (filler rows decode nothing), its source and output lengths rounded up the static width ladder.
     """
+    if static is not None and (beam_size > 1 or getattr(model, "step_mask", None) is not None):
+        static = None  # beam search, and local attention's band, decode on the shapes they meet
     was_training = model.training
     model.eval()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -60,13 +67,20 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
     with onednn_linears(model, enabled=None if device.type == "cpu" else False):  # MKL's or oneDNN's fp32 matmuls
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            src = pad_rows([sources[i] for i in idx], pad).to(device)  # (B, S)
-            lengths = torch.tensor([len(sources[i]) for i in idx])
-            max_len = (lengths + max_len_a).clamp(max=cap)
+            rows = [sources[i] for i in idx] + [[bos, eos]] * (batch_size - len(idx) if static else 0)
+            width = int(width_ladder(max(map(len, rows)))[-1]) if static else None
+            src = pad_rows(rows, pad, width).to(device)  # (B, S)
+            max_len = (torch.tensor([len(r) for r in rows]) + max_len_a).clamp(max=cap)
+            max_len[len(idx):] = 1  # filler rows: the start symbol alone
             with torch.no_grad(), amp_context(device, amp_dtype):
-                out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
-                                   beam_size=beam_size, alpha=alpha, pad_symbol=pad)
-            for row, i in enumerate(out.tolist()):
+                if static is not None:
+                    length = min(int(width_ladder(int(max_len.max()))[-1]), cap)
+                    out = static_greedy_search(model, src, padding_mask(src, pad), max_len, bos, eos, pad,
+                                               length=length, step=static)
+                else:
+                    out = decode_batch(model, src, padding_mask(src, pad), max_len, bos, eos,
+                                       beam_size=beam_size, alpha=alpha, pad_symbol=pad)
+            for row, i in enumerate(out[: len(idx)].tolist()):
                 results[idx[row]] = strip_special(i, bos, eos, pad)
     model.train(was_training)
     return results

@@ -22,6 +22,7 @@ from ..data.copy_task import COPY_PAD, COPY_START
 from ..decode.incremental import greedy_search
 from ..extensions.builder import build_resegmentation
 from ..decode.inference import translate_ids
+from ..decode.static import Step
 from ..masks import padding_mask
 from .distributed import DistInfo
 
@@ -53,8 +54,8 @@ class CopyTask:
         return CopyLoader(d.copy_vocab, d.copy_batch_size, d.copy_batches, d.copy_seq_len,
                           self.cfg.train.seed, self.info.rank, self.info.world_size)
 
-    def val_batches(self) -> list[Batch]:
-        """A fixed validation set, split between ranks."""
+    def val_batches(self, static: bool = False) -> list[Batch]:
+        """A fixed validation set, split between ranks (one shape already, static or not)."""
         d = self.cfg.data
         full = copy_validation_batches(d.copy_vocab, d.copy_seq_len, self.cfg.train.seed)[0]
         rows = torch.arange(self.info.rank, len(full), self.info.world_size)
@@ -117,20 +118,23 @@ class TranslationTask:
                                       resegment=build_resegmentation(self.cfg, self.data),
                                       plan_on_served=self.cfg.subword_sampling.alpha > 0)
 
-    def val_batches(self) -> list[Batch]:
-        """Teacher-forced validation batches of this rank's share of the val split."""
-        return self.data.eval_batches("val", self.info.rank, self.info.world_size)
+    def val_batches(self, static: bool = False) -> list[Batch]:
+        """Teacher-forced validation batches of this rank's share of the val split (`static`: of fixed shapes)."""
+        return self.data.eval_batches("val", self.info.rank, self.info.world_size, static)
 
     def translate_split(self, model, device: torch.device, split: str, beam_size: int = 1,
-                        amp_dtype: torch.dtype | None = None, limit: int | None = None) -> list[str]:
-        """Every rank decodes its share of `split`; all ranks get the full list of hypotheses in order."""
+                        amp_dtype: torch.dtype | None = None, limit: int | None = None,
+                        static: Step | None = None) -> list[str]:
+        """Every rank decodes its share of `split`; all ranks get the full list of hypotheses in order (`static`: greedy
+        search on fixed shapes with that decoder step)."""
         sp = self.data.splits[split]
         n = len(sp.src) if limit is None else min(limit, len(sp.src))
         mine = list(range(self.info.rank, n, self.info.world_size))
         dec, text = self.cfg.decode, self.data.text
         outs = translate_ids(model, [sp.src[i] for i in mine], pad=text.pad_id, bos=text.bos_id,
                              eos=text.eos_id, device=device, beam_size=beam_size, alpha=dec.alpha,
-                             max_len_a=dec.max_len_a, batch_size=dec.batch_size, amp_dtype=amp_dtype)
+                             max_len_a=dec.max_len_a, batch_size=dec.batch_size, amp_dtype=amp_dtype,
+                             static=static)
         local = [(i, text.ids_to_text(ids, "tgt")) for i, ids in zip(mine, outs)]
         if self.info.distributed and dist.is_initialized():
             gathered: list[Any] = [None] * self.info.world_size
@@ -142,11 +146,12 @@ class TranslationTask:
         return hyps
 
     def score(self, model, device: torch.device, split: str = "val", beam_size: int = 1,
-              amp_dtype: torch.dtype | None = None, limit: int | None = None) -> dict[str, Any]:
+              amp_dtype: torch.dtype | None = None, limit: int | None = None,
+              static: Step | None = None) -> dict[str, Any]:
         """BLEU (headline form for the tokenisation mode), its signature, chrF; plus the hypotheses."""
         from ..scoring import score_translations
 
-        hyps = self.translate_split(model, device, split, beam_size, amp_dtype, limit)
+        hyps = self.translate_split(model, device, split, beam_size, amp_dtype, limit, static)
         sp = self.data.splits[split]
         raw = sp.tgt_text[:limit] if limit else sp.tgt_text
         head, scores = score_translations(hyps, raw, self.data.text, sp.tgt_refs)

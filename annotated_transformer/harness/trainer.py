@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from ..config import Config, config_to_dict
 from ..runtime.errors import DistributedError, TrainingDiverged, UserError
+from ..decode.static import validation_step
 from ..extensions.builder import build_ema, build_training
 from ..fast import compile_model
 from ..loop import TrainState
@@ -90,7 +91,9 @@ class Trainer:
         self.total_steps = cfg.train.total_steps(len(self.loader))  # the run's optimizer steps, all epochs
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
                                          cfg.train.schedule, self.total_steps, cfg.train.final_lr_ratio)
-        self.val_batches = self.task.val_batches()
+        # validation on the training batches' kind of shapes: with static shapes, a fixed-shape decoder step
+        self.val_batches = self.task.val_batches(static=self.loader.static_shapes)
+        self.val_step = validation_step(cfg.train.compile) if self.loader.static_shapes else None
         self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank, self.ema)
         self.train_state = self.run_state.train_state
@@ -237,8 +240,8 @@ class Trainer:
         with self.evaluated_weights():
             val_loss = evaluate_loss(self.val_batches, self.model, self.loss_compute, device=self.device,
                                      amp_dtype=self.amp_dtype)
-            scored = self.task.score(self.model, self.device, "val", beam_size=1,
-                                     amp_dtype=self.amp_dtype) if self._bleu_due(epoch) else None
+            scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype,
+                                     static=self.val_step) if self._bleu_due(epoch) else None
         record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": s.step, "train_loss": train_loss,
                                   "val_loss": val_loss, "seconds": seconds}
         if scored is not None:

@@ -1,0 +1,114 @@
+"""Greedy search on fixed shapes, so that a GPU compiles or captures its decoder step once per shape.
+
+`greedy_search` (incremental.py) drops finished sentences and grows each self-attention cache by
+one position a step: new shapes at every step, which eager decoding does not mind and CUDA graphs
+do. Here the batch keeps its rows to the end, each self-attention writes into key/value buffers
+allocated once for the longest output, and a step reads the whole buffer through a mask of the
+positions written so far. The position is a device tensor, so one graph serves every position of a
+(rows, source width, output length) shape; `translate_ids` pads batches to a few such shapes. Same
+tokens as `greedy_search`, whose search this is (tests/test_static_decoding.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from torch import Tensor
+
+from ..attention import MultiHeadedAttention
+from ..decoding import length_limits
+from ..model import EncoderDecoder
+
+# (model, memory mask, newest tokens (B, 1), their position (0-dim), cache) -> next-token logits (B, V)
+Step = Callable[[EncoderDecoder, Tensor, Tensor, Tensor, "StaticCache"], Tensor]
+
+
+@dataclass
+class StaticCache:
+    """Every decoder layer's keys and values, allocated once: self-attention's (B, h, L, d_k) buffers, written one
+    position a step, and encoder-decoder attention's projected memory (B, h, S, d_k)."""
+
+    self_k: list[Tensor]
+    self_v: list[Tensor]
+    src_k: list[Tensor]
+    src_v: list[Tensor]
+
+    @classmethod
+    def start(cls, model: EncoderDecoder, memory: Tensor, length: int) -> StaticCache:
+        """The memory projected by each layer's W^K and W^V, and zeroed buffers for `length` target positions."""
+        heads = [(layer.src_attn._heads(memory, layer.src_attn.linears[1]),
+                  layer.src_attn._heads(memory, layer.src_attn.linears[2])) for layer in model.decoder.layers]
+        B, h, _, d_k = heads[0][0].shape
+        empty = [heads[0][0].new_zeros(B, h, length, d_k) for _ in range(2 * len(heads))]  # autocast's dtype
+        return cls(empty[0::2], empty[1::2], [k for k, _ in heads], [v for _, v in heads])
+
+
+def _self_attention(attn: MultiHeadedAttention, x: Tensor, pos: Tensor, seen: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """x (B, 1, d) at position `pos`: its keys/values written into k, v (B, h, L, d_k), then attention over `seen`."""
+    k.index_copy_(2, pos.view(1), attn._heads(x, attn.linears[1]))
+    v.index_copy_(2, pos.view(1), attn._heads(x, attn.linears[2]))
+    return attn.linears[3](attn.attend(attn._heads(x, attn.linears[0]), k, v, seen))  # (B, 1, d)
+
+
+def static_step(model: EncoderDecoder, memory_mask: Tensor, token: Tensor, pos: Tensor, cache: StaticCache) -> Tensor:
+    """The next token's logits (B, V) after `token` (B, 1) at position `pos`, its keys/values kept in `cache`."""
+    embed, position = model.tgt_embed  # Embeddings, PositionalEncoding
+    x = position.dropout(embed(token) + position.pe.index_select(1, pos.view(1)))  # (B, 1, d)
+    L = cache.self_k[0].size(2)
+    seen = (torch.arange(L, device=pos.device) <= pos).view(1, 1, L)  # (1, 1, L): the positions written so far
+    for i, layer in enumerate(model.decoder.layers):
+        k, v, mk, mv = cache.self_k[i], cache.self_v[i], cache.src_k[i], cache.src_v[i]
+        x = layer.sublayer[0](x, lambda y: _self_attention(layer.self_attn, y, pos, seen, k, v))
+        a = layer.src_attn
+        x = layer.sublayer[1](x, lambda y: a.linears[3](a.attend(a._heads(y, a.linears[0]), mk, mv, memory_mask)))
+        x = layer.sublayer[2](x, layer.feed_forward)
+    return model.generator.logits(model.decoder.norm(x)[:, -1])  # (B, V)
+
+
+@cache
+def compiled_step(mode: str | None) -> Step:
+    """`static_step` compiled once per process (one graph per shape): mode 'reduce-overhead' captures it as CUDA
+    graphs; None is torch.compile's default."""
+    return torch.compile(static_step, mode=mode, dynamic=False, fullgraph=True)
+
+
+def validation_step(compile: bool | str) -> Step:
+    """The step that validation decodes with on static shapes, compiled as train.compile says (captured: CUDA
+    graphs)."""
+    return static_step if compile is False else compiled_step("reduce-overhead" if compile == "captured" else None)
+
+
+@torch.no_grad()
+def static_greedy_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,
+                         start_symbol: int, end_symbol: int | None = None, pad_symbol: int | None = None,
+                         length: int | None = None, step: Step = static_step) -> Tensor:
+    """`greedy_search`'s tokens with every step on one shape: `length` (at least the longest limit) target positions.
+
+    `step` is `static_step` or a compiled one (`compiled_step`). Returns (B, L) ids with L <= max(max_len).
+    """
+    B, device = src.size(0), src.device
+    limits = length_limits(max_len, B, device)
+    L = int(limits.max())
+    fill = end_symbol if pad_symbol is None else pad_symbol
+    fill = start_symbol if fill is None else fill
+    out = torch.full((B, max(L, 1)), fill, dtype=torch.long, device=device)
+    out[:, 0] = start_symbol
+    if L <= 1:
+        return out[:, :1]
+    memory, memory_mask = model.encode_memory(src, src_mask)  # (B, S, d); merged tokens: (B, S', d) and its mask
+    cache = StaticCache.start(model, memory, max(L, length or 0))
+    token, pos = out[:, :1].clone(), torch.zeros((), dtype=torch.long, device=device)  # (B, 1), position 0
+    finished, t = limits <= 1, 0
+    for t in range(1, L):
+        token = step(model, memory_mask, token, pos, cache).argmax(dim=-1, keepdim=True)  # (B, 1)
+        out[:, t] = token.squeeze(1).masked_fill(finished, fill)
+        finished = finished | (limits <= t + 1)
+        if end_symbol is not None:
+            finished |= token.squeeze(1) == end_symbol
+        if bool(finished.all()):
+            break
+        pos += 1
+    return out[:, : t + 1]
