@@ -3,7 +3,8 @@
 The wheel carries every module and the shipped configs; installed outside the checkout it finds
 `python -m annotated_transformer train --config copy.yaml` from any folder and trains; it declares the
 `annotated-transformer` console command. The package imports, and trains tiny.yaml from a
-prepared data cache, on a machine without spaCy, altair and vl-convert.
+prepared data cache, on a machine without spaCy, altair and vl-convert. install.md's CPU-only install
+takes torch from PyTorch's CPU index and the rest from the lock, without CUDA's libraries.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +23,11 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.config import load_config, resolve_config_path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: pytest's own dependency there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "annotated_transformer"
@@ -121,6 +129,46 @@ def test_configs_in_the_current_folder_win_and_shipped_ones_are_found_from_anywh
     assert resolve_config_path("copy") == Path("configs") / "copy.yaml"
     assert load_config("copy.yaml").model.N == 1
     assert load_config("tiny").name == "tiny"  # not in ./configs: the shipped one
+
+
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's index of CPU-only torch builds
+
+
+def _name(requirement: str) -> str:
+    """The normalised package name a requirement starts with ('Vl_Convert-Python>=1.6' gives 'vl-convert-python')."""
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement.strip()).group()).lower()
+
+
+def cpu_only_recipe() -> list[list[str]]:
+    """The commands of install.md's CPU-only install (the section's first bash block), split as a shell splits them."""
+    section = (ROOT / "docs" / "install.md").read_text(encoding="utf-8").split("\n## CPU-only install\n", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def test_the_cpu_only_recipe_takes_torch_from_the_cpu_index_and_the_rest_from_the_lock(tmp_path):
+    """install.md's CPU-only commands: torch from PyTorch's CPU index before the project, which would otherwise pull
+    the lock's CUDA build; then the lock's export without torch, run here as written, holds every other dependency
+    (the dev group's test tools too) and nothing of CUDA."""
+    recipe = cpu_only_recipe()
+    torch_step = next(c for c in recipe if c[:3] == ["uv", "pip", "install"] and "torch" in c)
+    project_step = next(c for c in recipe if c[:3] == ["uv", "pip", "install"] and "-e" in c)
+    export = next(c for c in recipe if c[:2] == ["uv", "export"])
+    assert torch_step[torch_step.index("--index-url") + 1] == CPU_INDEX
+    assert recipe.index(torch_step) < recipe.index(project_step)
+    listed = export[export.index("-o") + 1]
+    assert project_step[project_step.index("-r") + 1] == listed  # the project step installs what the export lists
+
+    out = tmp_path / "requirements.txt"
+    done = _run([*_uv(), *[out if arg == listed else arg for arg in export[1:]]], cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = {_name(line) for line in out.read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.lstrip().startswith(("#", "-"))}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    needed = {_name(r) for r in [*project["project"]["dependencies"], *project["dependency-groups"]["dev"]]}
+    assert "torch" in needed and needed - names == {"torch"}
+    cuda = {n for n in names - needed if n == "triton" or n.startswith(("nvidia-", "cuda-"))}
+    assert cuda == set(), "these would bring CUDA back into the CPU-only environment"
 
 
 # Pretends spaCy, altair and vl-convert are not installed: no import, no distribution metadata.
