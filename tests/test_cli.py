@@ -251,3 +251,35 @@ def test_interactive_at_a_terminal(tiny_checkpoint, translator):
     finally:
         proc.kill()
         os.close(master)
+
+
+# A fresh interpreter translates one sentence with the translate command and with Translator.load, then prints the
+# command's exit code, the API's answer and the chart libraries loaded on the way, as one JSON line.
+TRANSLATE_THEN_LIST_CHARTS = """if True:
+    import json, sys
+    from annotated_transformer import Translator
+    from annotated_transformer.cli import main
+    checkpoint, sentence = sys.argv[1:]
+    try:
+        main(["translate", "--device", "cpu", "--checkpoint", checkpoint, sentence])
+    except SystemExit as exc:
+        code = exc.code
+    answer = Translator.load(checkpoint, device="cpu").translate(sentence)
+    charts = sorted({name.split(".")[0] for name in sys.modules} & {"altair", "vl_convert"})
+    print(json.dumps({"code": code, "answer": answer, "charts": charts}))
+"""
+
+
+@pytest.mark.slow
+def test_translating_loads_no_chart_library(tiny_checkpoint, translator):
+    """altair and vl-convert take seconds to import and are only for charts: a translation, by the command or by
+    Translator.load, never imports them (a process of its own, since this one has charts loaded by other tests)."""
+    sentence = "Ein Mann fährt Fahrrad."
+    proc = subprocess.run([sys.executable, "-c", TRANSLATE_THEN_LIST_CHARTS, str(tiny_checkpoint.parent), sentence],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    *printed, told = proc.stdout.splitlines()
+    found = json.loads(told)
+    expected = translator.translate([sentence])
+    assert found["code"] == 0 and printed == expected and [found["answer"]] == expected, proc.stderr
+    assert found["charts"] == []
