@@ -68,6 +68,9 @@ def test_the_check_times_each_mode_and_size_and_trains_through_the_users_command
         row = result["steps"][size]["eager"]
         assert row["steps"] == 4 and row["loss_finite"] and row["tokens_per_s"] > 0 and 0 < row["mfu"] < 1
         assert row["gpu_busy"] is None  # a GPU's figure only
+    decode = result["decode"]  # --modes eager: greedy search on the shapes it meets, and on fixed shapes
+    assert list(decode) == ["dynamic", "static"] and all(r["sentences_per_s"] > 0 for r in decode.values())
+    assert decode["static"]["same_tokens"] and "| static |" in stdout.decode()
     train = result["train"]
     assert train["exit_code"] == 0 and train["epochs_done"] == train["epochs_total"] == 2
     assert train["estimate_whole_run_s"] > 0 and train["val_bleu"] is not None

@@ -10,10 +10,14 @@ still returns what it measured:
    cycled, so each shape is compiled or captured once; the timed steps run without a host synchronisation
    between them, as training does. Reported: target tokens/s, ms/step, MFU, and the GPU's busy share (kernel
    time over wall time, from the profiler over a few more steps).
-3. train: the user's own command (`train --config NAME`) in a child process for a fixed number of seconds, then
+3. decode: greedy decoding of val sentences as validation does it, on the config's untrained model: on the shapes
+   it meets (`greedy_search`, eager) and on fixed shapes (`static_greedy_search`) eager, compiled and captured, each
+   mode as the step modes asked for. Reported: sentences/s of a warm pass, the first pass's extra seconds
+   (compiling, capturing), and whether the tokens equal the dynamic search's.
+4. train: the user's own command (`train --config NAME`) in a child process for a fixed number of seconds, then
    stopped as Ctrl-C stops it; from its metrics: epochs done, the seconds of steps and of validation per epoch,
    the estimate for the whole run, and the last val BLEU (greedy, as training scores it).
-4. The table and `gpu_check.json` in --out.
+5. The table and `gpu_check.json` in --out.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any, Callable
 import torch
 
 from ..config import Config
-from ..runtime.device import device_name, select_device, synchronize
+from ..runtime.device import device_name, resolve_amp_dtype, select_device, synchronize
 from ..runtime.errors import ConfigError
 from ..runtime.model_flops import train_step_flops
 from ..harness.run_dir import read_metrics
@@ -47,6 +51,9 @@ DISTINCT_BATCHES = 4  # shapes cycled in the step timing: each is compiled or ca
 # Untimed passes over those batches a mode needs at least: compiling takes one, and CUDA graphs (through
 # torch.compile's reduce-overhead mode) run once more to warm up and once to record before they replay.
 WARM_CYCLES = {"eager": 1, "compiled": 2, "captured": 3}
+DECODE_SENTENCES = 512  # val sentences each decoding mode decodes: four batches at decode.batch_size 128
+# The decoding rows each step mode brings: eager decodes on the shapes it meets and on fixed shapes.
+DECODE_MODES = {"eager": ("dynamic", "static"), "compiled": ("static compiled",), "captured": ("static captured",)}
 
 
 def check_modes(names: list[str], device: torch.device) -> list[str]:
@@ -193,6 +200,41 @@ def summarize_run(out: Path, code: int, seconds: float, total: int, log_path: Pa
     return result
 
 
+def time_decoding(cfg: Config, data: Any, device: torch.device, modes: list[str], log: Log) -> dict[str, Any]:
+    """Greedy decoding of DECODE_SENTENCES val sentences in each of `modes` (module docstring, part 3)."""
+    from ..decode.inference import translate_ids
+    from ..decode.static import compiled_step, static_step
+    from ..extensions.builder import build_model
+
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg, len(data.text.src_vocab), len(data.text.tgt_vocab)).to(device).eval()
+    steps = {"dynamic": None, "static": static_step, "static compiled": compiled_step(None),
+             "static captured": compiled_step("reduce-overhead")}
+    text, dec, sources = data.text, cfg.decode, data.splits["val"].src[:DECODE_SENTENCES]
+    rows: dict[str, Any] = {}
+    first: list[list[int]] | None = None
+    for mode in modes:
+        log(f"decoding, {mode} ({len(sources)} val sentences) ...")
+        seconds = []
+        try:
+            for _ in range(2):  # the first pass compiles or captures each shape; the second is the figure
+                synchronize(device)
+                t0 = time.perf_counter()
+                out = translate_ids(model, sources, pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=device,
+                                    max_len_a=dec.max_len_a, batch_size=dec.batch_size, static=steps[mode],
+                                    amp_dtype=resolve_amp_dtype(cfg.train.precision, device))
+                synchronize(device)
+                seconds.append(time.perf_counter() - t0)
+        except Exception as exc:  # as in the step timing: one mode failing must not cost the others
+            log(f"  {mode} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            rows[mode] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            continue
+        first = out if first is None else first
+        rows[mode] = {"sentences_per_s": len(sources) / seconds[1], "seconds": seconds[1],
+                      "first_pass_extra_s": max(seconds[0] - seconds[1], 0.0), "same_tokens": out == first}
+    return rows
+
+
 def gpu_check(cfg: Config, overrides: list[str], steps: int = 30, warmup: int = 2, modes: list[str] | None = None,
               train_seconds: float = 150.0, out_dir: str | Path | None = None, log: Log = print) -> dict[str, Any]:
     """Measure the peak, the step in each mode at two batch sizes, and a timed training run (module docstring)."""
@@ -239,7 +281,10 @@ def gpu_check(cfg: Config, overrides: list[str], steps: int = 30, warmup: int = 
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the mode's model and optimizer are gone: give their memory back
         save()
-    del batches, data
+    del batches
+    result["decode"] = time_decoding(cfg, data, device, [m for mode in modes for m in DECODE_MODES[mode]], log)
+    save()
+    del data
     if train_seconds > 0:
         run_dir = (out or Path(os.environ.get("TMPDIR", "/tmp"))) / "gpu_check_run"
         log(f"training {cfg.name} for {train_seconds:.0f} s (the train command, in {run_dir}) ...")
@@ -269,6 +314,12 @@ def format_gpu_check(result: dict[str, Any]) -> str:
                          f"{100 * r['mfu']:.1f}% | {busy} | {ratio} |")
     for mode, error in result["steps"].get("errors", {}).items():
         lines.append(f"{mode}: failed: {error.splitlines()[0]}")
+    if result.get("decode"):
+        lines += ["", "| greedy val decoding | sentences/s | first pass extra s | tokens as dynamic |",
+                  "|---|---|---|---|"]
+        lines += [f"| {mode} | failed: {r['error'].splitlines()[0]} | | |" if "error" in r else
+                  f"| {mode} | {r['sentences_per_s']:.0f} | {r['first_pass_extra_s']:.1f} | "
+                  f"{'yes' if r['same_tokens'] else 'NO'} |" for mode, r in result["decode"].items()]
     t = result.get("train")
     if t and t.get("epochs_done"):
         bleu = f", val BLEU {t['val_bleu']:.2f}" if t.get("val_bleu") is not None else ""
