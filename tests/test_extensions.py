@@ -10,16 +10,24 @@ import pytest
 import torch
 
 from annotated_transformer.cli import run
-from annotated_transformer.config import GuidedAttentionConfig, ScheduledSamplingConfig
 from annotated_transformer.config import load_config
 from annotated_transformer.data.batch import Batch
 from annotated_transformer.decode.beam_search import beam_search
 from annotated_transformer.decode.incremental import greedy_search
 from annotated_transformer.decoding import greedy_decode
 from annotated_transformer.runtime.errors import ConfigError
-from annotated_transformer.extensions.guided_attention import guide_weights, guided_attention_penalty
-from annotated_transformer.extensions.objective import TrainingObjective, build_objective
-from annotated_transformer.extensions.scheduled_sampling import mix_inputs, replace_probability
+from annotated_transformer.extensions.guided_attention import (
+    GuidedAttentionConfig,
+    GuidedAttentionObjective,
+    guide_weights,
+    guided_attention_penalty,
+)
+from annotated_transformer.extensions.scheduled_sampling import (
+    ScheduledSamplingConfig,
+    ScheduledSamplingObjective,
+    mix_inputs,
+    replace_probability,
+)
 from annotated_transformer.extensions.guided_attention import ProbsForLoss
 from annotated_transformer.extensions.local_attention import local_mask, with_local_attention
 from annotated_transformer.extensions.token_merging import (
@@ -42,11 +50,13 @@ def kept(**tensors) -> SimpleNamespace:
     return SimpleNamespace(**tensors)
 
 
-def objective(model, pad: int = PAD, **switches) -> TrainingObjective:
-    """A TrainingObjective from `ss_*` and `guide_*` keywords (the two config sections' fields)."""
+def objective(model, pad: int = PAD, **switches):
+    """The objective of `ss_*` and `guide_*` keywords (the two config sections' fields), as the builder makes it:
+    guided attention wraps scheduled sampling when both are given."""
     ss = {k[3:]: v for k, v in switches.items() if k.startswith("ss_")}
     ga = {k[6:]: v for k, v in switches.items() if k.startswith("guide_")}
-    return TrainingObjective(ScheduledSamplingConfig(**ss), GuidedAttentionConfig(**ga), model, pad)
+    inner = ScheduledSamplingObjective(ScheduledSamplingConfig(**ss), pad) if ss else None
+    return GuidedAttentionObjective(GuidedAttentionConfig(**ga), model, pad, inner) if ga else inner
 
 
 def tiny(window: int = 0, N: int = 2, seed: int = 0):
@@ -174,8 +184,7 @@ def test_scheduled_sampling_at_p_0_is_the_teacher_forced_loss_and_gradient():
     assert all(g.equal(h) for g, h in zip(plain[1], before_start[1]))
     mixing = _loss_and_grads(model, b, objective_, 10_000)
     assert objective_.last_p == 0.5 and not mixing[0].equal(plain[0])  # the second pass saw other inputs
-    off = build_objective(ScheduledSamplingConfig(), GuidedAttentionConfig(), model, PAD)
-    assert off is None  # both switches off: the plain step
+    assert load_config("copy.yaml").extensions_on("objective") == []  # both switches off: the plain step
 
 
 def test_scheduled_sampling_feeds_the_first_pass_argmax(monkeypatch):
@@ -219,7 +228,7 @@ def test_the_penalty_trains_the_guided_heads_only_and_is_off_at_weight_0():
     assert not guided[1][0].equal(plain[1][0])
     decayed = _loss_and_grads(model, b, guide, 100)  # the weight has fallen to 0
     assert torch.allclose(decayed[0], plain[0], atol=1e-6)  # explicit attention vs the fused kernel: rounding only
-    assert build_objective(ScheduledSamplingConfig(), GuidedAttentionConfig(weight=0.0), model, PAD) is None
+    assert load_config("copy.yaml", ["guided_attention.weight=0"]).extensions_on("objective") == []  # off at 0
     model.eval()
     model(b.src, b.tgt, b.src_mask, b.tgt_mask)
     assert hook.probs is None and not hook.needs_probs(attn[1].src_attn)  # evaluation and decoding stay fused
@@ -233,6 +242,19 @@ def test_the_penalty_reads_probabilities_before_dropout():
     model(b.src, b.tgt, b.src_mask, b.tgt_mask)
     probs = guide.guided[0].probs  # (B, h, T, S)
     assert torch.allclose(probs.sum(-1), torch.ones(probs.shape[:-1]), atol=1e-5)  # rows of a softmax, not dropped
+
+
+def test_guided_attention_adds_its_penalty_to_the_scheduled_sampling_pass():
+    model, b = tiny().train(), padded_batch()
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(V, PAD, 0.1))
+    both = objective(model, ss_rate=1.0, ss_schedule="constant", guide_weight=1.0)
+    torch.manual_seed(3)
+    mixed = both.inner(model, b, loss_compute, b.ntokens, 0)[1]  # scheduled sampling's loss alone
+    torch.manual_seed(3)  # the same replacements again
+    loss = both(model, b, loss_compute, b.ntokens, 0)[1]
+    target_tokens = (b.tgt != PAD).sum()
+    assert loss > mixed and torch.allclose(loss - mixed, both.last_penalty * target_tokens / b.ntokens)
+    assert set(both.figures()) == {"ss_p", "guide_penalty"} and both.compute_factor == 4 / 3
 
 
 # --------------------------------------------------------------------------- token merging

@@ -35,6 +35,9 @@ def test_layout_doc_matches_the_tree():
     tree |= {str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.py")}
     tree |= {str(p.relative_to(ROOT)) for p in (ROOT / "configs").glob("*.yaml")}
     listed = {p for p in layout_paths() if p.endswith((".py", ".yaml"))}
+    # a wildcard row (extensions/*.py) stands for the files it matches that have no row of their own
+    patterns = {p for p in listed if "*" in p}
+    listed = (listed - patterns) | {str(p.relative_to(ROOT)) for pattern in patterns for p in ROOT.glob(pattern)}
     assert tree - listed == set(), "in the tree but not in docs/layout.md's Layout"
     assert listed - tree == set(), "in docs/layout.md's Layout but not in the tree"
 
@@ -45,15 +48,13 @@ LAYERS = {
     "runtime": 0,  # errors, files, device, model_flops: what every part runs on
     "masks": 0,
     "attention": 1,
-    "config": 1,
+    "sections": 1,  # the config's core sections and Extension: what the data and every extension module import
     "data": 2, "model": 2, "loss": 2, "optim": 2,
     "fast": 3,  # speed installed on the core's classes from outside: imports the loss, never imported by the core
     "loop": 3, "decoding": 3,
+    "config": 3,  # Config: the core sections, then each extension's (it loads every extension module)
     "decode": 4,  # beam search and batched decoding: above the core's greedy_decode and fast/'s oneDNN linears
-    "extensions.scheduled_sampling": 1, "extensions.guided_attention": 2, "extensions.local_attention": 3,
-    "extensions.token_merging": 3, "extensions.subword_sampling": 3, "extensions.r_drop": 3, "extensions.cutoff": 3,
-    "extensions.ema": 0, "extensions.bidirectional": 0,
-    "extensions.objective": 4, "extensions.builder": 5,
+    "extensions.builder": 5,  # every other module of extensions/ is an extension, on EXTENSION_LAYER (below)
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
     "harness.schedules": 4, "harness.malloc": 4, "harness.loss_meter": 4, "harness.train_loop": 5,
     "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
@@ -66,6 +67,10 @@ LAYERS = {
     "harness.trainer": 8, "lab.sweep": 8, "lab.speed_report": 8, "lab.gpu_check": 8,
     "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }
+# Every extension module sits on one layer, below config, which loads them all: a new one needs no line here.
+EXTENSION_LAYER = 3
+LAYERS |= {f"extensions.{p.stem}": EXTENSION_LAYER for p in (ROOT / "annotated_transformer" / "extensions").glob("*.py")
+           if f"extensions.{p.stem}" not in LAYERS}
 CORE = {name for name, layer in LAYERS.items() if layer <= 3}
 APART = {"data", "model"}
 

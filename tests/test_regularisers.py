@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from annotated_transformer.config import SubwordSamplingConfig, load_config
+from annotated_transformer.config import load_config
 from annotated_transformer.data.batch import Batch
 from annotated_transformer.data.buckets import bucket_batches, epoch_rng, padding_fraction
 from annotated_transformer.data.loader import TrainLoader
@@ -22,7 +22,7 @@ from annotated_transformer.extensions.bidirectional import DirectionSampling
 from annotated_transformer.extensions.builder import build_resegmentation, build_training
 from annotated_transformer.extensions.cutoff import CutoffObjective, build_cutoff, cut_tokens
 from annotated_transformer.extensions.r_drop import RDropObjective, build_r_drop, symmetric_kl
-from annotated_transformer.extensions.subword_sampling import SampledSegmentation
+from annotated_transformer.extensions.subword_sampling import SampledSegmentation, SubwordSamplingConfig
 from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 from annotated_transformer.model import make_model
 

@@ -1,5 +1,6 @@
-"""A run's configuration: the typed sections with a help text per key (schema.py), and YAML files, dotted
-overrides and older key names read into them (loading.py).
+"""A run's configuration: `Config`, the core sections (../sections.py) and one per extension (each in its module of
+../extensions/) with a help text per key (schema.py), and YAML files, dotted overrides and older key names read
+into them (loading.py).
 
     from annotated_transformer.config import load_config
     cfg = load_config("copy.yaml", ["train.epochs=2", "model.d_model=64"])
@@ -28,26 +29,25 @@ from .loading import (
     shipped_configs,
     upgrade_config_dict,
 )
+from ..sections import (
+    CoreConfig,
+    DataConfig,
+    DecodeConfig,
+    Extension,
+    ModelConfig,
+    param,
+    TrainConfig,
+)
 from .schema import (
     all_keys,
     Config,
+    config_class,
     config_markdown,
-    CutoffConfig,
-    DataConfig,
-    DecodeConfig,
-    BidirectionalConfig,
-    EmaConfig,
     describe,
+    discover_extensions,
+    EXTENSIONS,
     field_types,
-    GuidedAttentionConfig,
-    LocalAttentionConfig,
-    ModelConfig,
-    param,
-    RDropConfig,
-    ScheduledSamplingConfig,
-    SubwordSamplingConfig,
-    TokenMergingConfig,
-    TrainConfig,
+    MODEL_EXTENSIONS,
 )
 
 __all__ = [
@@ -57,6 +57,7 @@ __all__ = [
     "check_decode_options",
     "CHECKOUT_CONFIG_DIR",
     "Config",
+    "config_class",
     "config_from_dict",
     "config_help",
     "CONFIG_LADDER",
@@ -65,16 +66,16 @@ __all__ = [
     "config_summary",
     "config_to_dict",
     "config_yaml",
-    "CutoffConfig",
+    "CoreConfig",
     "DataConfig",
     "DecodeConfig",
-    "BidirectionalConfig",
-    "EmaConfig",
     "describe",
+    "discover_extensions",
+    "Extension",
+    "EXTENSIONS",
     "field_types",
-    "GuidedAttentionConfig",
     "load_config",
-    "LocalAttentionConfig",
+    "MODEL_EXTENSIONS",
     "ModelConfig",
     "param",
     "parse_config",
@@ -83,12 +84,8 @@ __all__ = [
     "RENAMED_KEYS",
     "RENAMED_VALUES",
     "resolve_config_path",
-    "RDropConfig",
-    "ScheduledSamplingConfig",
-    "SubwordSamplingConfig",
     "shipped_config_dir",
     "shipped_configs",
-    "TokenMergingConfig",
     "TrainConfig",
     "upgrade_config_dict",
 ]

@@ -1,6 +1,6 @@
 """Reading a `Config`: YAML files (by bare name from configs/ or by path), dotted overrides with type
 checks and typo suggestions, dicts from checkpoints; writing it back as YAML; the scripts' shared
-`--config` parser. Every problem is one `ConfigError` line (the schema is in config.py).
+`--config` parser. Every problem is one `ConfigError` line (the schema is in schema.py).
 """
 
 from __future__ import annotations

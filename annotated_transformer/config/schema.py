@@ -1,11 +1,13 @@
-"""Typed configuration: the dataclasses of a run with a help text per field, one validate(), and the
-documentation (`uv run python -m annotated_transformer.config > docs/config.md`, config/__main__.py).
+"""The whole configuration: `Config`, the core sections (sections.py) and then one section per extension, found in
+`annotated_transformer/extensions/`; the keys and the documentation (`uv run python -m annotated_transformer.config
+> docs/config.md`, config/__main__.py).
 
-A run is described by one `Config`: the sections `model`, `data`, `train` and `decode`, then one
-section per extension (`local_attention`, `token_merging`, `scheduled_sampling`,
-`guided_attention`, `subword_sampling`, `r_drop`, `cutoff`, `ema`, `bidirectional`), each off by default. Every
-field carries a one-line help text (`param(...)`), so listings and the docs come from the same
-place as the code. Reading YAML files and dotted overrides is `loading.py`, beside this file:
+A run is described by one `Config`: the sections `model`, `data`, `train` and `decode` (`CoreConfig`), then the
+section of each extension, off by default, in the extensions' order. An extension is one module of extensions/
+that registers its section, its rules and how it is installed as a module-level `EXTENSION` (sections.Extension);
+`discover_extensions` finds them and `config_class` adds their sections, so nothing here names one. Every field
+carries a one-line help text (`param(...)`), so listings and the docs come from the same place as the code.
+Reading YAML files and dotted overrides is `loading.py`, beside this file:
 
     cfg = load_config("copy.yaml", ["train.epochs=2", "model.d_model=64"])
 
@@ -16,498 +18,51 @@ Invalid combinations raise `ConfigError` with a one-line message; scripts turn t
 from __future__ import annotations
 
 import dataclasses
-import re
+import importlib
+import pkgutil
 import typing
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
-from ..runtime.errors import ConfigError
+from ..sections import CoreConfig, Extension
+
+EXTENSIONS_PACKAGE = f"{__package__.rpartition('.')[0]}.extensions"
+NOT_EXTENSIONS = ("builder",)  # the modules of extensions/ that are not an extension: the builder needs Config
 
 
-def param(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
-    """A dataclass field with a help text and optional allowed values."""
-    meta = {"help": help, "choices": choices}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
+def discover_extensions(package: str = EXTENSIONS_PACKAGE) -> list[Extension]:
+    """The EXTENSION of every module of `package` but NOT_EXTENSIONS, by module name."""
+    found = []
+    for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        if module.name in NOT_EXTENSIONS:
+            continue
+        extension = importlib.import_module(f"{package}.{module.name}").EXTENSION
+        if extension.name != module.name:
+            raise ValueError(f"{package}.{module.name} registers the section '{extension.name}': name the module "
+                             "after its section")
+        found.append(extension)
+    return found
 
 
-@dataclass
-class ModelConfig:
-    """The Transformer's shape (the paper's symbols: N, d_model, d_ff, h)."""
-
-    N: int = param(6, "number of encoder layers and of decoder layers (the paper's N)")
-    N_dec: int = param(0, "decoder layers when they should differ from N (0: N); a deep encoder with a shallow "
-                       "decoder trains and decodes faster")
-    d_model: int = param(512, "width of embeddings and of every sublayer's output (d_model)")
-    d_ff: int = param(2048, "inner width of the position-wise feed-forward network (d_ff)")
-    h: int = param(8, "number of attention heads (h); d_model must be divisible by h")
-    dropout: float = param(0.1, "dropout on sublayer outputs and embeddings+positions (the paper's P_drop), and on "
-                           "attention weights and feed-forward activations unless set apart below")
-    attention_dropout: float | None = param(None, "dropout on the attention probabilities when it should differ "
-                                            "from model.dropout (null: model.dropout)")
-    activation_dropout: float | None = param(None, "dropout after the feed-forward network's ReLU when it should "
-                                             "differ from model.dropout (null: model.dropout)")
-    norm_first: bool = param(
-        True, "true: pre-norm x + Sublayer(LayerNorm(x)) as the notebook; false: post-norm as the paper"
-    )
-    tie_embeddings: bool = param(
-        False, "share one matrix between source/target embeddings and the generator (needs a shared vocabulary)"
-    )
-    attention_kernel: str = param(
-        "auto", "how attention is computed: 'fused' (PyTorch's scaled_dot_product_attention), 'explicit' "
-        "(the notebook's softmax(Q K^T / sqrt(d_k)) V, step by step) or 'auto' (fused on GPUs, explicit on the "
-        "CPU, where it is faster)", choices=("auto", "fused", "explicit"),
-    )
-    max_positions: int = param(5000, "length of the sinusoidal positional-encoding table")
-    layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm's square root")
+def config_class(extensions: Sequence[Extension]) -> type[CoreConfig]:
+    """The `Config` dataclass of these extensions: CoreConfig's sections, then a section per extension in their order
+    (which is also the order of their installation, kind by kind)."""
+    extensions = sorted(extensions, key=lambda extension: extension.order)
+    sections = [(ext.name, ext.section, dataclasses.field(default_factory=ext.section,
+                                                          metadata={"help": f"extension: {ext.help}"}))
+                for ext in extensions]
+    return dataclasses.make_dataclass(
+        "Config", sections, bases=(CoreConfig,),
+        namespace={"__module__": __name__, "EXTENSIONS": tuple(extensions),
+                   "__doc__": "A whole run: the core sections, then one per extension (EXTENSIONS)."})
 
 
-@dataclass
-class DataConfig:
-    """Which data, how it is tokenised, and how it is batched."""
-
-    dataset: str = param("multi30k", "'multi30k' (image captions, de->en or en->de), 'files' (your own parallel text: "
-                         "data.train, data.val, data.test) or 'copy' (synthetic copy task)",
-                         choices=("multi30k", "files", "copy"))
-    root: str | None = param(None, "folder holding the six Multi30k .gz files (else $MULTI30K_DIR, else download)")
-    train: str | None = param(None, "data.dataset=files: the training files' path prefix: PREFIX.<src_lang> and "
-                              "PREFIX.<tgt_lang>, plain or .gz, one sentence a line (docs/own_data.md)")
-    val: str | None = param(None, "data.dataset=files: the validation files' prefix (BLEU, the best model file), "
-                            "as data.train")
-    test: str | None = param(None, "data.dataset=files: the test files' prefix, as data.train (optional: without it "
-                             "the final scores are on val)")
-    cache_dir: str = param("~/.cache/annotated_transformer", "where downloads and tokenised caches are kept")
-    src_lang: str = param("de", "source language code (Multi30k: 'de' or 'en'; data.dataset=files: its files' "
-                          "suffix, e.g. 'fr')")
-    tgt_lang: str = param("en", "target language code (the other of 'de' and 'en' for Multi30k)")
-    tokenizer: str = param("word", "'word' (spaCy rule-based tokenizer) or 'spm' (joint SentencePiece subwords)",
-                           choices=("word", "spm"))
-    lowercase: bool = param(False, "lowercase all text before tokenising")
-    min_freq: int = param(2, "word mode: a token needs this many training occurrences to enter the vocabulary")
-    spm_vocab_size: int = param(8000, "spm mode: size of the joint SentencePiece vocabulary")
-    max_sentence_len: int = param(128, "longest sentence in tokens, <s> and </s> included; longer ones are cut or "
-                                  "skipped")
-    long_policy: str = param("truncate", "what to do with longer sentences: 'truncate' or 'skip'",
-                             choices=("truncate", "skip"))
-    batching: str = param("bucket", "'bucket' (length-bucketed, about batch_tokens a batch) or 'notebook' "
-                          "(the notebook's: 32 sentences padded to 72)", choices=("bucket", "notebook"))
-    batch_tokens: int = param(4096, "bucket mode: about this many padded tokens (source or target) per batch")
-    static_shapes: bool | str = param(
-        "auto", "bucket mode: true draws every batch from a few fixed (rows, width) shapes, so a GPU compiles or "
-        "captures the training step once per shape (about 10% padding instead of 3%; every sentence still once "
-        "an epoch); 'auto': true when training on a CUDA GPU without subword sampling, else false (the plain "
-        "bucket plan)", choices=("auto", True, False))
-    num_workers: int = param(0, "data-loader worker processes (batches are pre-numericalised, so 0 is fine)")
-    copy_vocab: int = param(11, "copy task: vocabulary size (token 0 pads, token 1 starts every sequence)")
-    copy_seq_len: int = param(10, "copy task: sequence length, start symbol included")
-    copy_batch_size: int = param(80, "copy task: sequences per batch")
-    copy_batches: int = param(20, "copy task: batches per epoch")
-
-
-@dataclass
-class TrainConfig:
-    """The optimisation recipe and the run's bookkeeping."""
-
-    seed: int = param(42, "random seed for weights, dropout, data order")
-    epochs: int = param(8, "number of passes over the training data")
-    max_steps: int = param(0, "stop after this many optimizer steps (0: no limit)")
-    accum_steps: int = param(1, "micro-batches accumulated per optimizer step (the notebook's accum_iter)")
-    lr_factor: float = param(1.0, "multiplier of the Noam schedule (the notebook's base_lr / factor)")
-    warmup: int = param(4000, "optimizer steps of linear learning-rate warm-up")
-    schedule: str = param(
-        "noam", "learning-rate schedule: 'noam' (the paper's rate: warm-up, then 1/sqrt(step)), or 'linear' / "
-        "'cosine' (warm-up to the same peak, then decay to final_lr_ratio x peak at the run's last step: "
-        "train.max_steps, or train.epochs' steps)", choices=("noam", "linear", "cosine"))
-    final_lr_ratio: float = param(0.0, "linear/cosine schedules: the rate at the last step, as a fraction of the peak")
-    label_smoothing: float = param(0.1, "label smoothing epsilon (the paper's 0.1)")
-    adam_betas: list[float] = param([0.9, 0.98], "Adam's (beta1, beta2)")
-    adam_eps: float = param(1e-9, "Adam's epsilon")
-    clip_grad_norm: float = param(0.0, "clip the gradient's global norm to this (0: no clipping)")
-    device: str = param("auto", "'auto' (cuda, else mps, else cpu) or an explicit torch device like 'cuda:1'")
-    malloc: str = param("auto", "the C allocator of a training process: 'auto' (on the CPU, tcmalloc where the "
-                        "machine has it, else the system's), 'system', 'tcmalloc' (an error if missing) or a "
-                        "library's path (any device); the train command restarts itself with it preloaded, the "
-                        "benchmark times its training steps under it (CPU training ran 1.13-1.24x faster under "
-                        "tcmalloc than glibc's)")
-    precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), "
-                           "'bf16' or 'fp32'",
-                           choices=("auto", "bf16", "fp32"))
-    compile: bool | str = param(False, "torch.compile the model: true (one compile serves every batch shape), "
-                                "'captured' (also replays each batch shape's forward and backward as CUDA graphs: "
-                                "torch.compile's reduce-overhead mode; CUDA GPUs only), or false",
-                                choices=(False, True, "captured"))
-    out_dir: str | None = param(None, "run directory (default: runs/<config name>)")
-    overwrite: bool = param(False, "replace an existing run directory instead of refusing")
-    resume: bool | str = param(
-        "auto", "'auto': continue out_dir's run from its last.pt when there is one (a finished run is left as "
-        "it is), else start; true: continue it, and fail without last.pt; false: refuse an existing run",
-        choices=("auto", True, False))
-    keep_last_epochs: int = param(0, "keep only the newest N epoch_NN model files (0: keep them all)")
-    average_last: int = param(0, "at the end, average the last N epochs' weights into the avg model file and "
-                              "use it for the final scores if it beats best on val (0 or 1: off)")
-    log_every: int = param(50, "optimizer steps between log lines")
-    bleu_every: int = param(1, "epochs between validation BLEU evaluations (0: never)")
-    target_bleu: float = param(0.0, "validation BLEU to time: the first epoch and train_seconds reaching it are "
-                               "recorded in metrics.jsonl and the final line (0: off)")
-    stop_at_target: bool = param(False, "end training at the first epoch whose validation BLEU reaches "
-                                 "train.target_bleu (to time a config to a target; with the 'noam' schedule, "
-                                 "which needs no run length)")
-    best_metric: str = param("bleu", "what picks the best model file: 'bleu' (higher is better) or 'loss' (lower)",
-                             choices=("bleu", "loss"))
-    progress: bool = param(True, "show a tqdm progress bar on rank 0 (when stderr is a terminal)")
-    tensorboard: bool = param(False, "also write the metrics as TensorBoard event files in <run dir>/tensorboard "
-                              "(rank 0; needs the tensorboard extra: uv sync --extra tensorboard)")
-    final_eval: bool = param(True, "at the end, score val and test with the best model file and show example "
-                             "translations")
-    score_test: bool = param(True, "final_eval also scores the test split (false while choosing settings on val)")
-
-    def finished(self, epoch: int, step: int, target_reached: bool = False) -> bool:
-        """Whether a run that completed `epoch` epochs and `step` optimizer steps (and reached target_bleu or
-        not) is done with this recipe."""
-        return bool((self.epochs and epoch >= self.epochs) or (self.max_steps and step >= self.max_steps)
-                    or (self.stop_at_target and target_reached))
-
-    def total_steps(self, batches_per_epoch: int) -> int:
-        """The optimizer steps a run takes: max_steps, or the epochs' worth if fewer."""
-        by_epochs = self.epochs * -(-batches_per_epoch // self.accum_steps)  # an epoch's last group may be short
-        return min(x for x in (by_epochs, self.max_steps) if x > 0)
-
-
-@dataclass
-class LocalAttentionConfig:
-    """Local attention (extensions/local_attention.py); off by default."""
-
-    window: int = param(0, "self-attention (encoder, and the decoder's causal one) sees only +/- this many "
-                        "positions; encoder-decoder attention stays full (0: off, full attention)")
-
-
-@dataclass
-class TokenMergingConfig:
-    """Token merging and token pruning in the encoder (extensions/token_merging.py); off by default."""
-
-    merge_ratio: float = param(0.0, "token merging (ToMe): after the self-attention of each chosen encoder layer, "
-                               "merge this fraction of each sentence's tokens (at most half) into their most similar "
-                               "neighbours (0: off)")
-    prune_ratio: float = param(0.0, "token pruning: after the self-attention of each chosen encoder layer, drop this "
-                               "fraction of each sentence's tokens (at most half), those that receive the least "
-                               "attention (0: off; not with merge_ratio)")
-    layers: list[int] = param([], "the encoder layers that merge or prune, from 0 (empty: all)")
-    proportional_attention: bool = param(True, "token merging: later attention adds log(size) to a merged token's "
-                                         "logits, so it weighs as much as the tokens it replaced")
-
-
-@dataclass
-class ScheduledSamplingConfig:
-    """Scheduled sampling (extensions/scheduled_sampling.py); off by default."""
-
-    rate: float = param(0.0, "the largest probability of replacing a decoder input by the model's own prediction "
-                        "from a first, teacher-forced pass (0: off, teacher forcing)")
-    schedule: str = param("linear", "how the replacement probability grows to `rate` after `start`: 'constant' "
-                          "(at once), 'linear' (over `steps`), 'exponential' (1 - exp(-s/steps)) or "
-                          "'inverse_sigmoid' (Bengio et al.: 1 - k/(k + exp(s/k)), k = steps)",
-                          choices=("constant", "linear", "exponential", "inverse_sigmoid"))
-    start: int = param(0, "the optimizer step where mixing starts (teacher forcing before)")
-    steps: int = param(1000, "the schedule's length scale in optimizer steps")
-    sample: bool = param(False, "draw the predictions from the softmax instead of the argmax")
-
-
-@dataclass
-class GuidedAttentionConfig:
-    """Guided attention (extensions/guided_attention.py); off by default."""
-
-    weight: float = param(0.0, "weight (lambda) of the penalty on encoder-decoder attention far from the diagonal "
-                          "(Tachibana et al. 2017) (0: off)")
-    sigma: float = param(0.2, "width g of the allowed band, in fractions of the lengths")
-    layers: list[int] = param([], "decoder layers it applies to, from 0 (empty: all)")
-    heads: list[int] = param([], "heads it applies to, from 0 (empty: all)")
-    decay_steps: int = param(0, "the weight falls linearly to 0 over this many optimizer steps (0: constant)")
-
-
-@dataclass
-class SubwordSamplingConfig:
-    """Subword regularisation (extensions/subword_sampling.py): every epoch a freshly sampled segmentation of each
-    training sentence; off by default."""
-
-    alpha: float = param(0.0, "SentencePiece sampling (Kudo 2018): segmentations drawn with probability proportional "
-                         "to P(x)^alpha, so a smaller alpha gives more varied ones (0: off, the best segmentation "
-                         "every epoch; needs data.tokenizer=spm)")
-    nbest: int = param(64, "sample among this many best segmentations (-1: the whole lattice)")
-    sides: str = param("both", "which side of each training pair is resegmented: 'both', 'src' or 'tgt'",
-                       choices=("both", "src", "tgt"))
-
-
-@dataclass
-class RDropConfig:
-    """R-Drop (extensions/r_drop.py): two dropout passes per batch and a symmetric KL between them; off by default."""
-
-    alpha: float = param(0.0, "weight of the symmetric KL divergence between the two passes' token distributions "
-                         "(Liang et al. 2021; 0: off, one pass). A step costs about twice the compute")
-
-
-@dataclass
-class CutoffConfig:
-    """Token cutoff (extensions/cutoff.py): source tokens replaced by <unk> at random in training; off by default."""
-
-    rate: float = param(0.0, "probability that each source token (not <s>, </s> or padding) becomes <unk> in a "
-                        "training batch (Shen et al. 2020; 0: off); validation and decoding see whole sentences")
-
-
-@dataclass
-class BidirectionalConfig:
-    """Bidirectional training (extensions/bidirectional.py): pairs also served English -> German in the first
-    epochs; off by default."""
-
-    epochs: int = param(0, "in each of the first this many epochs every training pair is served reversed (its "
-                        "target as the source, its source as the target) with probability `rate`, drawn afresh each "
-                        "epoch (Ding et al. 2021 pretrain on both directions for a third of the run; 0: off). Needs "
-                        "the shared vocabulary of data.tokenizer=spm; with subword sampling, its `sides` name the "
-                        "languages, resegmented before the reversal")
-    rate: float = param(0.5, "probability that a pair is reversed in those epochs")
-
-
-@dataclass
-class EmaConfig:
-    """A moving average of the weights (extensions/ema.py), validated and saved in their place; off by default."""
-
-    decay: float = param(0.0, "after every optimizer step avg <- d * avg + (1 - d) * weights, d = min(decay, "
-                         "(1 + n) / (10 + n)) at the n-th step; the average is what validation scores and "
-                         "the best and epoch_NN model files hold (0: off; 0.999 averages about the last 1,000 steps)")
-
-
-@dataclass
-class DecodeConfig:
-    """How translations are produced."""
-
-    beam_size: int = param(1, "beam width (1: greedy)")
-    alpha: float = param(0.6, "length-penalty exponent of Wu et al. (2016) for beam search")
-    max_len_a: int = param(50, "longest output: source length + this many tokens")
-    batch_size: int = param(128, "sentences decoded together")
-
-
-@dataclass
-class Config:
-    """A whole run."""
-
-    name: str = param("run", "the run's name (defaults to the config file's stem)")
-    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "model shape"})
-    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data and batching"})
-    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "optimisation and the run"})
-    decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "decoding"})
-    local_attention: LocalAttentionConfig = field(default_factory=LocalAttentionConfig,
-                                                  metadata={"help": "extension: local attention"})
-    token_merging: TokenMergingConfig = field(default_factory=TokenMergingConfig,
-                                              metadata={"help": "extension: token merging or pruning"})
-    scheduled_sampling: ScheduledSamplingConfig = field(default_factory=ScheduledSamplingConfig,
-                                                        metadata={"help": "extension: scheduled sampling"})
-    guided_attention: GuidedAttentionConfig = field(default_factory=GuidedAttentionConfig,
-                                                    metadata={"help": "extension: guided attention"})
-    subword_sampling: SubwordSamplingConfig = field(default_factory=SubwordSamplingConfig,
-                                                    metadata={"help": "extension: subword regularisation"})
-    r_drop: RDropConfig = field(default_factory=RDropConfig, metadata={"help": "extension: R-Drop"})
-    cutoff: CutoffConfig = field(default_factory=CutoffConfig, metadata={"help": "extension: token cutoff"})
-    ema: EmaConfig = field(default_factory=EmaConfig, metadata={"help": "extension: a moving average of the weights"})
-    bidirectional: BidirectionalConfig = field(default_factory=BidirectionalConfig,
-                                               metadata={"help": "extension: bidirectional training"})
-
-    def validate(self) -> Config:
-        """Check rules that involve several fields; raise ConfigError on the first broken one."""
-        self._validate_ranges()
-        self._validate_training()
-        self._validate_data()
-        self._validate_extensions()
-        return self
-
-    def _validate_ranges(self) -> None:
-        """Each number in its range, and d_model divisible by h."""
-        m, d, t, dec = self.model, self.data, self.train, self.decode
-        positive = {
-            "model.N": m.N, "model.d_model": m.d_model, "model.d_ff": m.d_ff, "model.h": m.h,
-            "model.max_positions": m.max_positions, "data.batch_tokens": d.batch_tokens,
-            "data.min_freq": d.min_freq, "data.copy_batch_size": d.copy_batch_size,
-            "data.copy_batches": d.copy_batches, "train.accum_steps": t.accum_steps,
-            "train.log_every": t.log_every, "train.warmup": t.warmup,
-            "decode.beam_size": dec.beam_size, "decode.batch_size": dec.batch_size,
-        }
-        for key, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{key} must be at least 1, got {value}")
-        nonneg = {"train.epochs": t.epochs, "train.max_steps": t.max_steps, "train.bleu_every": t.bleu_every,
-                  "data.num_workers": d.num_workers, "train.clip_grad_norm": t.clip_grad_norm,
-                  "decode.max_len_a": dec.max_len_a, "train.adam_eps": t.adam_eps,
-                  "train.keep_last_epochs": t.keep_last_epochs, "train.average_last": t.average_last}
-        for key, value in nonneg.items():
-            if value < 0:
-                raise ConfigError(f"{key} must not be negative, got {value}")
-        if m.d_model % m.h:
-            raise ConfigError(
-                f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); "
-                f"pick h from {[k for k in range(1, 17) if m.d_model % k == 0]}"
-            )
-        rates = {"model.dropout": m.dropout, "model.attention_dropout": m.attention_dropout,
-                 "model.activation_dropout": m.activation_dropout}
-        for key, rate in rates.items():
-            if rate is not None and not 0.0 <= rate < 1.0:
-                raise ConfigError(f"{key} must be in [0, 1), got {rate}")
-        if not 0.0 <= t.label_smoothing < 1.0:
-            raise ConfigError(f"train.label_smoothing must be in [0, 1), got {t.label_smoothing}")
-        if len(t.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in t.adam_betas):
-            raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), got {t.adam_betas}")
-        if not 0.0 <= t.final_lr_ratio <= 1.0:
-            raise ConfigError(f"train.final_lr_ratio must be in [0, 1], got {t.final_lr_ratio}")
-        if m.N_dec < 0:
-            raise ConfigError(f"model.N_dec must be 0 (the same as model.N) or positive, got {m.N_dec}")
-        if t.target_bleu < 0:
-            raise ConfigError(f"train.target_bleu must not be negative, got {t.target_bleu}")
-        if t.lr_factor <= 0:
-            raise ConfigError(f"train.lr_factor must be positive, got {t.lr_factor}")
-
-    def _validate_training(self) -> None:
-        """The training section's rules, and what they need from the data."""
-        d, t = self.data, self.train
-        if t.stop_at_target and not t.target_bleu:
-            raise ConfigError("train.stop_at_target=true needs train.target_bleu (the validation BLEU to stop at)")
-        if t.target_bleu and (d.dataset == "copy" or t.bleu_every == 0):
-            raise ConfigError("train.target_bleu needs validation BLEU: translation data (data.dataset=multi30k or "
-                              "files) and train.bleu_every of 1 or more")
-        if t.epochs == 0 and t.max_steps == 0:
-            raise ConfigError("train.epochs and train.max_steps are both 0: set one of them to train")
-        if d.dataset != "copy" and t.best_metric == "bleu" and t.bleu_every == 0:
-            raise ConfigError("train.best_metric=bleu needs validation BLEU, but train.bleu_every is 0; "
-                              "set train.bleu_every to 1 or more, or train.best_metric=loss")
-        if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
-            raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
-                              f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
-        if t.resume is True and t.overwrite:
-            raise ConfigError("train.resume and train.overwrite are both true; pick one")
-        if t.malloc not in ("auto", "system", "tcmalloc") and "/" not in t.malloc:
-            raise ConfigError(f"train.malloc must be auto, system, tcmalloc or the path of a malloc library (.so); "
-                              f"got {t.malloc!r}")
-
-    def _validate_data(self) -> None:
-        """The data section's rules, and what the model needs from it."""
-        m, d, t = self.model, self.data, self.train
-        if d.src_lang == d.tgt_lang:
-            raise ConfigError(f"data.src_lang and data.tgt_lang are both '{d.src_lang}'; they must differ")
-        self._validate_corpus()
-        if d.max_sentence_len < 3:
-            raise ConfigError(f"data.max_sentence_len must be at least 3 (<s>, a token, </s>), "
-                              f"got {d.max_sentence_len}")
-        if d.max_sentence_len > m.max_positions:
-            raise ConfigError(f"data.max_sentence_len ({d.max_sentence_len}) exceeds model.max_positions "
-                              f"({m.max_positions})")
-        if d.dataset == "copy":
-            if d.copy_vocab < 3:
-                raise ConfigError(f"data.copy_vocab must be at least 3, got {d.copy_vocab}")
-            if d.copy_seq_len < 2:
-                raise ConfigError(f"data.copy_seq_len must be at least 2, got {d.copy_seq_len}")
-            if t.best_metric == "bleu":
-                raise ConfigError("train.best_metric 'bleu' needs translation data; use 'loss' for the copy task")
-        if m.tie_embeddings and d.dataset != "copy" and d.tokenizer != "spm":
-            raise ConfigError(
-                "model.tie_embeddings needs one vocabulary shared by source and target: set data.tokenizer=spm"
-            )
-
-    def _validate_corpus(self) -> None:
-        """Which languages and files data.dataset can read."""
-        d = self.data
-        named = [f"data.{key}" for key in ("train", "val", "test") if getattr(d, key)]
-        if d.dataset != "files" and named:
-            raise ConfigError(f"{', '.join(named)} name your own files, which data.dataset={d.dataset} does not read; "
-                              "set data.dataset=files")
-        if d.dataset == "multi30k" and {d.src_lang, d.tgt_lang} != {"de", "en"}:
-            raise ConfigError(f"Multi30k is German and English, not {d.src_lang}->{d.tgt_lang}: set data.src_lang and "
-                              "data.tgt_lang to de and en (either way round), or data.dataset=files for your own text")
-        if d.dataset == "files":
-            missing = [f"data.{key}" for key in ("train", "val") if not getattr(d, key)]
-            if missing:
-                raise ConfigError(f"data.dataset=files needs {' and '.join(missing)}: the path prefix of the "
-                                  f"{d.src_lang}/{d.tgt_lang} files (PREFIX.{d.src_lang} and PREFIX.{d.tgt_lang})")
-            for key in ("src_lang", "tgt_lang"):
-                if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", getattr(d, key)):
-                    raise ConfigError(f"data.{key} '{getattr(d, key)}' is not a language code (letters, digits, - "
-                                      "and _): it ends the file names")
-
-    def _validate_extensions(self) -> None:
-        """The rules of the extensions' sections."""
-        m, local, tm, ss, ga = self.model, self.local_attention, self.token_merging, self.scheduled_sampling, \
-            self.guided_attention
-        if local.window < 0:
-            raise ConfigError(f"local_attention.window must be 0 (full attention) or positive, got {local.window}")
-        if not 0.0 <= ss.rate <= 1.0:
-            raise ConfigError(f"scheduled_sampling.rate must be in [0, 1], got {ss.rate}")
-        for key, value in {"scheduled_sampling.start": ss.start, "guided_attention.decay_steps": ga.decay_steps,
-                           "guided_attention.weight": ga.weight}.items():
-            if value < 0:
-                raise ConfigError(f"{key} must not be negative, got {value}")
-        ratios = {"token_merging.merge_ratio": tm.merge_ratio, "token_merging.prune_ratio": tm.prune_ratio}
-        for key, ratio in ratios.items():
-            if not 0.0 <= ratio <= 0.5:
-                raise ConfigError(f"{key} must be in [0, 0.5] (at most half the tokens leave), got {ratio}")
-        if tm.merge_ratio and tm.prune_ratio:
-            raise ConfigError("token_merging.merge_ratio and token_merging.prune_ratio are both on: use one of them")
-        if any(not 0 <= i < m.N for i in tm.layers):
-            raise ConfigError(f"token_merging.layers {tm.layers} names a layer outside the encoder's 0..{m.N - 1}")
-        if (tm.merge_ratio or tm.prune_ratio) and local.window:
-            raise ConfigError("local_attention.window is on with token merging or pruning: a window over fewer tokens "
-                              "has no positions to count; use one of them")
-        if ss.steps < 1:
-            raise ConfigError(f"scheduled_sampling.steps must be at least 1, got {ss.steps}")
-        if ga.sigma <= 0:
-            raise ConfigError(f"guided_attention.sigma must be positive, got {ga.sigma}")
-        layers = m.N_dec or m.N
-        if any(not 0 <= i < layers for i in ga.layers):
-            raise ConfigError(f"guided_attention.layers {ga.layers} names a layer outside the decoder's "
-                              f"0..{layers - 1}")
-        if any(not 0 <= i < m.h for i in ga.heads):
-            raise ConfigError(f"guided_attention.heads {ga.heads} names a head outside 0..{m.h - 1}")
-        self._validate_regularisers()
-
-    def _validate_regularisers(self) -> None:
-        """The rules of subword sampling, R-Drop, cutoff, the weight average and bidirectional training."""
-        sw, rd, d = self.subword_sampling, self.r_drop, self.data
-        for key, value in {"subword_sampling.alpha": sw.alpha, "r_drop.alpha": rd.alpha}.items():
-            if value < 0:
-                raise ConfigError(f"{key} must not be negative (0: off), got {value}")
-        if sw.alpha and (d.dataset == "copy" or d.tokenizer != "spm"):
-            raise ConfigError("subword_sampling needs SentencePiece subwords: set data.tokenizer=spm "
-                              "(and translation data), or subword_sampling.alpha=0")
-        if sw.nbest == 0 or sw.nbest == 1 or sw.nbest < -1:
-            raise ConfigError(f"subword_sampling.nbest must be -1 (the whole lattice) or at least 2, got {sw.nbest}")
-        if not 0 <= self.ema.decay < 1:
-            raise ConfigError(f"ema.decay must be in [0, 1) (0: off; 0.999 is typical), got {self.ema.decay}")
-        if not 0 <= self.cutoff.rate < 1:
-            raise ConfigError(f"cutoff.rate must be in [0, 1) (0: off; 0.1 cuts one source token in ten), "
-                              f"got {self.cutoff.rate}")
-        bi = self.bidirectional
-        if bi.epochs < 0:
-            raise ConfigError(f"bidirectional.epochs must be >= 0 (0: off), got {bi.epochs}")
-        if bi.epochs and not 0 < bi.rate <= 1:
-            raise ConfigError("bidirectional.rate must be in (0, 1] (0.5 serves half the pairs reversed), "
-                              f"got {bi.rate}")
-        if bi.epochs >= self.train.epochs > 0:
-            raise ConfigError(f"bidirectional.epochs ({bi.epochs}) must be below train.epochs ({self.train.epochs}): "
-                              f"the last epochs train the source -> target direction alone")
-        if bi.epochs and (d.dataset == "copy" or d.tokenizer != "spm"):
-            raise ConfigError("bidirectional training reads each pair both ways, which needs one vocabulary for "
-                              "both languages: set data.tokenizer=spm (and translation data), or "
-                              "bidirectional.epochs=0")
-        if self.cutoff.rate and d.dataset == "copy":
-            raise ConfigError("cutoff replaces source words by <unk>, which the copy task has not: use it with "
-                              "data.dataset=multi30k or files, or cutoff.rate=0")
-        objectives = [name for name, on in (("r_drop", rd.alpha), ("cutoff", self.cutoff.rate),
-                                            ("scheduled_sampling or guided_attention",
-                                             self.scheduled_sampling.rate or self.guided_attention.weight)) if on]
-        if len(objectives) > 1:
-            raise ConfigError(f"{' and '.join(objectives)} are on together: each replaces the same training loss; "
-                              "use one of them")
-
-    def run_dir(self) -> Path:
-        """The run directory: train.out_dir, or runs/<name>."""
-        return Path(self.train.out_dir) if self.train.out_dir else Path("runs") / self.name
+Config = config_class(discover_extensions())
+EXTENSIONS = Config.EXTENSIONS  # in their order
+# The sections of the extensions that change the model itself (the others change how it is trained).
+MODEL_EXTENSIONS = tuple(ext.name for ext in EXTENSIONS if ext.kind == "model")
 
 
 # --------------------------------------------------------------------------- keys and the docs
@@ -543,14 +98,16 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, str]]
     return rows
 
 
-def config_markdown() -> str:
+def config_markdown(cls: type = Config) -> str:
     """docs/config.md: every config key with its default and meaning, grouped by section."""
     lines = ["# Config keys", "",
              "Every key, its default and what it does; set any of them in a YAML file or as a dotted",
-             "override after `--config` (`train.epochs=2`). Generated from `annotated_transformer/config/schema.py`",
-             "by `uv run python -m annotated_transformer.config > docs/config.md` (a test keeps it in step).", ""]
+             "override after `--config` (`train.epochs=2`). Generated from the sections' dataclasses (the core",
+             "ones in `annotated_transformer/sections.py`, each extension's in its own module in",
+             "`annotated_transformer/extensions/`) by `uv run python -m annotated_transformer.config > docs/config.md`",
+             "(a test keeps it in step).", ""]
     section = None
-    for key, default, text in describe():
+    for key, default, text in describe(cls):
         head = key.split(".")[0] if "." in key else "top level"
         if head != section:
             section = head

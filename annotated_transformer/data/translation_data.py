@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-from ..config import Config, DataConfig
+from ..sections import CoreConfig, DataConfig
 from ..runtime.errors import ConfigError, DataError
 from .batch import Batch
 from .buckets import (
@@ -268,7 +268,7 @@ def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
     }
 
 
-def load_translation_data(cfg: Config, rank: int = 0, world_size: int = 1,
+def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
                           log: Callable[[str], None] | None = print) -> TranslationData:
     """Find (Multi30k: download and verify) the data, tokenise and cache it once, return it ready for the loaders.
 

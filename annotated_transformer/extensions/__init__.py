@@ -1,15 +1,15 @@
-"""Extensions of the Transformer discussed beside the paper: each has its own config section, is off by
-default and exact when off, and reaches the paper's classes only as a subclass or an attention hook.
+"""Extensions of the Transformer discussed beside the paper: each is off by default and exact when off, and reaches
+the paper's classes only as a subclass or an attention hook.
 
-    local_attention.py     self-attention within a window of positions (LocalAttentionModel)
-    token_merging.py       fewer source tokens after chosen encoder layers: merged or pruned (TokenMergingModel)
-    scheduled_sampling.py  train on the model's own predictions in a second decoder pass
-    guided_attention.py    a loss that keeps encoder-decoder attention near the diagonal (an attention hook)
-    objective.py           the training step's loss with either of the last two switched on
-    r_drop.py              R-Drop: two dropout passes per batch and a symmetric KL between them
-    cutoff.py              token cutoff: source tokens replaced by <unk> at random in training
-    subword_sampling.py    subword regularisation: a sampled segmentation of each training sentence every epoch
-    bidirectional.py       bidirectional training: pairs also served reversed (English -> German) in the first epochs
-    ema.py                 a moving average of the weights, validated and saved in their place
-    builder.py             a Config -> model, loss, objective, optimizer, weight average, resegmentation
+An extension is one module here, named after its config section (cutoff.py: `cutoff.rate`), that holds
+    its section      a dataclass, every field a `param(default, help)`, the extension off by default
+    its rules        a function raising ConfigError with one line (what is wrong, how to fix it)
+    its code         the model subclass, training objective, resegmentation or weight average it installs
+    its registration `EXTENSION = Extension(...)` (sections.py): the section, the rules, its kind, how it is
+                     installed, and its arms in the extension benchmark
+config/schema.py finds every module here but builder.py and adds its section to `Config`; validation, the keys,
+docs/config.md and the benchmark's arms follow from the registration, and builder.py installs the ones a config
+switches on. Adding one is its module, its test and its row in docs/extensions.md's table of switches.
+
+    builder.py   a Config -> model, loss, objective, optimizer, weight average, resegmentation
 """

@@ -14,12 +14,29 @@ so a resumed run sees the same ones. Validation, test and decoding stay German -
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..runtime.errors import ConfigError
+from ..sections import CoreConfig, Extension, param
+
 Ids = Sequence[np.ndarray]
 EpochIds = Callable[[int], tuple[Ids, Ids]]
+
+
+@dataclass
+class BidirectionalConfig:
+    """Bidirectional training (extensions/bidirectional.py): pairs also served English -> German in the first
+    epochs; off by default."""
+
+    epochs: int = param(0, "in each of the first this many epochs every training pair is served reversed (its "
+                        "target as the source, its source as the target) with probability `rate`, drawn afresh each "
+                        "epoch (Ding et al. 2021 pretrain on both directions for a third of the run; 0: off). Needs "
+                        "the shared vocabulary of data.tokenizer=spm; with subword sampling, its `sides` name the "
+                        "languages, resegmented before the reversal")
+    rate: float = param(0.5, "probability that a pair is reversed in those epochs")
 
 
 class DirectionSampling:
@@ -53,3 +70,34 @@ def direction_sampling(base: EpochIds, epochs: int, rate: float, seed: int) -> D
     if epochs == 0:
         return None
     return DirectionSampling(base, epochs, rate, seed)
+
+
+def install(cfg: CoreConfig, data: Any, resegment: EpochIds | None) -> DirectionSampling | None:
+    """`resegment`'s ids (subword sampling's), or else the cached ones of `data` (a TranslationData), with pairs
+    reversed in the first bidirectional.epochs epochs."""
+    train = data.splits["train"]
+    base = resegment or (lambda epoch: (train.src, train.tgt))
+    bi = cfg.bidirectional
+    return direction_sampling(base, bi.epochs, bi.rate, cfg.train.seed)
+
+
+def validate(cfg: CoreConfig) -> None:
+    """The bidirectional section's rules, and what they need from the data and the run's length."""
+    bi, d, epochs = cfg.bidirectional, cfg.data, cfg.train.epochs
+    if bi.epochs < 0:
+        raise ConfigError(f"bidirectional.epochs must be >= 0 (0: off), got {bi.epochs}")
+    if bi.epochs and not 0 < bi.rate <= 1:
+        raise ConfigError(f"bidirectional.rate must be in (0, 1] (0.5 serves half the pairs reversed), got {bi.rate}")
+    if bi.epochs >= epochs > 0:
+        raise ConfigError(f"bidirectional.epochs ({bi.epochs}) must be below train.epochs ({epochs}): "
+                          f"the last epochs train the source -> target direction alone")
+    if bi.epochs and (d.dataset == "copy" or d.tokenizer != "spm"):
+        raise ConfigError("bidirectional training reads each pair both ways, which needs one vocabulary for "
+                          "both languages: set data.tokenizer=spm (and translation data), or "
+                          "bidirectional.epochs=0")
+
+
+EXTENSION = Extension(
+    name="bidirectional", section=BidirectionalConfig, help="bidirectional training", order=90,
+    kind="resegmentation", on=lambda section: section.epochs != 0, install=install, validate=validate,
+)

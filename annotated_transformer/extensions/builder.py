@@ -1,10 +1,14 @@
 """From a Config to the model, its loss, its training objective and its optimizer, the extensions that are on
-installed: the one place where a config's switches reach the code.
+installed: the one place where a config's switches reach the code. Each extension says how it is installed (its
+registration's `kind` and `install`, sections.KINDS); this module calls the `install` of every extension the
+config switches on, kind by kind, in the extensions' order, and imports none of them.
 
-    model = build_model(cfg, src_vocab, tgt_vocab)   # make_model, then local attention / token merging if on
+    model = build_model(cfg, src_vocab, tgt_vocab)   # make_model, then the model extensions that are on
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,14 +21,6 @@ from ..loop import Objective
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import EncoderDecoder, make_model
 from ..optim import build_optimizer
-from .bidirectional import direction_sampling
-from .cutoff import build_cutoff
-from .ema import WeightAverage, build_weight_average
-from .local_attention import with_local_attention
-from .objective import build_objective
-from .r_drop import build_r_drop
-from .subword_sampling import sampled_segmentation
-from .token_merging import with_token_merging
 
 
 def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
@@ -36,9 +32,9 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
                        max_positions=m.max_positions,
                        layer_norm_eps=m.layer_norm_eps, N_dec=m.N_dec or None,
                        attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout)
-    model = with_local_attention(model, cfg.local_attention.window)
-    tm = cfg.token_merging
-    return with_token_merging(model, tm.merge_ratio, tm.prune_ratio, tuple(tm.layers), tm.proportional_attention)
+    for extension in cfg.extensions_on("model"):  # a subclass on the same weights each
+        model = extension.install(cfg, model)
+    return model
 
 
 def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device
@@ -51,23 +47,26 @@ def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device
     t = cfg.train
     model = speed_up(build_model(cfg, src_vocab, tgt_vocab).to(device))
     loss_compute = FusedLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
-    # validate() lets at most one of them be on
-    objective = (build_r_drop(cfg.r_drop.alpha, pad) or build_cutoff(cfg.cutoff.rate)
-                 or build_objective(cfg.scheduled_sampling, cfg.guided_attention, model, pad))
+    objective = None  # validate() lets only objectives that combine be on together: each wraps the one before
+    for extension in cfg.extensions_on("objective"):
+        objective = extension.install(cfg, model, pad, objective)
     optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps, fused=fused_adam_pays(model))
     return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
 
 
-def build_ema(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer) -> WeightAverage | None:
-    """The exponential moving average of the weights, updated after every optimizer step; None when off."""
-    return build_weight_average(cfg.ema.decay, model, optimizer)
+def build_ema(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    """The moving average of the weights (ema.WeightAverage), updated after every optimizer step; None when off."""
+    average = None
+    for extension in cfg.extensions_on("weight average"):
+        average = extension.install(cfg, model, optimizer)
+    return average
 
 
-def build_resegmentation(cfg: Config, data) -> Resegment | None:
-    """The training data's ids for each epoch (subword sampling, then bidirectional training's reversed pairs),
-    or None when both are off: the cached ids every epoch."""
-    sampled = sampled_segmentation(cfg.subword_sampling, data, cfg.train.seed)
-    train = data.splits["train"]
-    base = sampled or (lambda epoch: (train.src, train.tgt))
-    bi = cfg.bidirectional
-    return direction_sampling(base, bi.epochs, bi.rate, cfg.train.seed) or sampled
+def build_resegmentation(cfg: Config, data: Any) -> Resegment | None:
+    """The training data's ids for each epoch (`data`: a TranslationData), each resegmentation that is on wrapping
+    the one before it (e.g. bidirectional training's reversed pairs of subword sampling's ids), or None when all are
+    off: the cached ids every epoch."""
+    resegment = None
+    for extension in cfg.extensions_on("resegmentation"):
+        resegment = extension.install(cfg, data, resegment)
+    return resegment

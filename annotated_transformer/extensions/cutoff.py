@@ -14,12 +14,24 @@ PyTorch's generator, as dropout's do, so a resumed run makes the same ones.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from ..data.batch import Batch
 from ..data.vocab import BOS, EOS, PAD, UNK
 from ..loss import SimpleLossCompute
+from ..runtime.errors import ConfigError
+from ..sections import CoreConfig, Extension, param
+
+
+@dataclass
+class CutoffConfig:
+    """Token cutoff (extensions/cutoff.py): source tokens replaced by <unk> at random in training; off by default."""
+
+    rate: float = param(0.0, "probability that each source token (not <s>, </s> or padding) becomes <unk> in a "
+                        "training batch (Shen et al. 2020; 0: off); validation and decoding see whole sentences")
 
 
 def cut_tokens(src: Tensor, rate: float, unk: int = UNK, keep: tuple[int, ...] = (BOS, EOS, PAD)
@@ -58,3 +70,21 @@ class CutoffObjective:
 def build_cutoff(rate: float) -> CutoffObjective | None:
     """The cutoff objective, or None when the switch is off (the plain teacher-forced step)."""
     return CutoffObjective(rate) if rate > 0 else None
+
+
+def validate(cfg: CoreConfig) -> None:
+    """The cutoff section's rules, and what they need from the data."""
+    rate = cfg.cutoff.rate
+    if not 0 <= rate < 1:
+        raise ConfigError(f"cutoff.rate must be in [0, 1) (0: off; 0.1 cuts one source token in ten), got {rate}")
+    if rate and cfg.data.dataset == "copy":
+        raise ConfigError("cutoff replaces source words by <unk>, which the copy task has not: use it with "
+                          "data.dataset=multi30k or files, or cutoff.rate=0")
+
+
+EXTENSION = Extension(
+    name="cutoff", section=CutoffConfig, help="token cutoff", order=70, kind="objective",
+    on=lambda section: bool(section.rate),
+    install=lambda cfg, model, pad, objective: build_cutoff(cfg.cutoff.rate),
+    validate=validate, arms={"token cutoff 0.1": ("cutoff.rate=0.1",)},
+)

@@ -18,10 +18,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from ..runtime.errors import ConfigError
+from ..sections import CoreConfig, Extension, param
+
+
+@dataclass
+class EmaConfig:
+    """A moving average of the weights (extensions/ema.py), validated and saved in their place; off by default."""
+
+    decay: float = param(0.0, "after every optimizer step avg <- d * avg + (1 - d) * weights, d = min(decay, "
+                         "(1 + n) / (10 + n)) at the n-th step; the average is what validation scores and "
+                         "the best and epoch_NN model files hold (0: off; 0.999 averages about the last 1,000 steps)")
 
 
 class WeightAverage:
@@ -101,3 +114,17 @@ def build_weight_average(decay: float, model: nn.Module, optimizer: torch.optim.
     if not decay:
         return None
     return WeightAverage(model, decay).attach(optimizer)
+
+
+def validate(cfg: CoreConfig) -> None:
+    """The ema section's rule."""
+    if not 0 <= cfg.ema.decay < 1:
+        raise ConfigError(f"ema.decay must be in [0, 1) (0: off; 0.999 is typical), got {cfg.ema.decay}")
+
+
+EXTENSION = Extension(
+    name="ema", section=EmaConfig, help="a moving average of the weights", order=80, kind="weight average",
+    on=lambda section: bool(section.decay),
+    install=lambda cfg, model, optimizer: build_weight_average(cfg.ema.decay, model, optimizer),
+    validate=validate, arms={"weight average 0.999": ("ema.decay=0.999",)},
+)

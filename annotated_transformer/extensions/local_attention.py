@@ -8,10 +8,22 @@ the band added to the masks its `encode` and `decode` receive, on the same weigh
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from ..model import EncoderDecoder
+from ..runtime.errors import ConfigError
+from ..sections import CoreConfig, Extension, param
+
+
+@dataclass
+class LocalAttentionConfig:
+    """Local attention (extensions/local_attention.py); off by default."""
+
+    window: int = param(0, "self-attention (encoder, and the decoder's causal one) sees only +/- this many "
+                        "positions; encoder-decoder attention stays full (0: off, full attention)")
 
 
 def local_mask(queries: int, keys: int, window: int, start: int = 0, causal: bool = False,
@@ -60,3 +72,18 @@ class LocalAttentionModel(EncoderDecoder):
 def with_local_attention(model: EncoderDecoder, window: int) -> EncoderDecoder:
     """`model` with local attention of `window` (0: `model` itself)."""
     return LocalAttentionModel(model, window) if window else model
+
+
+def validate(cfg: CoreConfig) -> None:
+    """The local_attention section's rule."""
+    window = cfg.local_attention.window
+    if window < 0:
+        raise ConfigError(f"local_attention.window must be 0 (full attention) or positive, got {window}")
+
+
+EXTENSION = Extension(
+    name="local_attention", section=LocalAttentionConfig, help="local attention", order=10, kind="model",
+    on=lambda section: section.window != 0,
+    install=lambda cfg, model: with_local_attention(model, cfg.local_attention.window),
+    validate=validate, arms={"local attention w=2": ("local_attention.window=2",)},
+)

@@ -13,11 +13,22 @@ forward when `r_drop.alpha` > 0 (`build_r_drop` returns None otherwise).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from ..data.batch import Batch
 from ..loss import SimpleLossCompute
+from ..sections import CoreConfig, Extension, not_negative, param
+
+
+@dataclass
+class RDropConfig:
+    """R-Drop (extensions/r_drop.py): two dropout passes per batch and a symmetric KL between them; off by default."""
+
+    alpha: float = param(0.0, "weight of the symmetric KL divergence between the two passes' token distributions "
+                         "(Liang et al. 2021; 0: off, one pass). A step costs about twice the compute")
 
 
 def symmetric_kl(logits1: Tensor, logits2: Tensor, keep: Tensor) -> Tensor:
@@ -61,3 +72,16 @@ class RDropObjective:
 def build_r_drop(alpha: float, pad: int) -> RDropObjective | None:
     """The R-Drop objective, or None when the switch is off (the plain teacher-forced step)."""
     return RDropObjective(alpha, pad) if alpha > 0 else None
+
+
+def validate(cfg: CoreConfig) -> None:
+    """The r_drop section's rule."""
+    not_negative({"r_drop.alpha": cfg.r_drop.alpha}, " (0: off)")
+
+
+EXTENSION = Extension(
+    name="r_drop", section=RDropConfig, help="R-Drop", order=60, kind="objective",
+    on=lambda section: bool(section.alpha),
+    install=lambda cfg, model, pad, objective: build_r_drop(cfg.r_drop.alpha, pad),
+    validate=validate, arms={"R-Drop alpha=5": ("r_drop.alpha=5",)},
+)

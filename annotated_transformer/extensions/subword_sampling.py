@@ -16,10 +16,27 @@ tokens. The draws are a pure function of (train.seed, epoch), so a resumed run s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..config import SubwordSamplingConfig
 from ..data.text import TextPipeline
+from ..runtime.errors import ConfigError
+from ..sections import CoreConfig, Extension, not_negative, param
+
+
+@dataclass
+class SubwordSamplingConfig:
+    """Subword regularisation (extensions/subword_sampling.py): every epoch a freshly sampled segmentation of each
+    training sentence; off by default."""
+
+    alpha: float = param(0.0, "SentencePiece sampling (Kudo 2018): segmentations drawn with probability proportional "
+                         "to P(x)^alpha, so a smaller alpha gives more varied ones (0: off, the best segmentation "
+                         "every epoch; needs data.tokenizer=spm)")
+    nbest: int = param(64, "sample among this many best segmentations (-1: the whole lattice)")
+    sides: str = param("both", "which side of each training pair is resegmented: 'both', 'src' or 'tgt'",
+                       choices=("both", "src", "tgt"))
+
 
 class SampledSegmentation:
     """Callable: epoch -> the training split's ids, the chosen sides segmented by sampling."""
@@ -49,3 +66,23 @@ def sampled_segmentation(cfg: SubwordSamplingConfig, data, seed: int) -> Sampled
         return None
     train = data.splits["train"]
     return SampledSegmentation(cfg, data.text, train.src_text, train.tgt_text, train.src, train.tgt, seed)
+
+
+def validate(cfg: CoreConfig) -> None:
+    """The subword_sampling section's rules, and what they need from the data."""
+    sw, d = cfg.subword_sampling, cfg.data
+    not_negative({"subword_sampling.alpha": sw.alpha}, " (0: off)")
+    if sw.alpha and (d.dataset == "copy" or d.tokenizer != "spm"):
+        raise ConfigError("subword_sampling needs SentencePiece subwords: set data.tokenizer=spm "
+                          "(and translation data), or subword_sampling.alpha=0")
+    if sw.nbest == 0 or sw.nbest == 1 or sw.nbest < -1:
+        raise ConfigError(f"subword_sampling.nbest must be -1 (the whole lattice) or at least 2, got {sw.nbest}")
+
+
+EXTENSION = Extension(
+    name="subword_sampling", section=SubwordSamplingConfig, help="subword regularisation", order=50,
+    kind="resegmentation", on=lambda section: section.alpha != 0.0,
+    # the first resegmentation: it reads the training text itself
+    install=lambda cfg, data, resegment: sampled_segmentation(cfg.subword_sampling, data, cfg.train.seed),
+    validate=validate,
+)

@@ -24,14 +24,33 @@ merges; it reads each merging layer's keys (or probabilities) through an attenti
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..attention import MultiHeadedAttention
 from ..model import EncoderDecoder
+from ..runtime.errors import ConfigError
+from ..sections import CoreConfig, Extension, param
 
 MODES = ("merge", "prune")
+
+
+@dataclass
+class TokenMergingConfig:
+    """Token merging and token pruning in the encoder (extensions/token_merging.py); off by default."""
+
+    merge_ratio: float = param(0.0, "token merging (ToMe): after the self-attention of each chosen encoder layer, "
+                               "merge this fraction of each sentence's tokens (at most half) into their most similar "
+                               "neighbours (0: off)")
+    prune_ratio: float = param(0.0, "token pruning: after the self-attention of each chosen encoder layer, drop this "
+                               "fraction of each sentence's tokens (at most half), those that receive the least "
+                               "attention (0: off; not with merge_ratio)")
+    layers: list[int] = param([], "the encoder layers that merge or prune, from 0 (empty: all)")
+    proportional_attention: bool = param(True, "token merging: later attention adds log(size) to a merged token's "
+                                         "logits, so it weighs as much as the tokens it replaced")
 
 
 class SeenByAttention:
@@ -239,3 +258,34 @@ def _groups(slots: list[int]) -> list[list[int]]:
         if slot >= 0:
             groups.setdefault(slot, []).append(position)
     return [groups[slot] for slot in sorted(groups)]
+
+
+def validate(cfg: CoreConfig) -> None:
+    """The token_merging section's rules, and what they need from the model and from local attention."""
+    tm, N = cfg.token_merging, cfg.model.N
+    ratios = {"token_merging.merge_ratio": tm.merge_ratio, "token_merging.prune_ratio": tm.prune_ratio}
+    for key, ratio in ratios.items():
+        if not 0.0 <= ratio <= 0.5:
+            raise ConfigError(f"{key} must be in [0, 0.5] (at most half the tokens leave), got {ratio}")
+    if tm.merge_ratio and tm.prune_ratio:
+        raise ConfigError("token_merging.merge_ratio and token_merging.prune_ratio are both on: use one of them")
+    if any(not 0 <= i < N for i in tm.layers):
+        raise ConfigError(f"token_merging.layers {tm.layers} names a layer outside the encoder's 0..{N - 1}")
+    if (tm.merge_ratio or tm.prune_ratio) and cfg.local_attention.window:
+        raise ConfigError("local_attention.window is on with token merging or pruning: a window over fewer tokens "
+                          "has no positions to count; use one of them")
+
+
+def install(cfg: CoreConfig, model: EncoderDecoder) -> EncoderDecoder:
+    """`model` merging or pruning as the token_merging section says."""
+    tm = cfg.token_merging
+    return with_token_merging(model, tm.merge_ratio, tm.prune_ratio, tuple(tm.layers), tm.proportional_attention)
+
+
+EXTENSION = Extension(
+    name="token_merging", section=TokenMergingConfig, help="token merging or pruning", order=20, kind="model",
+    on=lambda section: bool(section.merge_ratio or section.prune_ratio), install=install, validate=validate,
+    arms={"token merging r=0.25": ("token_merging.merge_ratio=0.25",),
+          "token merging r=0.5": ("token_merging.merge_ratio=0.5",),
+          "token pruning r=0.25": ("token_merging.prune_ratio=0.25",)},
+)
