@@ -2,24 +2,25 @@
 the plain model, in one process, on the same batches, in interleaved rounds (scripts/benchmark.py
 --extensions).
 
-Each arm is the config plus its overrides (`ARMS`), built with the same seed. A round times
-`steps` optimizer steps of every arm on the same list of real training batches, encoding of the
-first validation sentences, then greedy decoding of them run to a fixed length (no end symbol, so every arm
-decodes the same number of positions: the figure is the cost per position, not a quality). The
-result per arm is the median over rounds and its ratio to the plain arm's median; each round
-starts with the next arm, so no arm always runs first (a machine that slows down in the middle
-slows every arm alike).
+Each arm is the config plus its overrides (`ARMS`: "plain", then the arms each extension registers),
+built with the same seed. A round times `steps` optimizer steps of every arm on the same list of real
+training batches, encoding of the first validation sentences, then greedy decoding of them run to a
+fixed length (no end symbol, so every arm decodes the same number of positions: the figure is the
+cost per position, not a quality). The result per arm is the median over rounds and its ratio to
+the plain arm's median; each round starts with the next arm, so no arm always runs first (a machine
+that slows down in the middle slows every arm alike).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ..config import Config, apply_override, config_from_dict, config_to_dict
+from ..config import EXTENSIONS, Config, Extension, apply_override, config_from_dict, config_to_dict
 from ..data.buckets import pad_rows
 from ..decode.incremental import greedy_search
 from ..runtime.device import amp_context, select_device
@@ -29,20 +30,18 @@ from ..loop import Log, train_step
 from ..masks import padding_mask
 from ..harness.schedules import build_scheduler
 
+
+def benchmark_arms(extensions: Sequence[Extension]) -> dict[str, tuple[str, ...]]:
+    """Every arm and its overrides: "plain", each extension's arms (its registration's) in the extensions' order,
+    then the core settings measured beside them."""
+    arms: dict[str, tuple[str, ...]] = {"plain": ()}
+    for extension in extensions:
+        arms.update(extension.arms)
+    return {**arms, "no attention dropout": ("model.attention_dropout=0.0",)}
+
+
 # The settings measured in docs/extensions.md's table, each against "plain".
-ARMS: dict[str, tuple[str, ...]] = {
-    "plain": (),
-    "scheduled sampling": ("scheduled_sampling.rate=0.3", "scheduled_sampling.schedule=constant"),
-    "guided attention": ("guided_attention.weight=0.5", "guided_attention.heads=[0,1]"),
-    "local attention w=2": ("local_attention.window=2",),
-    "token merging r=0.25": ("token_merging.merge_ratio=0.25",),
-    "token merging r=0.5": ("token_merging.merge_ratio=0.5",),
-    "token pruning r=0.25": ("token_merging.prune_ratio=0.25",),
-    "R-Drop alpha=5": ("r_drop.alpha=5",),
-    "weight average 0.999": ("ema.decay=0.999",),
-    "token cutoff 0.1": ("cutoff.rate=0.1",),
-    "no attention dropout": ("model.attention_dropout=0.0",),
-}
+ARMS = benchmark_arms(EXTENSIONS)
 
 
 def select_arms(names: list[str] | None) -> dict[str, tuple[str, ...]]:
