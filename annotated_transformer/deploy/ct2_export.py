@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import Config
+from ..config import MODEL_EXTENSIONS, Config
 from ..runtime.errors import ExportError
 from ..model import EncoderDecoder, MultiHeadedAttention
 
@@ -43,8 +43,6 @@ TEXT_FOLDER = "vocab"
 EXPORTED_FIELDS = frozenset({"N", "N_dec", "d_model", "d_ff", "h", "dropout", "attention_dropout",
                              "activation_dropout", "norm_first", "tie_embeddings", "attention_kernel",
                              "max_positions", "layer_norm_eps"})  # dropout: training only, nothing to convert
-# The extensions that change the model itself (the training-only ones export like the plain model).
-MODEL_EXTENSIONS = ("local_attention", "token_merging")
 
 
 def import_ctranslate2() -> Any:

@@ -50,7 +50,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from ..config import Config, apply_dict
+from ..config import MODEL_EXTENSIONS, Config, apply_dict
 from ..runtime.errors import CheckpointError, ConfigError, excerpt
 from ..runtime.files import atomic_write, run_dir_error, writing
 from ..loop import unwrap_model
@@ -442,7 +442,7 @@ def model_payload(model: nn.Module, config: dict[str, Any], text_state: dict[str
 
 
 # The config sections that shape the model (the training-only extensions do not).
-ARCHITECTURE_SECTIONS = ("model", "local_attention", "token_merging")
+ARCHITECTURE_SECTIONS = ("model", *MODEL_EXTENSIONS)
 
 
 def _architecture(config: dict[str, Any]) -> list[Any]:

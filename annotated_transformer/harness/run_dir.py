@@ -33,7 +33,7 @@ try:
 except ImportError:  # Windows has no flock: there a second training on a live run's folder goes undetected
     fcntl = None  # type: ignore[assignment]
 
-from ..config import Config, apply_dict, config_to_dict, config_yaml
+from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, config_yaml
 from ..runtime.errors import ConfigError, RunDirError
 from ..runtime.files import atomic_write, run_dir_error, writing
 from .checkpointing import load_checkpoint, weights_pair
@@ -83,7 +83,7 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
     for model in (now["model"], saved["model"]):  # a rate left at null is model.dropout: the same model
         for rate in ("attention_dropout", "activation_dropout"):
             model[rate] = model["dropout"] if model.get(rate) is None else model[rate]
-    for section in ("model", "local_attention", "token_merging", "data"):  # what shapes the model and its data
+    for section in ("model", *MODEL_EXTENSIONS, "data"):  # what shapes the model and its data
         skip = NOT_SETTINGS.get(section, set())
         old = {k: v for k, v in saved.get(section, {}).items() if k not in skip}
         new = {k: v for k, v in now[section].items() if k not in skip}
