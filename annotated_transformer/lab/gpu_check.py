@@ -10,13 +10,13 @@ still returns what it measured:
    cycled, so each shape is compiled or captured once; the timed steps run without a host synchronisation
    between them, as training does. Reported: target tokens/s, ms/step, MFU, and the GPU's busy share (kernel
    time over wall time, from the profiler over a few more steps).
-3. decode: greedy decoding of val sentences as validation does it, on the config's untrained model: on the shapes
-   it meets (`greedy_search`, eager) and on fixed shapes (`static_greedy_search`) eager, compiled and captured, each
-   mode as the step modes asked for. Reported: sentences/s of a warm pass, the first pass's extra seconds
-   (compiling, capturing), and whether the tokens equal the dynamic search's.
-4. train: the user's own command (`train --config NAME`) in a child process for a fixed number of seconds, then
+3. train: the user's own command (`train --config NAME`) in a child process for a fixed number of seconds, then
    stopped as Ctrl-C stops it; from its metrics: epochs done, the seconds of steps and of validation per epoch,
    the estimate for the whole run, and the last val BLEU (greedy, as training scores it).
+4. decode: greedy decoding of val sentences as validation does it, on the config's untrained model: on the shapes
+   it meets (`greedy_search`, eager) and on fixed shapes (`static_greedy_search`) eager, compiled and captured, each
+   mode as the step modes asked for. Reported: sentences/s of a warm pass, the first pass's extra seconds
+   (compiling, capturing), and whether the tokens equal the dynamic search's. Last, as its compiling takes longest.
 5. The table and `gpu_check.json` in --out.
 """
 
@@ -282,9 +282,6 @@ def gpu_check(cfg: Config, overrides: list[str], steps: int = 30, warmup: int = 
             torch.cuda.empty_cache()  # the mode's model and optimizer are gone: give their memory back
         save()
     del batches
-    result["decode"] = time_decoding(cfg, data, device, [m for mode in modes for m in DECODE_MODES[mode]], log)
-    save()
-    del data
     if train_seconds > 0:
         run_dir = (out or Path(os.environ.get("TMPDIR", "/tmp"))) / "gpu_check_run"
         log(f"training {cfg.name} for {train_seconds:.0f} s (the train command, in {run_dir}) ...")
@@ -292,6 +289,9 @@ def gpu_check(cfg: Config, overrides: list[str], steps: int = 30, warmup: int = 
         result["train"] = train_for(cfg.name, [*device_override, *overrides], train_seconds, cfg.train.epochs,
                                    run_dir, log)
         save()
+    # last: its compiling and capturing take longest, and a call cut short has the figures above already
+    result["decode"] = time_decoding(cfg, data, device, [m for mode in modes for m in DECODE_MODES[mode]], log)
+    save()
     return result
 
 
