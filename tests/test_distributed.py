@@ -1,4 +1,5 @@
-"""torchrun with 2 CPU processes (gloo) matches one process with the same global batch."""
+"""torchrun with 2 CPU processes (gloo) matches one process with the same global batch; on a GPU, torchrun runs
+train.compile=captured's step."""
 
 import json
 import os
@@ -53,3 +54,27 @@ def test_torchrun_two_ranks_matches_one_process_with_accumulation(tmp_path, tiny
     # Each rank draws its own dropout masks (rank 1 is seeded apart after the model is built).
     rng = load_checkpoint(tmp_path / "ddp" / "last.pt")["rng"]
     assert not torch.equal(rng["0"]["torch"], rng["1"]["torch"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU (CPU ranks: above)")
+def test_torchrun_one_gpu_rank_trains_captured_as_one_eager_process(tmp_path, tiny_config, multi30k_dir,
+                                                                   data_cache_dir):
+    from annotated_transformer.harness.trainer import train_worker
+
+    common = [f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}", "train.max_steps=20",
+              "train.log_every=5", "model.dropout=0.0", "train.final_eval=false", "train.progress=false",
+              "train.device=cuda", "train.precision=bf16"]
+    train_worker(tiny_config(*common, "train.compile=false", f"train.out_dir={tmp_path / 'eager'}"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ddp = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "scripts/train.py",
+         "--config", "tiny", *common, "train.compile=captured", f"train.out_dir={tmp_path / 'captured'}"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    eager_loss, eager_val = train_losses(tmp_path / "eager")
+    captured_loss, captured_val = train_losses(tmp_path / "captured")
+    assert len(captured_loss) == len(eager_loss) == 4
+    for a, b in zip(eager_loss, captured_loss):  # the same batches: bf16 rounding apart
+        assert b == pytest.approx(a, rel=5e-2)
+    assert captured_val == pytest.approx(eager_val, rel=5e-2)

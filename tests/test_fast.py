@@ -137,7 +137,7 @@ def test_captured_steps_give_the_eager_losses_within_bf16_noise():
     for mode in (False, "captured"):
         model = speed_up(small_model(dropout=0.0).cuda())
         opt = build_optimizer(model, fused=fused_adam_pays(model))
-        sched = build_scheduler(opt, 32, 1.0, 10)
+        sched = build_scheduler(opt, 32, 1.0, 10, lr_on_device=mode == "captured")  # as the Trainer builds them
         step_model = compile_model(model, mode)
         lc = FusedLossCompute(model.generator, LabelSmoothing(23, 0, 0.1))
         losses[mode] = [train_step([b.to("cuda")], step_model, lc, opt, sched, amp_dtype=torch.bfloat16,

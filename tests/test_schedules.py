@@ -51,6 +51,73 @@ def test_scheduler_resumes_exactly_from_its_state_dict():
     assert opt.param_groups[0]["lr"] == pytest.approx(budget_rate(57, 100, peak_rate(64, 1.0, 10), 10, "cosine", 0.05))
 
 
+def small_training(lr_on_device: bool, schedule: str):
+    """A tiny model, its fused Adam and a schedule of 4 warm-up steps in a run of 10, as training builds them."""
+    from annotated_transformer import LabelSmoothing, make_model
+    from annotated_transformer.fast import FusedLossCompute, speed_up
+
+    torch.manual_seed(0)
+    model = speed_up(make_model(12, 12, N=1, d_model=16, d_ff=32, h=2, dropout=0.0))
+    opt = build_optimizer(model, fused=True)
+    sched = build_scheduler(opt, 16, 1.0, 4, schedule, total_steps=10, lr_on_device=lr_on_device)
+    return model, FusedLossCompute(model.generator, LabelSmoothing(12, 2, 0.1)), opt, sched
+
+
+def copy_batches(n: int):
+    from annotated_transformer import Batch
+
+    g = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(4, 12, (3, 6), generator=g) for _ in range(n)]
+    return [Batch(t, t.clone(), pad=2) for t in tokens]
+
+
+@pytest.mark.parametrize("schedule", ["noam", "cosine"])
+def test_the_rate_on_the_device_is_the_float_schedule_in_one_tensor_and_trains_alike(schedule):
+    from annotated_transformer.loop import train_step
+
+    runs = {on: small_training(on, schedule) for on in (False, True)}
+    device_rate = runs[True][2].param_groups[0]["lr"]
+    assert isinstance(device_rate, torch.Tensor) and device_rate.dim() == 0 and device_rate.dtype == torch.float32
+    rates, losses = {False: [], True: []}, {False: [], True: []}
+    for batch in copy_batches(12):  # 4 warm-up steps, the decay, and 2 steps past the end of the budget
+        for on, (model, loss_compute, opt, sched) in runs.items():
+            rates[on].append(float(opt.param_groups[0]["lr"]))
+            loss_sum, _ = train_step([batch], model, loss_compute, opt, sched, clip_grad_norm=1.0)
+            losses[on].append(loss_sum.item())
+        assert runs[True][2].param_groups[0]["lr"] is device_rate  # written in place: a captured step reads it
+    assert len(set(rates[False])) > 5  # the rate moved: up in warm-up, down after
+    assert rates[True] == [float(torch.tensor(r, dtype=torch.float32)) for r in rates[False]]
+    # Adam takes the rate rounded to float32: the losses agree far within what one step's change in rate moves
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=1e-6, atol=0)
+
+
+def test_a_resumed_run_keeps_its_device_rate_tensor_and_continues_the_schedule():
+    from annotated_transformer.harness.loss_meter import LossMeter
+    from annotated_transformer.harness.resume import RunState
+    from annotated_transformer.loop import TrainState, train_step
+
+    def run_state(lr_on_device: bool) -> RunState:
+        model, loss_compute, opt, sched = small_training(lr_on_device, "cosine")
+        return RunState(TrainState(), model, opt, sched, loader=None, meter=LossMeter()), loss_compute
+
+    (first, loss_compute), (resumed, _), (plain, _) = run_state(True), run_state(True), run_state(False)
+    for batch in copy_batches(6):
+        train_step([batch], first.model, loss_compute, first.optimizer, first.scheduler)
+    saved = first.state_dict()
+    device_rate = resumed.optimizer.param_groups[0]["lr"]
+    resumed.load_state_dict(saved)
+    plain.load_state_dict(saved)  # a run resumed without the device rate gets its float back
+    assert resumed.optimizer.param_groups[0]["lr"] is device_rate
+    assert device_rate.item() == first.optimizer.param_groups[0]["lr"].item()
+    assert device_rate.item() == float(torch.tensor(plain.optimizer.param_groups[0]["lr"], dtype=torch.float32))
+    assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(budget_rate(6, 10, peak_rate(16, 1.0, 4), 4))
+
+
+def test_a_device_rate_needs_an_optimizer_that_reads_it_on_the_device():
+    with pytest.raises(ValueError, match="fused or capturable"):
+        build_scheduler(build_optimizer(torch.nn.Linear(2, 2)), 64, 1.0, 10, lr_on_device=True)
+
+
 def test_budget_schedule_needs_the_run_length():
     opt = build_optimizer(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="total steps"):

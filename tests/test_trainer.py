@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import math
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from annotated_transformer.harness.resume import RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
 from annotated_transformer.harness.loss_meter import LossMeter
 from annotated_transformer.harness.schedules import build_scheduler
+from annotated_transformer.harness.train_loop import LoopHooks, train_loop
 from annotated_transformer.fast import FusedLossCompute, fused_adam_pays, speed_up
 from annotated_transformer.fast.loss import smoothed_cross_entropy
 from annotated_transformer.optim import build_optimizer
@@ -269,34 +271,86 @@ def test_the_fused_loss_backward_leaves_its_saved_gradient_intact():
 # --------------------------------------------------------------------------- no host sync in a step
 
 
+def forbid_host_reads(m: pytest.MonkeyPatch, armed=lambda: True) -> None:
+    """While `armed()`, every way Python reads a tensor's value on the host (on a GPU, a wait for it) raises."""
+
+    def trap(real):
+        def forbidden(*args, **kwargs):
+            if armed():
+                raise AssertionError("host synchronisation inside a training step")
+            return real(*args, **kwargs)
+
+        return forbidden
+
+    for name in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
+        m.setattr(torch.Tensor, name, trap(getattr(torch.Tensor, name)))
+    m.setattr(torch, "tensor", trap(torch.tensor))
+
+
 def test_train_step_never_reads_a_tensor_on_the_host(monkeypatch):
     model, loss_compute, batches = tiny_model_and_batches(n=2)
     for b in batches:
         b.global_ntokens = 2 * b.ntokens
     opt = build_optimizer(model, fused=fused_adam_pays(model))  # as training builds it
     sched = build_scheduler(opt, 16, 1.0, 10)
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("host synchronisation inside train_step")
-
     with monkeypatch.context() as m:
-        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy"):
-            m.setattr(torch.Tensor, name, forbidden)
-        m.setattr(torch, "tensor", forbidden)
-        with pytest.raises(AssertionError, match="host synchronisation inside train_step"):  # the trap works
+        forbid_host_reads(m)
+        with pytest.raises(AssertionError, match="host synchronisation inside a training step"):  # the trap works
             torch.ones(1).item()
         loss_sum, grad_norm = train_step(batches, model, loss_compute, opt, sched, clip_grad_norm=1.0, ws=2)
     assert loss_sum.item() > 0 and grad_norm.item() > 0 and sched.last_epoch == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU test above checks the same path)")
-def test_train_step_runs_under_cuda_sync_debug_mode_error():
+def steps_then_read(model, loss_compute, batches, opt, sched, between_steps,
+                    amp_dtype: torch.dtype | None = None) -> tuple[float, TrainState]:
+    """`train_loop` over `batches` with no log line; `between_steps(last)` runs after each step (last: the final
+    one, before the epoch's loss is read)."""
+    state = TrainState()
+
+    def should_stop() -> bool:
+        between_steps(state.step == len(batches))
+        return False
+
+    loss = train_loop(batches, model, loss_compute, opt, sched, state, amp_dtype=amp_dtype, clip_grad_norm=1.0,
+                      log_every=10_000, hooks=LoopHooks(log=None, should_stop=should_stop))
+    return loss, state
+
+
+def test_the_loop_with_the_rate_on_the_device_reads_no_tensor_on_the_host_between_log_lines(monkeypatch):
+    # train.compile=captured's loop as far as a CPU runs it (no CUDA graphs): the steps, the loss sums and the
+    # schedule's device rate never read a tensor; the epoch's loss is read once at its end
+    model, loss_compute, batches = tiny_model_and_batches(n=4)
+    opt = build_optimizer(model, fused=fused_adam_pays(model))
+    sched = build_scheduler(opt, 16, 1.0, 2, lr_on_device=True)
+    armed = [True]
+    with monkeypatch.context() as m:
+        forbid_host_reads(m, armed=lambda: armed[0])
+        loss, state = steps_then_read(model, loss_compute, batches, opt, sched,
+                                      between_steps=lambda last: armed.__setitem__(0, not last))
+    assert state.step == 4 and sched.last_epoch == 4 and math.isfinite(loss)
+    figures = []  # a log line reads the rate too, as a number for the metrics file
+    train_loop(batches[:1], model, loss_compute, opt, sched, state, log_every=1,
+               hooks=LoopHooks(log=None, on_log=figures.append))
+    device_rate = opt.param_groups[0]["lr"]
+    assert isinstance(device_rate, torch.Tensor) and type(figures[0]["lr"]) is float
+    assert figures[0]["lr"] == device_rate.item() > 0
+
+
+def cuda_training(captured: bool, info: DistInfo = DistInfo()):
+    """The tiny model on the GPU with fused Adam as training builds it (`wrap_model`: DDP where `info` says so);
+    with `captured`, train.compile=captured's step (torch.compile's CUDA graphs, the rate on the device)."""
     model, loss_compute, batches = tiny_model_and_batches(n=2)
     model = model.cuda()
     loss_compute = FusedLossCompute(model.generator, loss_compute.criterion)
-    batches = [b.to("cuda") for b in batches]
-    opt = build_optimizer(model, fused=fused_adam_pays(model))  # as training builds it
-    sched = build_scheduler(opt, 16, 1.0, 10)
+    opt = build_optimizer(model, fused=fused_adam_pays(model))
+    sched = build_scheduler(opt, 16, 1.0, 10, lr_on_device=captured)
+    wrapped = wrap_model(model, info, torch.device("cuda", 0), "captured" if captured else False)
+    return wrapped, loss_compute, [b.to("cuda") for b in batches], opt, sched
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU test above checks the same path)")
+def test_train_step_runs_under_cuda_sync_debug_mode_error():
+    model, loss_compute, batches, opt, sched = cuda_training(captured=False)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -305,6 +359,36 @@ def test_train_step_runs_under_cuda_sync_debug_mode_error():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert sched.last_epoch == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CPU test above checks the loop)")
+def test_the_captured_loop_runs_under_cuda_sync_debug_mode_error_between_log_lines():
+    model, loss_compute, batches, opt, sched = cuda_training(captured=True)
+    bf16 = torch.bfloat16
+    steps_then_read(model, loss_compute, batches * 2, opt, sched, lambda last: None, bf16)  # recorded
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # replayed: nothing between the steps may wait for the GPU, until the epoch's loss is read
+        loss, state = steps_then_read(model, loss_compute, batches * 2, opt, sched, lambda last: (
+            torch.cuda.set_sync_debug_mode("default" if last else "error")), bf16)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert state.step == 4 and sched.last_epoch == 8 and math.isfinite(loss)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU (DDP on the CPU: above)")
+def test_ddp_around_the_captured_step_gives_the_eager_losses_within_bf16_noise(tmp_path):
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        losses = {}
+        for captured, info in ((False, DistInfo()), (True, DistInfo(world_size=2))):  # DDP over the one rank
+            model, loss_compute, batches, opt, sched = cuda_training(captured, info)
+            assert isinstance(model, torch.nn.parallel.DistributedDataParallel) == captured
+            losses[captured] = [train_step(batches, model, loss_compute, opt, sched, amp_dtype=torch.bfloat16,
+                                           clip_grad_norm=1.0)[0].item() for _ in range(6)]  # 2 micro-batches a step
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), rtol=2e-2, atol=2e-2)
 
 
 # --------------------------------------------------------------------------- resume

@@ -108,7 +108,7 @@ def log_window(meter: LossMeter, state: TrainState, optimizer: torch.optim.Optim
     window = meter.read_window()
     if not window.pop("finite"):
         raise diverged(state, "the loss or the gradient norm", window["loss"], state.step - log_every)
-    figures = {"step": state.step, **window, "lr": optimizer.param_groups[0]["lr"]}
+    figures = {"step": state.step, **window, "lr": float(optimizer.param_groups[0]["lr"])}  # a float or a device tensor
     if log is not None:
         log(f"step {state.step:6d} | loss {figures['loss']:7.4f} | {figures['tokens_per_s']:9.0f} tok/s | "
             f"lr {figures['lr']:.3e}")

@@ -18,6 +18,7 @@ from ..runtime.errors import CheckpointError
 from ..loop import TrainState, unwrap_model
 from .loss_meter import LossMeter, world_size
 from .distributed import host_group
+from .schedules import set_rate
 
 if TYPE_CHECKING:
     from ..extensions.ema import WeightAverage
@@ -103,7 +104,7 @@ class RunState:
             group.update(given)
         self.scheduler.load_state_dict(payload["scheduler"])  # the step count; the rate function stays ours
         for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
-            group["lr"] = base * fn(self.scheduler.last_epoch)  # the next step's rate under today's schedule
+            set_rate(group, base * fn(self.scheduler.last_epoch))  # the next step's rate under today's schedule
         self.train_state.load_state_dict(payload["train_state"])
         if self.ema is not None and payload.get("ema") is not None:
             self.ema.load_state_dict(payload["ema"])

@@ -1,9 +1,16 @@
 """The learning-rate schedules a run can use: the paper's `rate` ("noam"), or warm-up to the same peak then
-linear or cosine decay to the end of a fixed budget (train.schedule); one LambdaLR for all of them."""
+linear or cosine decay to the end of a fixed budget (train.schedule); one LambdaLR for all of them.
+
+With `lr_on_device` (train.compile=captured) the rate lives on the device as a 0-dim tensor in each of the
+optimizer's param groups, which the schedule overwrites in place every step and fused Adam reads there: a
+step recorded once as a CUDA graph then reads each step's rate, not the one it was recorded with, and
+setting it is a kernel launch with the rate as its argument, never a wait for the device.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -36,19 +43,48 @@ def peak_rate(model_size: int, factor: float, warmup: int) -> float:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, model_size: int, factor: float, warmup: int,
-                    schedule: str = "noam", total_steps: int = 0, final_ratio: float = 0.0) -> LambdaLR:
+                    schedule: str = "noam", total_steps: int = 0, final_ratio: float = 0.0,
+                    lr_on_device: bool = False) -> LambdaLR:
     """A schedule driven through LambdaLR: call `.step()` once per optimizer step.
 
     'noam' is `rate`; 'linear' and 'cosine' are `budget_rate` with the same peak as `rate` (so
     `factor` and `warmup` mean the same under every schedule), decaying to the end of `total_steps`.
-    The rate is a function of the step alone, so a resumed run continues it exactly.
+    The rate is a function of the step alone, so a resumed run continues it exactly. `lr_on_device`:
+    the rate as a device tensor (`rate_on_device`), for a captured step.
     """
     if schedule == "noam":
-        return LambdaLR(optimizer, lr_lambda=lambda step: rate(step, model_size, factor, warmup))
-    if schedule not in SCHEDULES:
+        scheduler = LambdaLR(optimizer, lr_lambda=lambda step: rate(step, model_size, factor, warmup))
+    elif schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-    if total_steps < 1:
+    elif total_steps < 1:
         raise ValueError(f"the {schedule} schedule needs the run's total steps, got {total_steps}")
-    peak = peak_rate(model_size, factor, warmup)
-    return LambdaLR(optimizer, lr_lambda=lambda step: budget_rate(step, total_steps, peak, warmup, schedule,
-                                                                    final_ratio))
+    else:
+        peak = peak_rate(model_size, factor, warmup)
+        scheduler = LambdaLR(optimizer, lr_lambda=lambda step: budget_rate(step, total_steps, peak, warmup, schedule,
+                                                                             final_ratio))
+    if lr_on_device:
+        rate_on_device(optimizer)
+    return scheduler
+
+
+def rate_on_device(optimizer: torch.optim.Optimizer) -> None:
+    """Each param group's rate as a 0-dim float32 tensor on its parameters' device, from now on written in place.
+
+    LambdaLR keeps float base rates, so each step it fills the tensor with a host float (no device read);
+    float32, because CUDA's fused Adam reads a tensor rate as one. Only Adam's fused or capturable kinds take a
+    tensor rate without reading it back to the host every step.
+    """
+    for group in optimizer.param_groups:
+        if not (group.get("fused") or group.get("capturable")):
+            raise ValueError("a learning rate on the device needs a fused or capturable optimizer "
+                             "(optim.build_optimizer(model, fused=True))")
+        device = group["params"][0].device
+        group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
+
+
+def set_rate(group: dict[str, Any], value: float) -> None:
+    """Set a param group's rate: in place where it is a device tensor (`rate_on_device`), else replaced."""
+    if isinstance(group["lr"], torch.Tensor):
+        group["lr"].fill_(value)
+    else:
+        group["lr"] = value

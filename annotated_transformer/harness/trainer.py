@@ -90,7 +90,8 @@ class Trainer:
         self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
         self.total_steps = cfg.train.total_steps(len(self.loader))  # the run's optimizer steps, all epochs
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
-                                         cfg.train.schedule, self.total_steps, cfg.train.final_lr_ratio)
+                                         cfg.train.schedule, self.total_steps, cfg.train.final_lr_ratio,
+                                         lr_on_device=cfg.train.compile == "captured")
         # validation on the training batches' kind of shapes: with static shapes, a fixed-shape decoder step
         self.val_batches = self.task.val_batches(static=self.loader.static_shapes)
         self.val_step = validation_step(cfg.train.compile) if self.loader.static_shapes else None
