@@ -209,18 +209,14 @@ def run_sweep(runs: list[Run], launcher: Launcher,
     return failed
 
 
-def final_record(run: Run) -> dict[str, Any]:
-    """The final record of a finished run's metrics.jsonl."""
-    return [r for r in read_metrics(run.path / "metrics.jsonl") if r.get("kind") == "final"][-1]
-
-
 def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
     """Score a finished run's chosen weights on test (greedy, and beam when its config decodes with a beam)
     with the evaluate command's scorer; the figures go to <run>/test_scores.json."""
-    from ..deploy.translator import Translator
+    from ..deploy.translator import Translator, chosen_weights
+    from ..harness.run_dir import RunDir
     from ..scoring import score_translator
 
-    checkpoint = run.path / final_record(run).get("checkpoint_file", "best.pt")
+    checkpoint = chosen_weights(RunDir(run.path))  # the weights the run's final scores used (best or avg)
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     scores: dict[str, Any] = {"checkpoint": checkpoint.name}
     beams = [1] + ([translator.config.decode.beam_size] if translator.config.decode.beam_size > 1 else [])
