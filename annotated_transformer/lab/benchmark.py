@@ -83,7 +83,8 @@ def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> d
     criterion = LabelSmoothing(len(text.tgt_vocab), text.pad_id, cfg.train.label_smoothing)
     optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
                                 fused=not notebook and fused_adam_pays(model))
-    scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
+    scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
+                                lr_on_device=not notebook and cfg.train.compile == "captured")  # as training has it
     train_model = compile_model(model, False if notebook else cfg.train.compile)
     # The notebook side keeps its order: log-softmax, then the divergence on log-probabilities.
     loss_compute = (SimpleLossCompute if notebook else FusedLossCompute)(model.generator, criterion)
