@@ -91,7 +91,7 @@ def train_step(group: list[Batch], model: nn.Module, loss_compute: SimpleLossCom
     Forward and backward of each micro-batch (DDP all-reduces only after the last), optional
     clipping, the optimizer and the schedule. Returns the summed loss and the gradient norm
     (when clipping) as device tensors: nothing here waits for the device. An `objective`
-    (extensions.objective) replaces the teacher-forced forward and loss; `step` is its clock.
+    (an extension of kind objective) replaces the teacher-forced forward and loss; `step` is its clock.
     """
     norm = step_norm(group, ws)
     device = group[0].src.device

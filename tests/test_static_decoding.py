@@ -172,3 +172,4 @@ def test_a_run_with_static_shapes_validates_on_them(tiny_config, tmp_path, monke
     rows = tiny_config().decode.batch_size
     assert searched and all(shape[0] == rows and shape[1] in set(width_ladder(256).tolist()) for shape in searched)
     assert len(set(loss_batches)) <= len(width_ladder(256))  # a few shapes
+    assert " static shapes | " in (tmp_path / "train.log").read_text()  # the first line says how many

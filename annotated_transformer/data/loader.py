@@ -185,6 +185,13 @@ class TrainLoader:
         """Whether the batches come from the static-shape plan."""
         return self.sampler.static
 
+    def shapes(self) -> list[tuple[int, int]]:
+        """The static plan's (rows, width) batch shapes, narrowest first; every epoch has the same (empty: not
+        static)."""
+        if not self.static_shapes:
+            return []
+        return sorted({(b.rows, b.width) for b in self.sampler.global_plan(0)}, key=lambda shape: shape[1])
+
     @property
     def world_size(self) -> int:
         """Number of ranks the batches are shared between."""

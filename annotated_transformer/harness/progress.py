@@ -46,8 +46,14 @@ def start_line(tr: RunningRun) -> str:
     ranks = f" x {tr.info.world_size} ranks" if tr.info.distributed else ""
     return (f"{tr.cfg.name}: {tr.model.num_parameters() / 1e6:.2f}M parameters | device {tr.device}{ranks} | "
             f"precision {'bf16 autocast' if tr.amp_dtype else 'fp32'}{malloc_label(tr.device)} | "
-            f"{len(tr.loader)} batches/epoch/rank | "
+            f"{len(tr.loader)} batches/epoch/rank{static_label(tr.loader)} | "
             f"accumulating {tr.cfg.train.accum_steps} | run dir {tr.run.path}")
+
+
+def static_label(loader: Sized) -> str:
+    """' in K static shapes' when the batches come from the static plan (data.static_shapes), for the first line."""
+    shapes = loader.shapes() if getattr(loader, "static_shapes", False) else []
+    return f" in {len(shapes)} static shapes" if shapes else ""
 
 
 def malloc_label(device: torch.device) -> str:
