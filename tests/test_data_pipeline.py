@@ -21,9 +21,8 @@ from annotated_transformer.data import (
     TextPipeline,
     TranslationData,
     load_translation_data,
-    notebook_collate,
-    notebook_raw_batches,
 )
+from annotated_transformer.data.notebook_pipeline import notebook_collate, notebook_raw_batches
 from annotated_transformer.data.cache import CacheUnreadable, cache_folder, read_cache
 from annotated_transformer.data.tokenizers import word_tokenize
 from annotated_transformer.runtime.errors import DataError

@@ -1,12 +1,12 @@
 """Data: batches and masks, the copy task, and parallel text, Multi30k or your own files (tokenisation,
-vocabulary, batching)."""
+vocabulary, batching). The notebook's own data path, kept for the benchmark, is `notebook_pipeline` (not loaded
+here)."""
 
 from .batch import Batch
 from .copy_task import COPY_PAD, COPY_START, data_gen
 from .loader import TrainLoader
 from .multi30k import MULTI30K_FILES, read_split, resolve_multi30k_dir
 from .translation_data import Split, TranslationData, load_translation_data, open_corpus
-from .notebook_pipeline import notebook_collate, notebook_dataloader, notebook_raw_batches
 from .text import TextPipeline
 from .vocab import BOS, EOS, PAD, SPECIALS, UNK, Vocab
 
@@ -29,8 +29,5 @@ __all__ = [
     "load_translation_data",
     "open_corpus",
     "read_split",
-    "notebook_collate",
-    "notebook_dataloader",
-    "notebook_raw_batches",
     "resolve_multi30k_dir",
 ]
