@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, TypeVar
 
 from .runtime.errors import ConfigError
 
@@ -218,6 +218,9 @@ class Extension:
             raise ValueError(f"extension {self.name}: kind must be one of {list(KINDS)}, got {self.kind!r}")
 
 
+C = TypeVar("C", bound="CoreConfig")  # validate() returns the config it checked, of its own class
+
+
 @dataclass
 class CoreConfig:
     """A run without extensions: the core sections and the rules. `Config` (config/schema.py) is this class with one
@@ -231,7 +234,7 @@ class CoreConfig:
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "optimisation and the run"})
     decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "decoding"})
 
-    def validate(self) -> Self:
+    def validate(self: C) -> C:
         """Check rules that involve several fields; raise ConfigError on the first broken one."""
         self._validate_ranges()
         self._validate_training()
