@@ -143,3 +143,51 @@ def test_captured_steps_give_the_eager_losses_within_bf16_noise():
         losses[mode] = [train_step([b.to("cuda")], step_model, lc, opt, sched, amp_dtype=torch.bfloat16,
                                    clip_grad_norm=1.0)[0].item() for b in batches]
     torch.testing.assert_close(torch.tensor(losses["captured"]), torch.tensor(losses[False]), rtol=2e-2, atol=2e-2)
+
+
+def graphed_against_train_step(device: str, record: bool, amp_dtype: torch.dtype | None) -> dict[str, list[float]]:
+    """Six steps over two batch shapes, by train_step and by the GPU check's GraphedStep, from the same weights."""
+    from annotated_transformer.data import Batch
+    from annotated_transformer.harness.schedules import build_scheduler
+    from annotated_transformer.lab.graphed_step import GraphedStep
+    from annotated_transformer.loop import step_norm, train_step
+    from annotated_transformer.optim import build_optimizer
+
+    g = torch.Generator().manual_seed(4)
+    shapes = [(4, 7), (6, 5), (4, 7), (6, 5), (4, 7), (6, 5)]
+    batches = [Batch(torch.randint(3, 23, (b, n), generator=g), torch.randint(3, 23, (b, n + 1), generator=g),
+                     pad=0).to(device) for b, n in shapes]
+    losses = {}
+    for way in ("train_step", "graphed"):
+        torch.manual_seed(0)
+        model = speed_up(small_model(dropout=0.0).to(device))
+        opt = build_optimizer(model, fused=True)
+        sched = build_scheduler(opt, 32, 1.0, 10, lr_on_device=True)
+        lc = FusedLossCompute(model.generator, LabelSmoothing(23, 0, 0.1))
+        step = GraphedStep(model, lc, opt, amp_dtype, clip_grad_norm=1.0, record=record, warmup=0)
+        losses[way] = []
+        for b in batches:
+            if way == "graphed":
+                loss = step(b, step_norm([b], 1))
+                sched.step()
+            else:
+                loss = train_step([b], model, lc, opt, sched, amp_dtype=amp_dtype, clip_grad_norm=1.0)[0]
+            losses[way].append(loss.item())
+        losses[way + " weights"] = [p.detach().float().sum().item() for p in model.parameters()]
+    return losses
+
+
+def test_the_graphed_step_is_train_step_on_static_tensors():
+    """Off CUDA the GPU check's graphed mode runs its step eagerly on the static tensors it copies each batch into:
+    the same losses and weights as train_step (what a recorded graph then replays)."""
+    losses = graphed_against_train_step("cpu", record=False, amp_dtype=None)
+    assert losses["graphed"] == losses["train_step"]
+    assert losses["graphed weights"] == losses["train_step weights"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU (the CPU test above checks "
+                    "the step the graph records)")
+def test_the_graphed_step_replays_train_steps_losses_within_bf16_noise():
+    losses = graphed_against_train_step("cuda", record=True, amp_dtype=torch.bfloat16)
+    torch.testing.assert_close(torch.tensor(losses["graphed"][1:]), torch.tensor(losses["train_step"][1:]),
+                               rtol=2e-2, atol=2e-2)

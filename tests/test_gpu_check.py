@@ -22,10 +22,11 @@ def test_without_a_gpu_the_check_says_so_in_one_line(command, monkeypatch):
 def test_modes_are_checked_before_anything_runs():
     cpu = torch.device("cpu")
     assert check.check_modes(["compiled", "eager"], cpu) == ["eager", "compiled"]  # MODES' order
-    with pytest.raises(ConfigError, match="unknown mode 'graph'; choose from eager, compiled, captured"):
+    with pytest.raises(ConfigError, match="unknown mode 'graph'; choose from eager, compiled, captured, graphed"):
         check.check_modes(["graph"], cpu)
-    with pytest.raises(ConfigError, match="captured needs a CUDA GPU"):
-        check.check_modes(["captured"], cpu)
+    for mode in ("captured", "graphed"):
+        with pytest.raises(ConfigError, match=f"{mode} needs a CUDA GPU"):
+            check.check_modes([mode, "eager"], cpu)
 
 
 def test_the_run_summary_estimates_the_whole_run_from_its_epochs(tmp_path):

@@ -57,7 +57,7 @@ LAYERS = {
     "extensions.builder": 5,  # every other module of extensions/ is an extension, on EXTENSION_LAYER (below)
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
     "harness.schedules": 4, "harness.malloc": 4, "harness.loss_meter": 4, "harness.train_loop": 5,
-    "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4,
+    "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4, "lab.graphed_step": 4,
     "lab.product_benchmark": 5,
     "harness.checkpointer": 6,
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,

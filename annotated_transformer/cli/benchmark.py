@@ -66,12 +66,12 @@ def build_parser(prog: str | None) -> CommandParser:
                         "(forward, input gradient, weight gradient) alone, data.batch_tokens rows, against the "
                         "measured matmul peak")
     parser.add_argument("--gpu", action="store_true", help="instead: the GPU check, in one call of a few minutes: "
-                        "the measured bf16 peak, the training step eager / compiled / captured at the config's batch "
-                        "size and at 16k tokens (tokens/s, ms/step, MFU, GPU busy share), then the train command for "
-                        "--train-seconds (epochs, validation time, the whole run's estimate, val BLEU); gpu_check.json "
-                        "in --out (docs/gpu.md)")
+                        "the measured bf16 peak, the training step eager / compiled / captured / graphed at the "
+                        "config's batch size and at 16k tokens (tokens/s, ms/step, MFU, GPU busy share), the train "
+                        "command for --train-seconds (epochs, validation time, the whole run's estimate, val BLEU), "
+                        "then greedy val decoding; gpu_check.json in --out (docs/gpu.md)")
     parser.add_argument("--modes", default=None, metavar="A,B", help="--gpu: the step modes to time (eager, compiled, "
-                        "captured; default: all three on a GPU, eager and compiled on a CPU)")
+                        "captured, graphed; default: all four on a GPU, eager and compiled on a CPU)")
     parser.add_argument("--train-seconds", type=float, default=150.0, metavar="S",
                         help="--gpu: seconds of the timed training run (0: none; default 150)")
     parser.add_argument("--all", action="store_true", help="instead: the whole speed picture for --checkpoint, side "

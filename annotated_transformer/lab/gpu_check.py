@@ -5,8 +5,10 @@ still returns what it measured:
 
 1. peak: the best FLOP/s of large matmuls in the step's precision (the denominator of every MFU here).
 2. steps: the config's training step (forward, loss, backward, clipping, Adam, schedule) at the config's batch
-   size and at 16k tokens, in three modes: eager; compiled (`torch.compile`); captured
-   (`torch.compile(mode="reduce-overhead")`, which replays CUDA graphs; GPUs only). A few real batches are
+   size and at 16k tokens, in four modes: eager; compiled (`torch.compile`); captured
+   (`torch.compile(mode="reduce-overhead")`, which replays the model's forward and backward as CUDA graphs; GPUs
+   only); graphed (the whole step, loss, clipping and Adam included, recorded by hand as one CUDA graph a shape:
+   graphed_step.py; GPUs only). A few real batches are
    cycled, so each shape is compiled or captured once; the timed steps run without a host synchronisation
    between them, as training does. Reported: target tokens/s, ms/step, MFU, and the GPU's busy share (kernel
    time over wall time, from the profiler over a few more steps).
@@ -41,28 +43,33 @@ from ..runtime.device import device_name, resolve_amp_dtype, select_device, sync
 from ..runtime.errors import ConfigError
 from ..runtime.model_flops import train_step_flops
 from ..harness.run_dir import read_metrics
+from ..harness.schedules import rate_on_device
+from .graphed_step import GraphedStep
 from .hardware import batch_lengths, datasheet_peak, matmul_peak
 
 Log = Callable[[str], None]
 
-MODES = ("eager", "compiled", "captured")
+MODES = ("eager", "compiled", "captured", "graphed")
+GRAPH_MODES = ("captured", "graphed")  # CUDA graphs: GPUs only
 LARGE_BATCH_TOKENS = 16384
 DISTINCT_BATCHES = 4  # shapes cycled in the step timing: each is compiled or captured once
 # Untimed passes over those batches a mode needs at least: compiling takes one, and CUDA graphs (through
 # torch.compile's reduce-overhead mode) run once more to warm up and once to record before they replay.
-WARM_CYCLES = {"eager": 1, "compiled": 2, "captured": 3}
+WARM_CYCLES = {"eager": 1, "compiled": 2, "captured": 3, "graphed": 1}  # graphed warms up as it records
 DECODE_SENTENCES = 512  # val sentences each decoding mode decodes: four batches at decode.batch_size 128
 # The decoding rows each step mode brings: eager decodes on the shapes it meets and on fixed shapes.
-DECODE_MODES = {"eager": ("dynamic", "static"), "compiled": ("static compiled",), "captured": ("static captured",)}
+DECODE_MODES = {"eager": ("dynamic", "static"), "compiled": ("static compiled",), "captured": ("static captured",),
+                "graphed": ()}
 
 
 def check_modes(names: list[str], device: torch.device) -> list[str]:
-    """The step modes to time, in MODES' order; unknown names are a ConfigError, 'captured' needs CUDA."""
+    """The step modes to time, in MODES' order; unknown names are a ConfigError, the graph modes need CUDA."""
     unknown = [n for n in names if n not in MODES]
     if unknown:
         raise ConfigError(f"--modes: unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}")
-    if "captured" in names and device.type != "cuda":
-        raise ConfigError("--modes captured needs a CUDA GPU (CUDA graphs); use --modes eager,compiled on a CPU")
+    graphs = [n for n in GRAPH_MODES if n in names]
+    if graphs and device.type != "cuda":
+        raise ConfigError(f"--modes {graphs[0]} needs a CUDA GPU (CUDA graphs); use --modes eager,compiled on a CPU")
     return [m for m in MODES if m in names]
 
 
@@ -70,8 +77,13 @@ def _step_parts(cfg: Config, data: Any, device: torch.device, mode: str) -> dict
     """A fresh model, loss, optimizer and schedule for `mode`, wrapped as that mode runs it."""
     from .benchmark import _training_side
 
-    compile = {"eager": False, "compiled": True, "captured": "captured"}[mode]  # as train.compile names them
-    return _training_side("fast", replace(cfg, train=replace(cfg.train, compile=compile)), data, device)
+    compile = {"eager": False, "compiled": True, "captured": "captured", "graphed": False}[mode]  # train.compile's
+    parts = _training_side("fast", replace(cfg, train=replace(cfg.train, compile=compile)), data, device)
+    if mode == "graphed":  # the eager model, its whole step recorded: the rate must live on the device
+        rate_on_device(parts["optimizer"])
+        parts["graphed"] = GraphedStep(parts["model"], parts["loss_compute"], parts["optimizer"], parts["amp_dtype"],
+                                       cfg.train.clip_grad_norm, record=device.type == "cuda")
+    return parts
 
 
 def _batches(cfg: Config, data: Any, batch_tokens: int, device: torch.device) -> list[Any]:
@@ -110,7 +122,7 @@ def _busy_share(run_steps: Callable[[int], None], steps: int, device: torch.devi
 def time_steps(cfg: Config, data: Any, device: torch.device, mode: str, batches_by_size: dict[int, list[Any]],
                steps: int, warmup: int, peak: float, log: Log) -> dict[int, dict[str, Any]]:
     """One mode's figures at each batch size: one model, compiled or captured once, serves every size."""
-    from ..loop import train_step
+    from ..loop import step_norm, train_step
 
     p = _step_parts(cfg, data, device, mode)
     m, pad, vocab = cfg.model, data.text.pad_id, len(data.text.tgt_vocab)
@@ -123,9 +135,14 @@ def time_steps(cfg: Config, data: Any, device: torch.device, mode: str, batches_
 
         def run(n: int, start: int = 0) -> None:
             for i in range(start, start + n):
-                loss, _ = train_step([batches[i % len(batches)]], p["train_model"], p["loss_compute"],
-                                     p["optimizer"], p["scheduler"], amp_dtype=p["amp_dtype"],
-                                     clip_grad_norm=cfg.train.clip_grad_norm)
+                batch = batches[i % len(batches)]
+                if "graphed" in p:
+                    loss = p["graphed"](batch, step_norm([batch], 1))
+                    p["scheduler"].step()
+                else:
+                    loss, _ = train_step([batch], p["train_model"], p["loss_compute"], p["optimizer"],
+                                         p["scheduler"], amp_dtype=p["amp_dtype"],
+                                         clip_grad_norm=cfg.train.clip_grad_norm)
                 losses.append(loss.detach())
 
         synchronize(device)
