@@ -211,6 +211,8 @@ class Extension:
     install: Callable[..., Any]  # called as KINDS[kind] says, only when it is on
     validate: Callable[[Any], None] = lambda cfg: None  # its rules, given the whole config: ConfigError
     combines: bool = False  # an objective that may be on with the others that combine (one wraps the one before)
+    # a resegmentation whose ids differ in length from the cached ones: the batches are filled by the served lengths
+    changes_lengths: bool = False
     arms: dict[str, tuple[str, ...]] = field(default_factory=dict)  # extension benchmark: arm name -> overrides
 
     def __post_init__(self) -> None:

@@ -435,3 +435,24 @@ def test_cutoff_trains_from_the_command_line(tmp_path, train_command, multi30k_d
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == 2 and all(0.1 < r["cutoff_share"] < 0.3 for r in train)
     assert "cutoff:\n  rate: 0.2\n" in (out / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("overrides, served", [(["subword_sampling.alpha=0.1"], True),
+                                               (["bidirectional.epochs=1", "train.epochs=2"], False),
+                                               ([], False)])
+def test_batches_follow_the_served_lengths_only_under_a_resegmentation_that_changes_them(monkeypatch, overrides,
+                                                                                       served):
+    """Subword sampling registers changes_lengths; reversed pairs keep each pair's width, so the cached plan holds."""
+    from annotated_transformer.harness import tasks
+    from annotated_transformer.harness.distributed import DistInfo
+
+    asked = {}
+
+    class Data:
+        def train_loader(self, *args, **kwargs):
+            asked.update(kwargs)
+
+    monkeypatch.setattr(tasks, "build_resegmentation", lambda cfg, data: None)
+    cfg = load_config("tiny", ["data.tokenizer=spm", *overrides])
+    tasks.TranslationTask(cfg, DistInfo(), Data()).train_loader()
+    assert asked["plan_on_served"] is served

@@ -54,6 +54,12 @@ class DirectionSampling:
         # Its own stream per (run seed, epoch): independent of subword sampling's draws and of torch's RNG.
         return np.random.default_rng([self.seed, epoch, 0xB1D]).random(n) < self.rate
 
+    @property
+    def epoch_note(self) -> str:
+        """What the run's log says of the latest epoch served (nothing once no pair is reversed)."""
+        return f"{self.reversed_share:.0%} of the training pairs served reversed (bidirectional training)" \
+            if self.reversed_share else ""
+
     def __call__(self, epoch: int) -> tuple[Ids, Ids]:
         src, tgt = self.base(epoch)
         flip = self.reversed_rows(epoch, len(src))

@@ -84,5 +84,5 @@ EXTENSION = Extension(
     kind="resegmentation", on=lambda section: section.alpha != 0.0,
     # the first resegmentation: it reads the training text itself
     install=lambda cfg, data, resegment: sampled_segmentation(cfg.subword_sampling, data, cfg.train.seed),
-    validate=validate,
+    validate=validate, changes_lengths=True,
 )

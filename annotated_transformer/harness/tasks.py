@@ -116,7 +116,8 @@ class TranslationTask:
         """Length-bucketed (or the notebook's) batches, sharded by rank; resegmented each epoch (subword sampling)."""
         return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size, pin_memory=pin_memory,
                                       resegment=build_resegmentation(self.cfg, self.data),
-                                      plan_on_served=self.cfg.subword_sampling.alpha > 0)
+                                      plan_on_served=any(extension.changes_lengths
+                                                         for extension in self.cfg.extensions_on("resegmentation")))
 
     def val_batches(self, static: bool = False) -> list[Batch]:
         """Teacher-forced validation batches of this rank's share of the val split (`static`: of fixed shapes)."""

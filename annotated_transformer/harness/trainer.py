@@ -155,10 +155,9 @@ class Trainer:
             self.loader.set_epoch(self.train_state.epoch)
             self.run_state.meter = LossMeter(self.device)
             t_data = getattr(self.loader, "resegment_seconds", 0.0)  # resegmenting is training time too
-            reversed_share = getattr(getattr(self.loader, "resegment", None), "reversed_share", 0.0)  # bidirectional
-            if reversed_share and self.info.is_main:
-                self.log(f"epoch {self.train_state.epoch + 1}: {reversed_share:.0%} of the training pairs served "
-                         f"reversed (bidirectional training)")
+            note = getattr(getattr(self.loader, "resegment", None), "epoch_note", "")  # a resegmentation's word
+            if note and self.info.is_main:
+                self.log(f"epoch {self.train_state.epoch + 1}: {note}")
         self.mid_epoch, self.stopping = False, False
         first_batch = self.loader.taken  # 0, or where a resumed epoch continues
         steps = -(-len(self.loader) // t.accum_steps)  # the last group may be short
