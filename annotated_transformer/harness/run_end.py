@@ -94,7 +94,7 @@ def relative(path: Path) -> str:
 
 def final_scores(tr: EndingRun, results: dict[str, Any], chosen: str, chosen_file: Path,
                  averaged: Path | None) -> Path:
-    """Val BLEU of the chosen weights (best.pt, or avg.pt if it scores higher), then greedy and beam
+    """Val BLEU of the chosen weights (best, or avg if it scores higher), then greedy and beam
     BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone).
     Returns the file of the chosen weights."""
     score, t, beam_size = tr.task.score, tr.cfg.train, tr.cfg.decode.beam_size

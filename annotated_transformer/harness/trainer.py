@@ -139,7 +139,7 @@ class Trainer:
                 record = self.validate(epoch, train_loss, time.perf_counter() - t_epoch)
                 self.save(record, t_epoch)
             self.stopper.restore()  # from here on Ctrl-C interrupts at once
-            self.checkpoints.wait()  # best.pt on disk before finish reads it back
+            self.checkpoints.wait()  # the best model file on disk before finish reads it back
             return self.finish()
         except TrainingDiverged as exc:
             raise TrainingDiverged(f"{exc}, then {self.checkpoints.restart_hint()}") from None
@@ -264,7 +264,7 @@ class Trainer:
         return self.ema.swapped_in() if self.ema is not None else nullcontext()
 
     def save(self, record: dict[str, Any], t_epoch: float) -> None:
-        """After an epoch: best.pt when validation improved, epoch_NN.pt, last.pt; log the record."""
+        """After an epoch: the best model file when validation improved, epoch_NN, last.pt; log the record."""
         t, s, epoch = self.cfg.train, self.train_state, record["epoch"]
         t_save = time.perf_counter()
         metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
@@ -293,8 +293,8 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     """Train one rank (of one or many, under torchrun) from a validated config; return the final figures.
 
     Builds data, model, loss, optimizer and schedule; trains epoch by epoch; computes validation
-    loss every epoch and validation BLEU every `train.bleu_every` epochs; keeps `best.pt`,
-    `last.pt` and `epoch_NN.pt`; finally scores the test split with the best weights and shows a
+    loss every epoch and validation BLEU every `train.bleu_every` epochs; keeps the best model file,
+    `last.pt` and the last epochs' model files; finally scores the test split with the best weights and shows a
     few translations (or, for the copy task, counts exact copies). Rank 0's lines go to the run's train.log too,
     the error that ends a run among them.
     """
