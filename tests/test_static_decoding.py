@@ -122,10 +122,17 @@ def test_translate_ids_pads_every_batch_to_a_fixed_shape(monkeypatch):
     assert shapes == []  # beam search and local attention's band decode on the shapes they meet
 
 
-def test_validation_step_follows_train_compile():
-    assert validation_step(False) is static_step
-    assert validation_step(True) is validation_step(True)  # compiled once per process
-    assert validation_step("captured") is not validation_step(True)
+def test_validation_step_follows_train_compile(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled.append(kwargs["mode"]) or (fn, kwargs["mode"]))
+    static_decoding.compiled_step.cache_clear()
+    try:
+        assert validation_step(False) is static_step
+        assert validation_step(True) == (static_step, None) and validation_step(True) is validation_step(True)
+        assert validation_step("captured") == (static_step, "reduce-overhead")
+        assert compiled == [None, "reduce-overhead"]  # compiled once per process and mode
+    finally:
+        static_decoding.compiled_step.cache_clear()
 
 
 @pytest.mark.slow

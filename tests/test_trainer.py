@@ -98,6 +98,7 @@ def test_the_train_command_reaches_train_step_in_the_five_calls_its_docstring_na
 # --------------------------------------------------------------------------- divergence
 
 
+@pytest.mark.slow  # two trainings (3 s on 2 cores alone)
 def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp_path, train_command):
     out = tmp_path / "run"
     common = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=5", "train.log_every=5", *QUIET]
@@ -126,6 +127,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if p.suffix in (".pt", ".safetensors", ".json")]
 
 
+@pytest.mark.slow  # builds the tiny Multi30k task and trains to a nan (3 s on 2 cores alone)
 def test_a_diverging_first_epoch_suggests_starting_again(tiny_config, tmp_path):
     cfg = tiny_config(f"train.out_dir={tmp_path}", "train.lr_factor=1e12", "train.log_every=10", *QUIET)
     with pytest.raises(TrainingDiverged, match=r"between steps 1 and 10 .* train.overwrite=true"):

@@ -109,6 +109,7 @@ def test_attention_charts_hold_the_translation_tokens_in_order_and_rows_sum_to_o
                     assert all(r["weight"] == 0 for r in row if r["col"] > i)
 
 
+@pytest.mark.slow  # renders every chart, PNGs through vl-convert included
 def test_only_the_chosen_layers_and_formats(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     # In-process: the command scripts/visualize.py runs, without paying for another interpreter start.
     with pytest.raises(SystemExit) as exc:
