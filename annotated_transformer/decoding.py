@@ -1,6 +1,6 @@
 """Greedy decoding, the notebook's `greedy_decode`, for a batch of sentences; with a key/value cache it is
 `decode.greedy_search`. A sentence ends at its end symbol (kept) or its length limit; the positions after
-its end hold `pad_symbol` (default: the end symbol), as in every decoder's (B, L) output."""
+its end hold `pad_symbol` (else the end symbol, else the start symbol), as in every decoder's output."""
 
 from __future__ import annotations
 
@@ -40,9 +40,7 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
         finished = finished | (limits <= t + 1) | (next_word == end_symbol if end_symbol is not None else False)
         if bool(finished.all()):
             break
-    fill = end_symbol if pad_symbol is None else pad_symbol
-    if fill is None:
-        return ys
+    fill = next(s for s in (pad_symbol, end_symbol, start_symbol) if s is not None)
     ends = ys == end_symbol if end_symbol is not None else torch.zeros_like(ys, dtype=torch.bool)  # (B, L)
     ends[:, 0] = False
     over = (ends.cumsum(1) - ends.long() > 0) | (torch.arange(ys.size(1), device=device) >= limits.unsqueeze(1))

@@ -361,9 +361,9 @@ class CoreConfig:
         """At most one training objective on, those that combine (one wraps the other) counted as one."""
         objectives = [ext for ext in self.EXTENSIONS if ext.kind == "objective"]
         on = [ext.name for ext in objectives if not ext.combines and ext.on(getattr(self, ext.name))]
-        combined = [ext for ext in objectives if ext.combines]
-        if any(ext.on(getattr(self, ext.name)) for ext in combined):
-            on.append(" or ".join(ext.name for ext in combined))
+        combined = [ext.name for ext in objectives if ext.combines and ext.on(getattr(self, ext.name))]
+        if combined:  # those that combine count as one objective
+            on.append(" with ".join(combined))
         if len(on) > 1:
             raise ConfigError(f"{' and '.join(on)} are on together: each replaces the same training loss; "
                               "use one of them")

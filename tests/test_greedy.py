@@ -99,19 +99,24 @@ def test_a_limit_of_one_yields_only_the_start_symbol():
     assert fast[0].tolist()[1:] == [PAD] * (fast.size(1) - 1)
 
 
+def whole_prefix(seed: int, B: int, T: int, norm_first: bool = True):
+    """A random model, its memory of B random sources and mask, T random target ids, and the paper's decode of them."""
+    model = random_model(seed, norm_first=norm_first)
+    src, mask, _ = random_sources(seed, B)
+    tgt = torch.randint(3, 15, (B, T), generator=torch.Generator().manual_seed(seed))  # (B, T)
+    memory = model.encode(src, mask)
+    return model, memory, mask, tgt, model.decode(memory, mask, tgt, subsequent_mask(T)).detach()  # (B, T, d)
+
+
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_a_cached_step_equals_the_last_row_of_the_whole_prefix(norm_first):
     """decode_step on one new position at a time gives what the paper's decode gives on the whole prefix."""
-    model = random_model(9, norm_first=norm_first)
-    src, mask, _ = random_sources(9, 5)
-    tgt = torch.randint(3, 15, (5, 7), generator=torch.Generator().manual_seed(9))  # (B, T)
-    memory = model.encode(src, mask)
-    full = model.decode(memory, mask, tgt, subsequent_mask(7))  # (B, T, d)
+    model, memory, mask, tgt, full = whole_prefix(9, 5, 7, norm_first)
     cache = start_cache(model)
     with torch.no_grad():
         steps = torch.cat([decode_step(model, memory, mask, tgt[:, t:t + 1], cache) for t in range(7)], dim=1)
     assert cache.length == 7 and cache.layers[0][0].k.size(2) == 7  # one cached key per position decoded
-    torch.testing.assert_close(steps, full.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
 
 
 def test_a_step_past_the_positional_table_says_so():
@@ -122,3 +127,22 @@ def test_a_step_past_the_positional_table_says_so():
         decode_step(model, memory, (src != 2).unsqueeze(1), torch.zeros(1, 3, dtype=torch.long), cache)
         with pytest.raises(ValueError, match="exceeds the positional table"):
             decode_step(model, memory, (src != 2).unsqueeze(1), torch.zeros(1, 1, dtype=torch.long), cache)
+
+
+def test_several_new_positions_in_one_step_attend_causally():
+    """decode_step on a block of new positions (the cache's, then four at once) equals the whole prefix's rows."""
+    model, memory, mask, tgt, full = whole_prefix(10, 3, 6)
+    cache = start_cache(model)
+    with torch.no_grad():
+        first = decode_step(model, memory, mask, tgt[:, :2], cache)  # (B, 2, d)
+        block = decode_step(model, memory, mask, tgt[:, 2:], cache)  # (B, 4, d)
+    torch.testing.assert_close(torch.cat([first, block], dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_without_end_or_pad_symbol_the_rows_past_their_limit_hold_the_start_symbol():
+    model = random_model(11)
+    src, mask, _ = random_sources(11, 3)
+    limits = torch.tensor([2, 6, 4])
+    out = greedy_decode(model, src, mask, limits, BOS)
+    assert torch.equal(out, greedy_search(model, src, mask, limits, BOS))
+    assert out[0, 2:].eq(BOS).all() and out[2, 4:].eq(BOS).all()

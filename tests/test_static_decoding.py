@@ -94,6 +94,7 @@ def test_one_graph_serves_every_position_of_a_shape():
         compiled = static_greedy_search(model, src, mask, 14, BOS, EOS, PAD, length=14, step=step)
         assert torch.equal(compiled, greedy_search(model, src, mask, 14, BOS, EOS, PAD))
     assert len(graphs) == 1
+    assert len(static_decoding._KEPT[model]) == 1  # one cache for the shape, its buffers the same every batch
     torch._dynamo.reset()
 
 
@@ -120,6 +121,12 @@ def test_translate_ids_pads_every_batch_to_a_fixed_shape(monkeypatch):
     local = with_local_attention(model, 2)
     assert translate_ids(local, sources, static=static_step, **kwargs) == translate_ids(local, sources, **kwargs)
     assert shapes == []  # beam search and local attention's band decode on the shapes they meet
+    src, mask = padded(sources[:2])
+    with pytest.raises(ValueError, match="no step mask for local attention"):
+        static_greedy_search(local, src, mask, 9, BOS, EOS, PAD)
+    kwargs["batch_size"] = 64
+    translate_ids(model, sources, static=static_step, **kwargs)
+    assert [rows for rows, _, _ in shapes] == [32]  # 21 sentences: padded to the next power of two, not to 64
 
 
 def test_validation_step_follows_train_compile(monkeypatch):
@@ -127,7 +134,7 @@ def test_validation_step_follows_train_compile(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled.append(kwargs["mode"]) or (fn, kwargs["mode"]))
     static_decoding.compiled_step.cache_clear()
     try:
-        assert validation_step(False) is static_step
+        assert validation_step(False) is None  # not compiled: the search on the shapes it meets
         assert validation_step(True) == (static_step, None) and validation_step(True) is validation_step(True)
         assert validation_step("captured") == (static_step, "reduce-overhead")
         assert compiled == [None, "reduce-overhead"]  # compiled once per process and mode
@@ -167,6 +174,8 @@ def test_a_run_with_static_shapes_validates_on_them(tiny_config, tmp_path, monke
         return evaluate(batches, *args, **kwargs)
 
     monkeypatch.setattr("annotated_transformer.harness.trainer.evaluate_loss", evaluating)
+    # the step a compiled run validates with, run eagerly here: a CPU compile would take a minute
+    monkeypatch.setattr("annotated_transformer.harness.trainer.validation_step", lambda compile: static_step)
     code, _, err = train_command("--config", "tiny", f"data.root={tiny_config().data.root}",
                                  f"data.cache_dir={tiny_config().data.cache_dir}", f"train.out_dir={tmp_path}",
                                  "train.max_steps=4", "train.device=cpu", "train.precision=fp32",
@@ -176,7 +185,7 @@ def test_a_run_with_static_shapes_validates_on_them(tiny_config, tmp_path, monke
     records = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
                if r.get("kind") == "epoch"]
     assert records and "bleu" in records[-1] and math.isfinite(records[-1]["val_loss"])
-    rows = tiny_config().decode.batch_size
-    assert searched and all(shape[0] == rows and shape[1] in set(width_ladder(256).tolist()) for shape in searched)
+    rows = {static_decoding.static_rows(n, tiny_config().decode.batch_size) for n in range(1, 1015)}
+    assert searched and all(shape[0] in rows and shape[1] in set(width_ladder(256).tolist()) for shape in searched)
     assert len(set(loss_batches)) <= len(width_ladder(256))  # a few shapes
     assert " static shapes | " in (tmp_path / "train.log").read_text()  # the first line says how many

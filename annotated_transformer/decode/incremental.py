@@ -48,7 +48,11 @@ def decode_step(model: EncoderDecoder, memory: Tensor, src_mask: Tensor, tgt: Te
                          "raise model.max_positions")
     x = position.dropout(embed(tgt) + position.pe[:, start:start + T])  # (B, T, d)
     step_mask = getattr(model, "step_mask", None)
-    self_mask = step_mask(start, T, tgt.device) if step_mask is not None else None  # (1, T, start+T)
+    if step_mask is not None:
+        self_mask = step_mask(start, T, tgt.device)  # (1, T, start+T)
+    else:  # each new position sees the cached ones and the new ones up to itself
+        self_mask = torch.ones(T, start + T, dtype=torch.bool, device=tgt.device).tril(start).unsqueeze(0) \
+            if T > 1 else None
     for layer, (self_cache, src_cache) in zip(model.decoder.layers, cache.layers):
         x = layer.sublayer[0](x, lambda y: cached_attention(layer.self_attn, y, y, y, self_mask, self_cache))
         x = layer.sublayer[1](x, lambda y: cached_attention(layer.src_attn, y, memory, memory, src_mask, src_cache))

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .beam_search import beam_search
 from .incremental import greedy_search
-from .static import Step, static_greedy_search
+from .static import Step, static_greedy_search, static_rows
 from ..fast.cpu_linear import onednn_linears
 from ..data.buckets import pad_rows, width_ladder
 from ..runtime.device import amp_context
@@ -54,8 +54,9 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
 
     Each output starts after <s> and stops before </s> (both removed). The longest output of a
     sentence is its source length + `max_len_a` tokens, capped by the positional table. With a
-    `static` step (static.py), greedy search runs on fixed shapes: every batch `batch_size` rows
-    (filler rows decode nothing), its source and output lengths rounded up the static width ladder.
+    `static` step (static.py), greedy search runs on fixed shapes: a batch's rows padded to a power of two
+    (filler rows decode nothing), its source length rounded up the static width ladder and its output
+    length following from that width.
     """
     if static is not None and (beam_size > 1 or getattr(model, "step_mask", None) is not None):
         static = None  # beam search, and local attention's band, decode on the shapes they meet
@@ -67,14 +68,15 @@ def translate_ids(model: EncoderDecoder, sources: Sequence[Sequence[int]], *, pa
     with onednn_linears(model, enabled=None if device.type == "cpu" else False):  # MKL's or oneDNN's fp32 matmuls
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            rows = [sources[i] for i in idx] + [[bos, eos]] * (batch_size - len(idx) if static else 0)
+            rows = [sources[i] for i in idx] + [[bos, eos]] * (static_rows(len(idx), batch_size) - len(idx)
+                                                               if static else 0)
             width = int(width_ladder(max(map(len, rows)))[-1]) if static else None
             src = pad_rows(rows, pad, width).to(device)  # (B, S)
             max_len = (torch.tensor([len(r) for r in rows]) + max_len_a).clamp(max=cap)
             max_len[len(idx):] = 1  # filler rows: the start symbol alone
             with torch.no_grad(), amp_context(device, amp_dtype):
                 if static is not None:
-                    length = min(int(width_ladder(int(max_len.max()))[-1]), cap)
+                    length = min(int(width_ladder(width + max_len_a)[-1]), cap)  # one output length a width
                     out = static_greedy_search(model, src, padding_mask(src, pad), max_len, bos, eos, pad,
                                                length=length, step=static)
                 else:

@@ -11,12 +11,14 @@ tokens as `greedy_search`, whose search this is (tests/test_static_decoding.py).
 
 from __future__ import annotations
 
+import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..attention import MultiHeadedAttention
 from ..decoding import length_limits
@@ -38,12 +40,29 @@ class StaticCache:
 
     @classmethod
     def start(cls, model: EncoderDecoder, memory: Tensor, length: int) -> StaticCache:
-        """The memory projected by each layer's W^K and W^V, and zeroed buffers for `length` target positions."""
+        """The cache of a search: the memory projected by each layer's W^K and W^V, in buffers for `length` target
+        positions kept per model and shape, so that a captured step reads and writes the same addresses every
+        batch (marked static on CUDA: a graph neither copies them nor refuses their writes)."""
         heads = [(layer.src_attn._heads(memory, layer.src_attn.linears[1]),
                   layer.src_attn._heads(memory, layer.src_attn.linears[2])) for layer in model.decoder.layers]
-        B, h, _, d_k = heads[0][0].shape
-        empty = [heads[0][0].new_zeros(B, h, length, d_k) for _ in range(2 * len(heads))]  # autocast's dtype
-        return cls(empty[0::2], empty[1::2], [k for k, _ in heads], [v for _, v in heads])
+        B, h, S, d_k = heads[0][0].shape
+        kept = _KEPT.setdefault(model, {})
+        key = (B, S, length, heads[0][0].dtype, memory.device)
+        if key not in kept:
+            empty = [heads[0][0].new_zeros(B, h, length, d_k) for _ in range(2 * len(heads))]  # autocast's dtype
+            kept[key] = cls(empty[0::2], empty[1::2], [k.clone() for k, _ in heads], [v.clone() for _, v in heads])
+            if memory.is_cuda:
+                for buffer in (*kept[key].self_k, *kept[key].self_v, *kept[key].src_k, *kept[key].src_v):
+                    torch._dynamo.mark_static_address(buffer)
+        cache = kept[key]
+        for (k, v), mk, mv in zip(heads, cache.src_k, cache.src_v):
+            mk.copy_(k)
+            mv.copy_(v)
+        return cache  # positions past the search's are masked: the self-attention buffers need no clearing
+
+
+# The caches of static searches, per model (dropped with it) and per shape.
+_KEPT: weakref.WeakKeyDictionary[nn.Module, dict[tuple, StaticCache]] = weakref.WeakKeyDictionary()
 
 
 def _self_attention(attn: MultiHeadedAttention, x: Tensor, pos: Tensor, seen: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -70,15 +89,22 @@ def static_step(model: EncoderDecoder, memory_mask: Tensor, token: Tensor, pos: 
 
 @cache
 def compiled_step(mode: str | None) -> Step:
-    """`static_step` compiled once per process (one graph per shape): mode 'reduce-overhead' captures it as CUDA
-    graphs; None is torch.compile's default."""
-    return torch.compile(static_step, mode=mode, dynamic=False, fullgraph=True)
+    """`static_step` compiled once per process: mode 'reduce-overhead' captures each shape as CUDA graphs; None is
+    torch.compile's default. After its second shape torch.compile makes the shapes symbolic, so more shapes than its
+    recompile limit never send a search back to eager."""
+    return torch.compile(static_step, mode=mode, fullgraph=True)
 
 
-def validation_step(compile: bool | str) -> Step:
+def validation_step(compile: bool | str) -> Step | None:
     """The step that validation decodes with on static shapes, compiled as train.compile says (captured: CUDA
-    graphs)."""
-    return static_step if compile is False else compiled_step("reduce-overhead" if compile == "captured" else None)
+    graphs); None without compiling, where the search on the shapes it meets is faster."""
+    return None if compile is False else compiled_step("reduce-overhead" if compile == "captured" else None)
+
+
+def static_rows(n: int, batch_size: int) -> int:
+    """The rows a batch of `n` sentences is padded to: the next power of two, at most `batch_size` (a few shapes, and
+    a short last batch not padded to a full one)."""
+    return min(batch_size, 2 ** math.ceil(math.log2(max(n, 1))))
 
 
 @torch.no_grad()
@@ -89,11 +115,12 @@ def static_greedy_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, m
 
     `step` is `static_step` or a compiled one (`compiled_step`). Returns (B, L) ids with L <= max(max_len).
     """
+    if getattr(model, "step_mask", None) is not None:
+        raise ValueError("static_greedy_search has no step mask for local attention's band: use greedy_search")
     B, device = src.size(0), src.device
     limits = length_limits(max_len, B, device)
     L = int(limits.max())
-    fill = end_symbol if pad_symbol is None else pad_symbol
-    fill = start_symbol if fill is None else fill
+    fill = next(s for s in (pad_symbol, end_symbol, start_symbol) if s is not None)
     out = torch.full((B, max(L, 1)), fill, dtype=torch.long, device=device)
     out[:, 0] = start_symbol
     if L <= 1:

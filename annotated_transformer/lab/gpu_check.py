@@ -1,7 +1,7 @@
 """`benchmark --gpu`: what one GPU does with the paper's base model, in one call of a few minutes.
 
 Four parts, each written to the JSON as soon as it is measured, so that a call cut short by its time limit
-still returns what it measured:
+still returns what it measured, then the table:
 
 1. peak: the best FLOP/s of large matmuls in the step's precision (the denominator of every MFU here).
 2. steps: the config's training step (forward, loss, backward, clipping, Adam, schedule) at the config's batch
@@ -18,8 +18,10 @@ still returns what it measured:
 4. decode: greedy decoding of val sentences as validation does it, on the config's untrained model: on the shapes
    it meets (`greedy_search`, eager) and on fixed shapes (`static_greedy_search`) eager, compiled and captured, each
    mode as the step modes asked for. Reported: sentences/s of a warm pass, the first pass's extra seconds
-   (compiling, capturing), and whether the tokens equal the dynamic search's. Last, as its compiling takes longest.
-5. The table and `gpu_check.json` in --out.
+   (compiling, capturing), whether the tokens equal the dynamic search's, and how often inductor skipped CUDA
+   graphs. Last, as its compiling takes longest.
+
+The table is printed, and `gpu_check.json` written to --out.
 """
 
 from __future__ import annotations
@@ -218,7 +220,10 @@ def summarize_run(out: Path, code: int, seconds: float, total: int, log_path: Pa
 
 
 def time_decoding(cfg: Config, data: Any, device: torch.device, modes: list[str], log: Log) -> dict[str, Any]:
-    """Greedy decoding of DECODE_SENTENCES val sentences in each of `modes` (module docstring, part 3)."""
+    """Greedy decoding of DECODE_SENTENCES val sentences in each of `modes` (module docstring, part 4); each mode's
+    tokens are compared with the dynamic search's, and the captured mode says how often inductor skipped CUDA graphs."""
+    from torch._dynamo.utils import counters
+
     from ..decode.inference import translate_ids
     from ..decode.static import compiled_step, static_step
     from ..extensions.builder import build_model
@@ -228,27 +233,32 @@ def time_decoding(cfg: Config, data: Any, device: torch.device, modes: list[str]
     steps = {"dynamic": None, "static": static_step, "static compiled": compiled_step(None),
              "static captured": compiled_step("reduce-overhead")}
     text, dec, sources = data.text, cfg.decode, data.splits["val"].src[:DECODE_SENTENCES]
+
+    def decode(mode: str) -> list[list[int]]:
+        return translate_ids(model, sources, pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=device,
+                             max_len_a=dec.max_len_a, batch_size=dec.batch_size, static=steps[mode],
+                             amp_dtype=resolve_amp_dtype(cfg.train.precision, device))
+
+    reference = decode("dynamic") if modes and "dynamic" not in modes else None  # what every mode must give
     rows: dict[str, Any] = {}
-    first: list[list[int]] | None = None
     for mode in modes:
         log(f"decoding, {mode} ({len(sources)} val sentences) ...")
-        seconds = []
+        seconds, skips = [], counters["inductor"]["cudagraph_skips"]
         try:
             for _ in range(2):  # the first pass compiles or captures each shape; the second is the figure
                 synchronize(device)
                 t0 = time.perf_counter()
-                out = translate_ids(model, sources, pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=device,
-                                    max_len_a=dec.max_len_a, batch_size=dec.batch_size, static=steps[mode],
-                                    amp_dtype=resolve_amp_dtype(cfg.train.precision, device))
+                out = decode(mode)
                 synchronize(device)
                 seconds.append(time.perf_counter() - t0)
         except Exception as exc:  # as in the step timing: one mode failing must not cost the others
             log(f"  {mode} failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
             rows[mode] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             continue
-        first = out if first is None else first
+        reference = out if reference is None else reference  # "dynamic" comes first when asked for
         rows[mode] = {"sentences_per_s": len(sources) / seconds[1], "seconds": seconds[1],
-                      "first_pass_extra_s": max(seconds[0] - seconds[1], 0.0), "same_tokens": out == first}
+                      "first_pass_extra_s": max(seconds[0] - seconds[1], 0.0), "same_tokens": out == reference,
+                      "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips}
     return rows
 
 
@@ -332,11 +342,12 @@ def format_gpu_check(result: dict[str, Any]) -> str:
     for mode, error in result["steps"].get("errors", {}).items():
         lines.append(f"{mode}: failed: {error.splitlines()[0]}")
     if result.get("decode"):
-        lines += ["", "| greedy val decoding | sentences/s | first pass extra s | tokens as dynamic |",
-                  "|---|---|---|---|"]
-        lines += [f"| {mode} | failed: {r['error'].splitlines()[0]} | | |" if "error" in r else
+        lines += ["", "| greedy val decoding | sentences/s | first pass extra s | tokens as dynamic | graph skips |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {mode} | failed: {r['error'].splitlines()[0]} | | | |" if "error" in r else
                   f"| {mode} | {r['sentences_per_s']:.0f} | {r['first_pass_extra_s']:.1f} | "
-                  f"{'yes' if r['same_tokens'] else 'NO'} |" for mode, r in result["decode"].items()]
+                  f"{'yes' if r['same_tokens'] else 'NO'} | {r['cudagraph_skips']} |"
+                  for mode, r in result["decode"].items()]
     t = result.get("train")
     if t and t.get("epochs_done"):
         bleu = f", val BLEU {t['val_bleu']:.2f}" if t.get("val_bleu") is not None else ""

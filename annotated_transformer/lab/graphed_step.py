@@ -8,8 +8,11 @@ one graph launch; the GPU check times both, and whichever is faster is what trai
 For each new (source, target) shape: a few eager steps on a side stream (a graph needs the allocations
 and Adam's state to exist before it records), then one recorded step on static input tensors. After
 that a batch of the shape is copied into them and the graph replayed. The learning rate must be a
-device tensor (harness.schedules.rate_on_device) and Adam fused; autocast runs without its weight cache,
-which a replayed graph would read stale. The side stream's steps update the weights: a benchmark's
+device tensor (harness.schedules.rate_on_device); Adam is made capturable here (its step checks that
+before a graph records it); autocast runs without its weight cache, which a replayed graph would read
+stale. The graphs share one memory pool: safe here because each replay rewrites every gradient and
+intermediate it reads, the summed loss is copied out after each replay, and the weights and Adam's state
+were allocated before any recording. The side stream's steps update the weights: a benchmark's
 warm-up, not a training. Off CUDA (`record=False`) the same step on the same static tensors runs
 eagerly, which is what the CPU tests compare with `train_step`.
 """
@@ -45,6 +48,9 @@ class GraphedStep:
         self.amp_dtype, self.clip_grad_norm, self.record, self.warmup = amp_dtype, clip_grad_norm, record, warmup
         self.shapes: dict[tuple[tuple[int, ...], tuple[int, ...]], _Shape] = {}
         self.pool = None  # one memory pool shared by every shape's graph (they never run at once)
+        if record:
+            for group in optimizer.param_groups:
+                group["capturable"] = True  # Adam refuses to be recorded otherwise
 
     def __call__(self, batch: Batch, norm: float) -> Tensor:
         key = (tuple(batch.src.shape), tuple(batch.tgt.shape))
