@@ -178,6 +178,34 @@ def weights_only_roundtrip():
 
 
 @pytest.fixture(scope="session")
+def mid_epoch_resume(weights_only_roundtrip):
+    """A function: `mid_epoch_resume(make_loader, epoch, taken)` stops a loader from `make_loader()` after `taken`
+    batches of `epoch`, saves its state as a checkpoint holds it, loads that into a fresh loader (set to another
+    epoch first, as a new process does) and asserts the batches taken and the rest are the uninterrupted epoch's;
+    returns (the saved state, the fresh loader, the uninterrupted epoch's batches)."""
+
+    def resume(make_loader, epoch: int, taken: int) -> tuple[dict, object, list]:
+        full = make_loader()
+        full.set_epoch(epoch)
+        full = list(full)
+        first = make_loader()
+        first.set_epoch(epoch)
+        it = iter(first)
+        before = [next(it) for _ in range(taken)]
+        state = weights_only_roundtrip(first.state_dict())
+        second = make_loader()
+        second.set_epoch(0)
+        second.load_state_dict(state)
+        rest = list(second)
+        assert len(before) + len(rest) == len(full)
+        for a, b in zip(before + rest, full):
+            assert torch.equal(a.src, b.src) and torch.equal(a.tgt, b.tgt) and torch.equal(a.tgt_y, b.tgt_y)
+        return state, second, full
+
+    return resume
+
+
+@pytest.fixture(scope="session")
 def command():
     """A function: `command(name, *args, stdin=b"")` runs `python -m annotated_transformer NAME ARGS` (what
     scripts/NAME.py runs) in this process, with `stdin` as its standard input; returns (exit code, stdout bytes,
