@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
@@ -14,13 +13,6 @@ from annotated_transformer.runtime.errors import ConfigError, DataError
 
 GERMAN = ["Ein Mann fährt Fahrrad.", "Eine Frau fährt Auto.", "Ein Hund läuft  im Park.", "Ein Mann läuft."]
 ENGLISH = ["A man rides a bike.", "A woman drives a car.", "A dog runs in the park.", "A man runs."]
-
-
-def torch_roundtrip(obj):
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 # --------------------------------------------------------------------------- Vocab
@@ -93,9 +85,9 @@ def test_lowercase_mode():
     assert text.ids_to_text(text.text_to_ids("EIN MANN", "src"), "src") == "ein mann"
 
 
-def test_word_state_dict_is_weights_only_safe_and_round_trips(tmp_path):
+def test_word_state_dict_is_weights_only_safe_and_round_trips(tmp_path, weights_only_roundtrip):
     text = word_pipeline()
-    restored = TextPipeline.from_state_dict(torch_roundtrip(text.state_dict()))
+    restored = TextPipeline.from_state_dict(weights_only_roundtrip(text.state_dict()))
     assert restored == text
     text.save(tmp_path / "vocab")
     names = sorted(p.name for p in (tmp_path / "vocab").iterdir())
@@ -146,10 +138,10 @@ def test_spm_detokenises_exactly(spm_pipeline):
         assert "".join(text.ids_to_tokens(ids)).replace("\u2581", " ").strip() == sentence
 
 
-def test_spm_state_dict_round_trip(spm_pipeline, tmp_path):
+def test_spm_state_dict_round_trip(spm_pipeline, tmp_path, weights_only_roundtrip):
     state = spm_pipeline.state_dict()
     assert isinstance(state["spm_model"], torch.Tensor) and state["spm_model"].dtype == torch.uint8
-    restored = TextPipeline.from_state_dict(torch_roundtrip(state))
+    restored = TextPipeline.from_state_dict(weights_only_roundtrip(state))
     assert restored == spm_pipeline
     spm_pipeline.save(tmp_path)
     assert {"spm.model", "spm.vocab", "text_pipeline.json"} <= {p.name for p in tmp_path.iterdir()}
