@@ -359,9 +359,9 @@ class CoreConfig:
 
     def _validate_objectives(self) -> None:
         """At most one training objective on, those that combine (one wraps the other) counted as one."""
-        objectives = [ext for ext in self.EXTENSIONS if ext.kind == "objective"]
-        on = [ext.name for ext in objectives if not ext.combines and ext.on(getattr(self, ext.name))]
-        combined = [ext.name for ext in objectives if ext.combines and ext.on(getattr(self, ext.name))]
+        objectives = self.extensions_on("objective")
+        on = [ext.name for ext in objectives if not ext.combines]
+        combined = [ext.name for ext in objectives if ext.combines]
         if combined:  # those that combine count as one objective
             on.append(" with ".join(combined))
         if len(on) > 1:

@@ -90,7 +90,7 @@ def test_a_command_run_in_process_never_restarts_the_process(monkeypatch):
     from annotated_transformer.cli import train
 
     calls = []
-    monkeypatch.setattr(train, "relaunch_with_malloc", lambda argv: calls.append(("relaunch", argv)))
+    monkeypatch.setattr(train, "launch", lambda argv: calls.append(("relaunch", argv)))
     monkeypatch.setattr(train, "main", lambda argv, prog=None: calls.append(("main", argv)) or 0)
     with pytest.raises(SystemExit):
         run("train", ["--config", "copy.yaml"], "train.py")  # as a test or a notebook calls it

@@ -48,15 +48,15 @@ def run(command: str, argv: list[str], prog: str, whole_process: bool = False) -
     """Run one command with its arguments: its one-line errors and exit code as every script has them.
 
     `whole_process`: the command is this process's own (a script, `python -m`, the console command), so it
-    runs the command's launcher step first: the train command's `relaunch_with_malloc`, which on the CPU
-    restarts the process under tcmalloc. A command called in-process (a test, a notebook) never restarts it.
+    runs the command module's launcher step first, where it has one (`launch`: the train command's restarts
+    the process under tcmalloc on the CPU). A command called in-process (a test, a notebook) never restarts it.
     """
     command = command_name(command) or command
     module = importlib.import_module(f".{COMMANDS[command][0]}", __name__)
 
     def command_main() -> int | None:
-        if whole_process and command == "train":
-            module.relaunch_with_malloc(argv)  # returns where no restart applies
+        if whole_process and hasattr(module, "launch"):
+            module.launch(argv)  # returns where no restart applies
         return module.main(argv, prog=prog)
 
     run_cli(command_main)

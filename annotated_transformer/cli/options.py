@@ -60,7 +60,7 @@ class CommandParser(argparse.ArgumentParser):
         """argparse's, with what it does not recognise refused in one line that says what was meant."""
         args = self.renamed(sys.argv[1:] if args is None else args)
         self.given = args
-        parsed, extras = self.parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)  # renamed already
         if extras:
             fail(self.unrecognised(extras, args))
         return parsed

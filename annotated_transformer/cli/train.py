@@ -52,12 +52,15 @@ def relaunch_with_malloc(argv: list[str] | None = None) -> None:
     preload_or_note(cfg.train.malloc, cfg.train.device)
 
 
+launch = relaunch_with_malloc  # the launcher step the dispatcher runs before main (cli.run)
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train from a config; the exit code of a run stopped by a signal is 128 + its number.
 
     The way to `train_step`: main -> harness.trainer.train_worker -> Trainer.fit -> Trainer.train_epoch ->
     harness.train_loop.train_loop -> loop.train_step. Run as a process of its own (scripts/train.py,
-    `python -m annotated_transformer train`, the console command), the launcher calls `relaunch_with_malloc`
+    `python -m annotated_transformer train`, the console command), the launcher calls `launch` (`relaunch_with_malloc`)
     first; a call from Python (a test, a notebook) leaves its process as it is.
     """
     args, cfg = parse(argv, prog)

@@ -106,7 +106,6 @@ class Trainer:
         self.stopper = StopSignal()
         self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
         self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
-        self.write = self.log  # rank 0's log lines during an epoch (through the progress bar when it shows)
         # (step, train_seconds, wall_seconds, tokens) when fit began, and whether the early warning is settled
         self.speed_mark: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
         self.speed_checked = not info.is_main
@@ -164,7 +163,6 @@ class Trainer:
         bar = tqdm(total=steps, desc=f"epoch {self.train_state.epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
         self.metrics.new_epoch()
-        self.write = self.log  # print0 writes above the bar while it shows
         self.step_clock = time.perf_counter()
         self.run_state.meter.start_clock()
         self._look_again(after=self.step_clock)
@@ -173,7 +171,7 @@ class Trainer:
                 self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler, self.train_state,
                 accum_iter=t.accum_steps, device=self.device, amp_dtype=self.amp_dtype,
                 clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
-                hooks=LoopHooks(log=self.write if self.info.is_main else None, on_log=self._on_log,
+                hooks=LoopHooks(log=self.log if self.info.is_main else None, on_log=self._on_log,
                                 should_stop=self._should_stop, progress=None if bar.disable else bar),
                 meter=self.run_state.meter, objective=self.objective)
         self.train_state.train_seconds += time.perf_counter() - self.step_clock + t_data
@@ -214,7 +212,7 @@ class Trainer:
             return
         line = speed_warning(self, at_epoch_end)
         if line is not None:
-            (self.log if at_epoch_end else self.write)(line)
+            self.log(line)  # print0 writes above the progress bar while it shows
         self.speed_checked = line is not None or at_epoch_end
         self._look_again(after=time.perf_counter())
 
