@@ -70,13 +70,14 @@ class MultiHeadedAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
         """query (B, T, d), key/value (B, S, d), mask (B, 1 or T, S) -> (B, T, d)."""
-        q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
         k = self._heads(key, self.linears[1])  # (B, h, S, d_k)
         v = self._heads(value, self.linears[2])  # (B, h, S, d_k)
-        return self.linears[3](self.attend(q, k, v, mask))  # (B, T, d)
+        return self.attend(query, k, v, mask)  # (B, T, d)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """Equation 1 in every head, heads concatenated: q (B, h, T, d_k), k/v (B, h, S, d_k) -> (B, T, h * d_k)."""
+    def attend(self, query: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """query (B, T, d) against projected keys/values k, v (B, h, S, d_k) -> (B, T, d): W^Q, equation 1 in
+        every head, the heads concatenated, W^O."""
+        q = self._heads(query, self.linears[0])  # (B, h, T, d_k)
         if mask is not None:
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
             if mask.dtype != torch.bool:
@@ -89,4 +90,4 @@ class MultiHeadedAttention(nn.Module):
             x, probs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None  # (B, h, T, d_k)
         for hook in self.hooks:
             hook(self, k, probs)
-        return x.transpose(1, 2).reshape(q.size(0), -1, self.h * self.d_k)  # (B, T, d)
+        return self.linears[3](x.transpose(1, 2).reshape(q.size(0), -1, self.h * self.d_k))  # (B, T, d)

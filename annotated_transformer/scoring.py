@@ -19,6 +19,7 @@ Both modes add "chrf" (chrF2: character 6-grams, beta 2, sacreBLEU's defaults) o
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -58,6 +59,7 @@ def headline_key(mode: str) -> str:
 LANG_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 
 
+@functools.cache  # what it finds installed does not change while a process runs: one check, not one a validation
 def bleu_tokenizer(mode: str, lang: str | None = None) -> str:
     """sacreBLEU's `tokenize` for a tokenisation mode and target language: "none" in word mode (the model's own
     tokens), else 13a or the target language's (LANG_TOKENIZERS), "char" where that one's MeCab is missing."""

@@ -35,6 +35,7 @@ from .buckets import (
     notebook_batches,
     shard,
     static_batches,
+    static_groups,
 )
 from .vocab import PAD
 
@@ -190,7 +191,8 @@ class TrainLoader:
         static)."""
         if not self.static_shapes:
             return []
-        return sorted({(b.rows, b.width) for b in self.sampler.global_plan(0)}, key=lambda shape: shape[1])
+        widths = np.maximum(self.sampler.src_lens, self.sampler.tgt_lens)
+        return [(rows, width) for width, _, rows, _ in static_groups(widths, self.sampler.batch_tokens)]
 
     @property
     def world_size(self) -> int:

@@ -22,12 +22,16 @@ from .kv_cache import AttentionCache, DecoderCache
 def cached_attention(attn: MultiHeadedAttention, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
                      cache: AttentionCache) -> Tensor:
     """`attn(query, key, value, mask)` for the new query positions, the keys/values kept in `cache`."""
-    q = attn._heads(query, attn.linears[0])  # (B, h, T, d_k)
     if cache.static and cache.k is not None:
         k, v = cache.k, cache.v  # the memory, projected on the first step
     else:
         k, v = cache.update(attn._heads(key, attn.linears[1]), attn._heads(value, attn.linears[2]))  # (B, h, S, d_k)
-    return attn.linears[3](attn.attend(q, k, v, mask))  # (B, T, d)
+    return attn.attend(query, k, v, mask)  # (B, T, d)
+
+
+def longest_target(model: EncoderDecoder) -> int:
+    """The most target positions `model` decodes: the length of its positional table (config: model.max_positions)."""
+    return model.tgt_embed[1].pe.size(1)
 
 
 def start_cache(model: EncoderDecoder) -> DecoderCache:
@@ -43,8 +47,8 @@ def decode_step(model: EncoderDecoder, memory: Tensor, src_mask: Tensor, tgt: Te
     """
     start, T = cache.advance(tgt.size(1)), tgt.size(1)
     embed, position = model.tgt_embed  # Embeddings, PositionalEncoding
-    if start + T > position.pe.size(1):
-        raise ValueError(f"sequence of {start + T} positions exceeds the positional table ({position.pe.size(1)}); "
+    if start + T > longest_target(model):
+        raise ValueError(f"sequence of {start + T} positions exceeds the positional table ({longest_target(model)}); "
                          "raise model.max_positions")
     x = position.dropout(embed(tgt) + position.pe[:, start:start + T])  # (B, T, d)
     step_mask = getattr(model, "step_mask", None)

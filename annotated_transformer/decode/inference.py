@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .beam_search import beam_search
-from .incremental import greedy_search
+from .incremental import greedy_search, longest_target
 from .static import Step, static_greedy_search, static_rows
 from ..fast.cpu_linear import onednn_linears
 from ..data.buckets import pad_rows, width_ladder
@@ -28,11 +28,6 @@ def decode_batch(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: 
     if beam_size == 1:
         return greedy_search(model, src, src_mask, max_len, start_symbol, end_symbol, pad_symbol)
     return beam_search(model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha, pad_symbol)
-
-
-def longest_target(model: EncoderDecoder) -> int:
-    """The most target positions `model` decodes: the length of its positional table (`model.max_positions`)."""
-    return model.tgt_embed[1].pe.size(1)
 
 
 def strip_special(ids: list[int], start_symbol: int, end_symbol: int | None,

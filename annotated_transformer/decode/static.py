@@ -69,7 +69,7 @@ def _self_attention(attn: MultiHeadedAttention, x: Tensor, pos: Tensor, seen: Te
     """x (B, 1, d) at position `pos`: its keys/values written into k, v (B, h, L, d_k), then attention over `seen`."""
     k.index_copy_(2, pos.view(1), attn._heads(x, attn.linears[1]))
     v.index_copy_(2, pos.view(1), attn._heads(x, attn.linears[2]))
-    return attn.linears[3](attn.attend(attn._heads(x, attn.linears[0]), k, v, seen))  # (B, 1, d)
+    return attn.attend(x, k, v, seen)  # (B, 1, d)
 
 
 def static_step(model: EncoderDecoder, memory_mask: Tensor, token: Tensor, pos: Tensor, cache: StaticCache) -> Tensor:
@@ -81,8 +81,7 @@ def static_step(model: EncoderDecoder, memory_mask: Tensor, token: Tensor, pos: 
     for i, layer in enumerate(model.decoder.layers):
         k, v, mk, mv = cache.self_k[i], cache.self_v[i], cache.src_k[i], cache.src_v[i]
         x = layer.sublayer[0](x, lambda y: _self_attention(layer.self_attn, y, pos, seen, k, v))
-        a = layer.src_attn
-        x = layer.sublayer[1](x, lambda y: a.linears[3](a.attend(a._heads(y, a.linears[0]), mk, mv, memory_mask)))
+        x = layer.sublayer[1](x, lambda y: layer.src_attn.attend(y, mk, mv, memory_mask))
         x = layer.sublayer[2](x, layer.feed_forward)
     return model.generator.logits(model.decoder.norm(x)[:, -1])  # (B, V)
 
