@@ -193,10 +193,11 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
 
 
 def prepare_output(path: Path, overwrite: bool) -> None:
-    """Make the hypotheses file's folder; an existing file is refused unless `overwrite` (before any translating)."""
-    if path.exists() and not overwrite:
-        raise UserError(f"{path} already holds hypotheses from an earlier evaluate; pass --overwrite to replace it, "
-                        "or --out FILE to write them elsewhere")
+    """Make the hypotheses file's folder; an existing file is refused unless `overwrite` (before any translating),
+    as every command's output is (`refuse_to_replace`)."""
+    from .runtime.files import refuse_to_replace
+
+    refuse_to_replace(path, overwrite)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

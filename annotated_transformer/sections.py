@@ -120,10 +120,10 @@ class TrainConfig:
     clip_grad_norm: float = param(0.0, "clip the gradient's global norm to this (0: no clipping)")
     device: str = param("auto", "'auto' (cuda, else mps, else cpu) or an explicit torch device like 'cuda:1'")
     malloc: str = param("auto", "the C allocator of a training process: 'auto' (on the CPU, tcmalloc where the "
-                        "machine has it, else the system's), 'system', 'tcmalloc' (an error if missing) or a "
-                        "library's path (any device); the train command restarts itself with it preloaded, the "
-                        "benchmark times its training steps under it (CPU training ran 1.13-1.24x faster under "
-                        "tcmalloc than glibc's)")
+                        "machine has it, else the system's), 'system', 'tcmalloc' (an error if missing) or, on the "
+                        "command line only, a library's path (any device; a config file may not name code to load); "
+                        "the train command restarts itself with it preloaded, the benchmark times its training "
+                        "steps under it (CPU training ran 1.13-1.24x faster under tcmalloc than glibc's)")
     precision: str = param("auto", "'auto' (bf16 autocast where the GPU or CPU runs bf16 natively, fp32 elsewhere), "
                            "'bf16' or 'fp32'",
                            choices=("auto", "bf16", "fp32"))

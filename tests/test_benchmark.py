@@ -112,6 +112,18 @@ def test_benchmark_bad_input_is_one_clear_line(args, needle, command):
     assert stdout == b""
 
 
+@pytest.mark.parametrize("table, name", [([], "benchmark.json"), (["--engines"], "engines.json"),
+                                         (["--gpu"], "gpu_check.json"), (["--products"], "products.json")])
+def test_an_earlier_benchmark_file_is_refused_before_anything_is_measured(tmp_path, command, table, name):
+    earlier = tmp_path / name
+    earlier.write_text("{}\n")
+    code, stdout, stderr = command("benchmark", "--config", "tiny", *table, "--out", tmp_path)
+    assert code == 2 and stdout == b""
+    assert stderr.decode().splitlines() == [f"error: {earlier} already exists (a file); choose another --out, or "
+                                            "pass --overwrite to replace it"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name] and earlier.read_text() == "{}\n"
+
+
 def test_matmul_peak_is_the_best_of_its_timed_runs(monkeypatch):
     from annotated_transformer.lab import hardware
 

@@ -22,13 +22,16 @@ from annotated_transformer.runtime.errors import CheckpointError, ConfigError
 from annotated_transformer.deploy.translator import resolve_checkpoint, torch_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = {"--checkpoint", "--out", "--quantize", "--limit", "--device", "--beam"}
-# Which shared options each command takes (the rest have no use for them).
+SHARED = {"--checkpoint", "--out", "--overwrite", "--quantize", "--limit", "--device", "--beam"}
+# Which shared options each command takes (the rest have no use for them). --overwrite: every command that writes
+# files the user names (train and sweep write run folders, which have train.overwrite=true).
 TAKES = {
-    "train": {"--out", "--device"}, "translate": {"--checkpoint", "--out", "--quantize", "--device", "--beam"},
-    "evaluate": SHARED, "export": {"--checkpoint", "--out", "--quantize"},
-    "visualize": {"--checkpoint", "--out", "--device", "--beam"}, "average-checkpoints": {"--out"},
-    "sweep": {"--out"}, "benchmark": {"--checkpoint", "--out", "--limit", "--device"}, "prepare-data": set(),
+    "train": {"--out", "--device"},
+    "translate": {"--checkpoint", "--out", "--overwrite", "--quantize", "--device", "--beam"},
+    "evaluate": SHARED, "export": {"--checkpoint", "--out", "--overwrite", "--quantize"},
+    "visualize": {"--checkpoint", "--out", "--overwrite", "--device", "--beam"},
+    "average-checkpoints": {"--out", "--overwrite"}, "sweep": {"--out"},
+    "benchmark": {"--checkpoint", "--out", "--overwrite", "--limit", "--device"}, "prepare-data": set(),
 }
 
 
@@ -59,7 +62,7 @@ def test_every_command_spells_the_shared_options_alike(command):
     options = {s for action in parser._actions for s in action.option_strings}
     assert options & SHARED == TAKES[command]
     shown = parser.format_help()
-    for old in ("--output", "--quantization", "--sentences", "--model"):
+    for old in ("--output", "--quantization", "--sentences", "--model", "--force"):
         assert old not in shown  # old spellings parse, but --help teaches one vocabulary
 
 
@@ -70,6 +73,7 @@ def test_every_command_spells_the_shared_options_alike(command):
     ("benchmark", ["--config", "tiny", "--sentences", "12"], "limit", 12),
     ("translate", ["--model", "exported/x"], "checkpoint", "exported/x"),
     ("benchmark", ["--config", "tiny", "--sweep"], "shape_sweep", True),
+    ("export", ["--checkpoint", "r", "--out", "o", "--force"], "overwrite", True),
 ])
 def test_old_spellings_still_work(command, argv, dest, value):
     assert getattr(parser_of(command).parse_args(argv), dest) == value
@@ -212,6 +216,63 @@ def test_a_file_in_a_file_out_and_a_bad_line_later(tiny_checkpoint, translator, 
     lines = err.decode().strip().splitlines()
     assert code == 2 and len(lines) == 1 and "not valid UTF-8 (line 2" in lines[0]
     assert stdout.decode().splitlines() in ([], translator.translate(["Ein Mann."]))  # never past the bad line
+
+
+
+def test_translating_into_the_same_file_again_needs_overwrite(tiny_checkpoint, translator, tmp_path, capsysbinary,
+                                                              monkeypatch):
+    src, out = tmp_path / "de.txt", tmp_path / "en.txt"
+    src.write_text("Ein Mann.\n", encoding="utf-8")
+    args = ("--checkpoint", str(tiny_checkpoint), "--input", str(src), "--out", str(out))
+    code, _, err = translate_in_process(capsysbinary, monkeypatch, *args)
+    assert code == 0, err
+    first = out.read_text(encoding="utf-8")
+    src.write_text("Eine Frau.\nKinder spielen.\n", encoding="utf-8")
+    code, stdout, err = translate_in_process(capsysbinary, monkeypatch, *args)  # the same command again
+    assert code == 2 and stdout == b""
+    assert err.decode().splitlines() == [f"error: {out} already exists (a file); choose another --out, or pass "
+                                         "--overwrite to replace it"]
+    assert out.read_text(encoding="utf-8") == first
+    code, _, err = translate_in_process(capsysbinary, monkeypatch, *args, "--overwrite")
+    assert code == 0, err
+    assert out.read_text(encoding="utf-8").splitlines() == translator.translate(["Eine Frau.", "Kinder spielen."])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt", "en.txt"]  # no temporary left
+
+
+@pytest.mark.parametrize("spelling", ["same", "another"])
+def test_translate_never_writes_over_its_input(tiny_checkpoint, tmp_path, capsysbinary, monkeypatch, spelling):
+    src = tmp_path / "de.txt"
+    src.write_text("Ein Mann.\n", encoding="utf-8")
+    out = src if spelling == "same" else tmp_path / "sub" / ".." / "de.txt"
+    (tmp_path / "sub").mkdir()
+    for extra in ((), ("--overwrite",)):
+        code, stdout, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", str(tiny_checkpoint),
+                                                 "--input", str(src), "--out", str(out), *extra)
+        assert code == 2 and stdout == b""
+        assert err.decode().splitlines() == [f"error: --out {out} is the --input file, which the command reads: it "
+                                             "is never replaced, not even with --overwrite; choose another --out"]
+    assert src.read_text(encoding="utf-8") == "Ein Mann.\n"
+
+
+def test_a_translate_killed_while_writing_leaves_the_old_output_whole(tiny_checkpoint, tmp_path, capsysbinary,
+                                                                     monkeypatch):
+    from annotated_transformer.cli import translate
+
+    src, out = tmp_path / "de.txt", tmp_path / "en.txt"
+    src.write_text("Ein Mann.\n", encoding="utf-8")
+    out.write_text("the earlier translation\n", encoding="utf-8")
+
+    def half_then_killed(translator, decode, lines, first, stream):
+        stream.write("half a transl")
+        stream.flush()
+        raise KeyboardInterrupt  # Ctrl-C in the middle of writing
+
+    monkeypatch.setattr(translate, "write_translations", half_then_killed)
+    code, _, _ = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", str(tiny_checkpoint), "--input",
+                                      str(src), "--out", str(out), "--overwrite")
+    assert code == 130
+    assert out.read_text(encoding="utf-8") == "the earlier translation\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt", "en.txt"]
 
 
 @pytest.mark.slow

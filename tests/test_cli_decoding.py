@@ -13,7 +13,7 @@ from annotated_transformer import Translator
 from annotated_transformer.decode.beam_search import beam_search
 from annotated_transformer.decode.incremental import greedy_search
 from annotated_transformer.decoding import greedy_decode
-from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
+from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
 from annotated_transformer.extensions.builder import build_model
 from annotated_transformer.deploy.translator import set_token_reduction
 
@@ -227,7 +227,7 @@ def test_average_checkpoints(tiny_checkpoint, tmp_path, command):
     out = tmp_path / "avg.safetensors"
     code, stdout, stderr = command("average", tiny_checkpoint, tmp_path / "shifted.pt", "--output", out)
     assert code == 0, stderr.decode()
-    assert stdout.decode() == f"averaged 2 checkpoints into {out} (config and vocabulary in avg.json)\n"
+    assert stdout.decode() == f"averaged 2 checkpoints into {out} (config and vocabulary inside)\n"
     avg = load_checkpoint(out)
     for k, v in payload["model"].items():
         if v.is_floating_point():

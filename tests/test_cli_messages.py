@@ -15,7 +15,7 @@ from annotated_transformer.cli import COMMANDS, command_name, main as cli_main
 from annotated_transformer.config import load_config
 from annotated_transformer.config.loading import closest_key
 from annotated_transformer.runtime.errors import ConfigError, excerpt
-from annotated_transformer.harness.checkpointing import load_checkpoint, not_a_checkpoint
+from annotated_transformer.checkpoints import load_checkpoint, not_a_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -244,6 +244,46 @@ def test_export_maps_the_vocabulary_onto_ctranslate2s_weight_types():
     assert CT2_WEIGHTS == {"none": "float32", "int8": "int8", "bf16": "bfloat16"}
 
 
+
+# ---------------------------------------------------------------- export's --out (refused before any conversion:
+# these run without ctranslate2)
+
+
+@pytest.mark.parametrize("where", ["run", "inside", "around"])
+@pytest.mark.parametrize("named", ["run", "file"])
+def test_export_never_writes_into_the_run_it_reads(tiny_checkpoint, command, where, named):
+    run = tiny_checkpoint.parent
+    out = {"run": run, "inside": run / "ct2", "around": run.parent}[where]
+    checkpoint = run if named == "run" else tiny_checkpoint
+    before = sorted(p.name for p in run.iterdir())
+    what = {"run": "is the run folder", "inside": "is inside the run folder", "around": "holds the run folder"}[where]
+    line = one_error(command, "export", "--checkpoint", checkpoint, "--out", out, "--overwrite")
+    assert line == (f"--out {out} {what} {run} whose weights export reads; export never writes into a run, not even "
+                    "with --overwrite: choose an --out outside it")
+    assert sorted(p.name for p in run.iterdir()) == before
+
+
+def test_export_refuses_a_folder_it_did_not_write_even_with_overwrite(tiny_checkpoint, tmp_path, command):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert one_error(command, "export", "--checkpoint", tiny_checkpoint, "--out", mine) == (
+        f"{mine} already exists (a folder); choose another --out, or pass --overwrite to replace it")
+    assert one_error(command, "export", "--checkpoint", tiny_checkpoint, "--out", mine, "--overwrite") == (
+        f"{mine} is not a folder written by export (no model.bin, config.json and config.yaml) and may hold your "
+        "files; --overwrite replaces only an earlier export: choose another --out")
+    looks_exported = tmp_path / "ct2"
+    looks_exported.mkdir()
+    for name in ("model.bin", "config.json", "config.yaml", "notes.txt"):
+        (looks_exported / name).write_text("keep me")
+    # --force: the older spelling of --overwrite
+    assert one_error(command, "export", "--checkpoint", tiny_checkpoint, "--out", looks_exported, "--force") == (
+        f"{looks_exported} holds notes.txt, which export did not write; --overwrite replaces only an earlier export: "
+        "move it out of the folder, or choose another --out")
+    assert all(p.read_text() == "keep me" for folder in (mine, looks_exported) for p in folder.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "mine"]  # nothing beside them either
+
+
 def test_export_bf16_writes_bf16_weights(tiny_checkpoint, tmp_path, command):
     pytest.importorskip("ctranslate2", reason="ctranslate2 is in the dev group: uv sync installs it")
     sizes = {}
@@ -282,7 +322,7 @@ def test_visualize_takes_the_sentence_as_translate_does(monkeypatch, command, tm
 
 
 def test_visualize_decodes_with_the_checkpoints_beam(tiny_checkpoint, tmp_path, monkeypatch):
-    from annotated_transformer.harness.checkpointing import save_checkpoint
+    from annotated_transformer.checkpoints import save_checkpoint
     from annotated_transformer.visualization import sentence_page
 
     payload = load_checkpoint(tiny_checkpoint)

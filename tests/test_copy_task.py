@@ -8,7 +8,7 @@ import torch
 
 from annotated_transformer import data_gen
 from annotated_transformer.cli import run
-from annotated_transformer.harness.checkpointing import load_checkpoint
+from annotated_transformer.checkpoints import load_checkpoint
 
 
 def test_data_gen_follows_the_notebook():
@@ -49,7 +49,7 @@ def test_copy_yaml_trains_to_perfect_copies(tmp_path, capsys):
     losses = [e["val_loss"] for e in epochs]
     assert min(losses[1:]) < losses[0]
     assert load_checkpoint(out / "best.safetensors")["train_state"]["epoch"] == 1 + losses.index(min(losses))
-    for name in ("best.safetensors", "best.json", "last.pt", "epoch_01.safetensors", "epoch_20.safetensors"):
+    for name in ("best.safetensors", "last.pt", "epoch_01.safetensors", "epoch_20.safetensors"):
         assert (out / name).is_file(), name
     # and the run's charts, drawn at its end
     assert "vegaEmbed(" in (out / "charts" / "training_curves.html").read_text(encoding="utf-8")

@@ -152,3 +152,89 @@ def test_spm_state_dict_round_trip(spm_pipeline, tmp_path, weights_only_roundtri
 def test_spm_vocab_too_large_is_a_config_error():
     with pytest.raises(ConfigError, match=r"data.spm_vocab_size=5000 does not fit the training text: Vocabulary size"):
         TextPipeline.for_subwords(["ein Hund"] * 20, ["a dog"] * 20, src_lang="de", tgt_lang="en", vocab_size=5000)
+
+
+# --------------------------------------------------------------------------- damaged tokenizer files: one line each
+
+
+def _edit_settings(**changes):
+    """A damage: text_pipeline.json with `changes` applied."""
+    def edit(folder):
+        path = folder / "text_pipeline.json"
+        settings = json.loads(path.read_text(encoding="utf-8"))
+        path.write_text(json.dumps({**settings, **changes}), encoding="utf-8")
+    return edit
+
+
+def _write(name: str, data: bytes):
+    """A damage: `name` in the folder holds `data`."""
+    return lambda folder: (folder / name).write_bytes(data)
+
+
+@pytest.mark.parametrize("damage, name, reason", [
+    (_write("text_pipeline.json", b"[1, 2]"), "text_pipeline.json", "a JSON list, not an object of settings"),
+    (_write("text_pipeline.json", b'{"format": 1, "mo'), "text_pipeline.json", "not valid JSON: "),
+    (_edit_settings(mode="bpe"), "text_pipeline.json", "mode 'bpe' is not one of word, spm"),
+    (_edit_settings(max_sentence_len="long"), "text_pipeline.json", "max_sentence_len is 'long'"),
+    (_edit_settings(src_vocab_file="../../secret.json"), "text_pipeline.json",
+     "src_vocab_file is '../../secret.json', not a file name"),
+    (_write("vocab.tgt.json", b'{"itos": ["a", "b"]}'), "vocab.tgt.json", "a vocabulary must start with the specials"),
+    (_write("vocab.src.json", b'["<s>", "</s>"]'), "vocab.src.json", "not an object whose 'itos' lists the tokens"),
+    (_write("vocab.src.json", b"\xff\xfe\x00"), "vocab.src.json", "not valid JSON: "),
+    (lambda folder: (folder / "vocab.tgt.json").unlink(), "vocab.tgt.json", None),
+])
+def test_a_damaged_word_mode_file_is_one_line_naming_it(tmp_path, damage, name, reason):
+    word_pipeline().save(tmp_path / "vocab")
+    damage(tmp_path / "vocab")
+    with pytest.raises(DataError) as raised:
+        TextPipeline.load(tmp_path / "vocab")
+    message = str(raised.value)
+    problem = "is missing" if reason is None else f"is damaged ({reason}"
+    assert message.startswith(f"{tmp_path / 'vocab' / name} {problem}"), message
+    assert "copy its folder again" in message and "model file, which carries its tokenizer" in message
+    assert "\n" not in message
+
+
+def test_a_damaged_sentencepiece_model_is_one_line_naming_it(spm_pipeline, tmp_path):
+    spm_pipeline.save(tmp_path)
+    model = (tmp_path / "spm.model").read_bytes()
+    for data in (model[: len(model) // 2], b"not a model at all"):
+        (tmp_path / "spm.model").write_bytes(data)
+        with pytest.raises(DataError, match=rf"^{tmp_path / 'spm.model'} is damaged \(not a SentencePiece model "
+                                            rf"\({len(data)} bytes\)\); copy its folder again"):
+            TextPipeline.load(tmp_path)
+
+
+def test_an_unreadable_tokenizer_file_is_not_called_damaged(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    word_pipeline().save(tmp_path)
+    read_bytes = Path.read_bytes
+
+    def denied(path):
+        if path.name == "vocab.src.json":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(DataError, match=rf"^cannot read {tmp_path / 'vocab.src.json'} \(Permission denied\); "
+                                        "check its permissions and the disk$"):
+        TextPipeline.load(tmp_path)
+
+
+def test_translating_with_an_exported_folder_whose_vocab_is_damaged_is_one_line(tmp_path, command):
+    pytest.importorskip("ctranslate2")
+    from annotated_transformer.config import config_yaml, load_config
+
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    (folder / "model.bin").write_bytes(b"")  # never read: the vocabulary is checked first
+    (folder / "config.yaml").write_text(config_yaml(load_config("tiny")), encoding="utf-8")
+    word_pipeline().save(folder / "vocab")
+    (folder / "vocab" / "text_pipeline.json").write_text("[]", encoding="utf-8")
+    code, out, err = command("translate", "--checkpoint", str(folder), stdin=b"Ein Mann.\n")
+    assert code == 2 and out == b"", err
+    assert err.decode().splitlines() == [f"error: {folder / 'vocab' / 'text_pipeline.json'} is damaged (a JSON list, "
+                                         "not an object of settings); copy its folder again from where it was written "
+                                         "(a run's or an exported model's vocab/), or use the model file, which "
+                                         "carries its tokenizer"]

@@ -186,14 +186,31 @@ def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_pat
     out = tmp_path / "taken"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
+    for extra in ((), ("--overwrite",), ("--force",)):  # --overwrite replaces only an earlier export's folder
+        code, _, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, *extra)
+        err = stderr.decode().strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "--overwrite" in err, err
+        assert sorted(p.name for p in out.iterdir()) == ["mine.txt"] and (out / "mine.txt").read_text() == "keep me"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no temporary folder left behind
+
+
+def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, command):
+    out = tmp_path / "ct2"
     code, _, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out)
-    err = stderr.decode().strip()
-    assert code == 2 and len(err.splitlines()) == 1 and "already exists" in err and "--force" in err
-    assert (out / "mine.txt").read_text() == "keep me"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no temporary folder left behind
-    code, _, _ = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--force")
-    assert code == 0 and (out / "model.bin").is_file() and not (out / "mine.txt").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+    assert code == 0, stderr.decode()
+    first = sorted(p.name for p in out.iterdir())
+    (out / "model.bin").write_bytes(b"the earlier export")
+    (out / "model.val.beam1.txt").write_text("hypotheses of evaluate\n")  # what evaluate writes in an export
+    (out / "eval").mkdir()
+    (out / "eval" / "news.de.beam1.txt").write_text("hypotheses of evaluate --input\n")
+    code, stdout, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out)
+    assert code == 2 and "already exists" in stderr.decode()
+    assert (out / "model.bin").read_bytes() == b"the earlier export"
+    code, stdout, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--overwrite")
+    assert code == 0, stderr.decode()
+    assert sorted(p.name for p in out.iterdir()) == first  # the earlier hypotheses went with their model
+    assert (out / "model.bin").stat().st_size > 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # the old folder removed, no temporary left
 
 
 @pytest.mark.parametrize("args, message", [

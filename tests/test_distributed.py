@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.harness.checkpointing import load_checkpoint
+from annotated_transformer.checkpoints import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_torchrun_two_ranks_matches_one_process_with_accumulation(tmp_path, tiny
     assert single_loss[-1] < single_loss[0]  # and it did learn something
     # rank 0 alone wrote the run directory
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir() if p.suffix in (".pt", ".safetensors", ".json")) == [
-        "best.json", "best.safetensors", "last.pt"]
+        "best.safetensors", "last.pt"]
     # Each rank draws its own dropout masks (rank 1 is seeded apart after the model is built).
     rng = load_checkpoint(tmp_path / "ddp" / "last.pt")["rng"]
     assert not torch.equal(rng["0"]["torch"], rng["1"]["torch"])

@@ -170,7 +170,7 @@ def torchrun_train(tmp_path: Path, restarts: int, how: str, at: int, *overrides:
 def test_a_training_job_survives_a_killed_rank_and_ends_as_an_uninterrupted_one(tmp_path):
     """torchrun, 2 ranks, rank 1 SIGKILLed inside epoch 2: both ranks restart (a fresh process group: no stale
     gloo address) and continue from last.pt; the final state equals an uninterrupted run's."""
-    from annotated_transformer.harness.checkpointing import load_checkpoint
+    from annotated_transformer.checkpoints import load_checkpoint
 
     common = ["train.epochs=2", "data.copy_batches=8", "data.copy_batch_size=16", "model.dropout=0.1",
               "train.log_every=1"]
@@ -195,7 +195,7 @@ def test_a_training_job_survives_a_killed_rank_and_ends_as_an_uninterrupted_one(
 @pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_at_the_next_step(tmp_path):
     """SIGTERM to rank 1 alone, with log intervals longer than the run: all ranks stop together, in the epoch."""
-    from annotated_transformer.harness.checkpointing import load_checkpoint
+    from annotated_transformer.checkpoints import load_checkpoint
 
     out = tmp_path / "run"
     done = torchrun_train(tmp_path, 0, "term", 3, "train.epochs=1", "data.copy_batches=2000", "train.log_every=100000",

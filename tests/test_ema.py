@@ -12,7 +12,7 @@ from torch import nn
 from annotated_transformer.config import load_config
 from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.extensions.ema import WeightAverage, build_weight_average
-from annotated_transformer.harness.checkpointing import load_checkpoint
+from annotated_transformer.checkpoints import load_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
 from annotated_transformer.harness.trainer import Trainer, train_worker
 from annotated_transformer.harness.train_loop import evaluate_loss

@@ -65,8 +65,7 @@ def test_hypotheses_go_to_eval_in_the_run_and_are_never_overwritten_unasked(tiny
 
     hyps.write_text("kept\n", encoding="utf-8")
     message = one_error(command, *args)
-    assert message == (f"{hyps} already holds hypotheses from an earlier evaluate; pass --overwrite to replace it, "
-                       "or --out FILE to write them elsewhere")
+    assert message == f"{hyps} already exists (a file); choose another --out, or pass --overwrite to replace it"
     assert hyps.read_text(encoding="utf-8") == "kept\n"
     code, _, err = command("evaluate", *args, "--overwrite")
     assert code == 0, err.decode()
@@ -78,8 +77,21 @@ def test_an_existing_out_file_is_refused_for_a_split_too(tiny_checkpoint, tmp_pa
     out.write_text("kept\n", encoding="utf-8")
     message = one_error(command, "--checkpoint", tiny_checkpoint, "--device", "cpu", "--split", "val", "--limit", "3",
                         "--out", out)
-    assert message.startswith(f"{out} already holds hypotheses") and "--overwrite" in message
+    assert message == f"{out} already exists (a file); choose another --out, or pass --overwrite to replace it"
     assert out.read_text(encoding="utf-8") == "kept\n"
+
+
+@pytest.mark.parametrize("option", ["--input", "--ref"])
+def test_out_is_never_a_file_evaluate_reads(tmp_path, command, option):
+    src, ref = tmp_path / "a.de", tmp_path / "a.en"
+    src.write_text("Ein Hund.\n", encoding="utf-8")
+    ref.write_text("A dog.\n", encoding="utf-8")
+    out = src if option == "--input" else ref
+    for extra in ((), ("--overwrite",)):
+        message = one_error(command, "--checkpoint", "nowhere", "--input", src, "--ref", ref, "--out", out, *extra)
+        assert message == (f"--out {out} is the {option} file, which the command reads: it is never replaced, not "
+                           "even with --overwrite; choose another --out")  # before any model is loaded
+    assert (src.read_text(encoding="utf-8"), ref.read_text(encoding="utf-8")) == ("Ein Hund.\n", "A dog.\n")
 
 
 def test_files_that_do_not_pair_up_are_one_line_and_write_nothing(tiny_checkpoint, tmp_path, command):

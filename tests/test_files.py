@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.runtime.files import give_default_permissions
-from annotated_transformer.harness.checkpointing import save_checkpoint
+from annotated_transformer.checkpoints import save_checkpoint
 
 
 @pytest.fixture(params=[0o022, 0o002])

@@ -55,7 +55,8 @@ LAYERS = {
     "config": 3,  # Config: the core sections, then each extension's (it loads every extension module)
     "decode": 4,  # beam search and batched decoding: above the core's greedy_decode and fast/'s oneDNN linears
     "extensions.builder": 5,  # every other module of extensions/ is an extension, on EXTENSION_LAYER (below)
-    "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4, "harness.checkpointing": 4,
+    "checkpoints": 4,  # the model-file and checkpoint formats: below both the harness and deploy/
+    "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4,
     "harness.schedules": 4, "harness.malloc": 4, "harness.loss_meter": 4, "harness.train_loop": 5,
     "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4, "lab.graphed_step": 4,
     "lab.product_benchmark": 5,

@@ -184,3 +184,51 @@ def test_a_cpu_run_restarts_under_tcmalloc_or_says_how_to_install_it(monkeypatch
     monkeypatch.setattr(malloc, "search_dirs", lambda environ: [tcmalloc_dir])
     malloc.preload_or_note("auto", "cpu")
     assert restarts == [tcmalloc_dir / "libtcmalloc_minimal.so.4"] and capsys.readouterr().err == ""
+
+
+def _config_with_malloc(folder: Path, value: str) -> Path:
+    """A config file (the copy task's settings) that sets train.malloc to `value`."""
+    text = (ROOT / "configs" / "copy.yaml").read_text(encoding="utf-8")
+    path = folder / "downloaded.yaml"
+    path.write_text(text.replace("\ntrain:\n", f"\ntrain:\n  malloc: {value}\n", 1), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("value", ["./evil.so", "/tmp/libevil.so.1", "libjemalloc.so.2"])
+def test_a_config_file_that_names_a_library_is_refused_and_nothing_restarts(tmp_path, monkeypatch, capsys, value):
+    config = _config_with_malloc(tmp_path, value)
+    restarts = []
+    monkeypatch.setattr(malloc, "restart_with", restarts.append)
+    monkeypatch.setattr(malloc.os, "execve", lambda *args: restarts.append(args))
+    monkeypatch.delenv(RESTARTED_ENV, raising=False)
+    with pytest.raises(SystemExit) as done:
+        run("train", ["--config", str(config), "train.device=cpu"], "train.py", whole_process=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert done.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {config}: train.malloc={value} is a library's path"), err
+    assert f"on the command line (train.malloc={value})" in err[0] and f"LD_PRELOAD={value}" in err[0]
+    assert restarts == []
+
+
+def test_a_config_file_may_name_an_allocator_and_a_sweeps_grid_no_library(tmp_path):
+    from annotated_transformer.lab.sweep import parse_grid
+
+    for name in ("auto", "system", "tcmalloc"):
+        assert load_config(str(_config_with_malloc(tmp_path, name))).train.malloc == name
+    with pytest.raises(ConfigError, match=r"grid.yaml: train.malloc=/opt/x.so is a library's path"):
+        parse_grid({"train.malloc": ["system", "/opt/x.so"]}, "grid.yaml")  # each run's command line comes from it
+
+
+@linux_only
+def test_the_same_path_on_the_command_line_is_preloaded(tcmalloc_dir, tmp_path, monkeypatch):
+    from annotated_transformer.cli import train
+
+    lib = tcmalloc_dir / "libtcmalloc_minimal.so.4"  # an empty file: restart_with is replaced, nothing loads it
+    config = _config_with_malloc(tmp_path, "system")
+    assert load_config(str(config), [f"train.malloc={tmp_path / 'none.so'}"]).train.malloc == str(tmp_path / "none.so")
+    restarts = []
+    monkeypatch.setattr(malloc, "restart_with", restarts.append)
+    for name in ("LD_PRELOAD", RESTARTED_ENV):
+        monkeypatch.delenv(name, raising=False)
+    train.relaunch_with_malloc(["--config", str(config), "train.device=cpu", f"train.malloc={lib}"])
+    assert restarts == [lib.resolve()]

@@ -168,8 +168,7 @@ def test_notebook_uses_an_existing_run_directory(venv_kernel, multi30k_dir, data
     draws the run's training curves (the cells in between draw what they draw for any model: the test above)."""
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint.parent, run)
-    for suffix in (".safetensors", ".json"):
-        shutil.copy(run / f"best{suffix}", run / f"avg{suffix}")
+    shutil.copy(run / "best.safetensors", run / "avg.safetensors")
     with open(run / "metrics.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps({"kind": "final", "step": 60, "checkpoint": "avg.safetensors",
                             "checkpoint_file": "avg.safetensors"}) + "\n")

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from annotated_transformer.config import load_config
@@ -226,6 +229,129 @@ def test_the_cache_key_follows_the_files_content(tmp_path):
     (folder / "val.yy").write_text((folder / "val.yy").read_text().replace("ZU", "RY", 1))
     after = cache_folder(cfg.data, open_corpus(cfg.data).fingerprint())
     assert before.name.startswith("files-") and after.name.startswith("files-") and before != after
+
+
+
+# --------------------------------------------------------------------------- the cache: rebuilt only when damaged
+
+
+@pytest.fixture
+def built(tmp_path):
+    """(config, cache folder, the data) of a cache just built from the made-up corpus."""
+    cfg = own_config(write_corpus(tmp_path / "corpus"), tmp_path / "cache")
+    data = load_translation_data(cfg, log=None)
+    return cfg, Path(data.stats["cache"]), data
+
+
+def cut_in_half(path: Path) -> None:
+    """A file cut short, as by a full disk or a killed copy."""
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def drop_checksums(folder: Path) -> None:
+    """The cache as it was written before manifest.json held checksums."""
+    manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    del manifest["checksums"]
+    (folder / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def short_offsets(folder: Path) -> None:
+    """val.npz rewritten, whole as a zip file, with a sentence fewer than the manifest counts."""
+    with np.load(folder / "val.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    for side in ("src", "tgt"):
+        arrays[f"{side}_offsets"] = arrays[f"{side}_offsets"][:-1]
+        arrays[side] = arrays[side][: arrays[f"{side}_offsets"][-1]]
+    with open(folder / "val.npz", "wb") as f:
+        np.savez(f, **arrays)
+
+
+@pytest.mark.parametrize("damage, file, reason", [
+    (lambda f: cut_in_half(f / "train.npz"), "train.npz", "its sha256 is not the one manifest.json recorded"),
+    (lambda f: (f / "text" / "text_pipeline.json").write_text("[]"), "text/text_pipeline.json", "its sha256 is not"),
+    (lambda f: (f / "val.npz").unlink(), "val.npz", "missing"),
+    (lambda f: (f / MANIFEST).write_text('{"settings": '), MANIFEST, "not valid JSON: "),
+    # caches written before the checksums: what does not parse, or does not add up
+    (lambda f: (drop_checksums(f), cut_in_half(f / "train.npz")), "train.npz", "BadZipFile: File is not a zip file"),
+    (lambda f: (drop_checksums(f), short_offsets(f)), "val.npz", "it holds 11 src sentences, manifest.json says 12"),
+    (lambda f: (drop_checksums(f), (f / "text" / "text_pipeline.json").write_text("[]")), "text/text_pipeline.json",
+     "a JSON list, not an object of settings"),
+])
+def test_a_damaged_cache_is_rebuilt_with_one_line_naming_the_file(built, damage, file, reason):
+    cfg, folder, data = built
+    damage(folder)
+    lines = []
+    again = load_translation_data(cfg, log=lines.append)
+    said = [line for line in lines if line.startswith("the data cache")]
+    assert len(said) == 1 and said[0].startswith(f"the data cache {folder} is damaged ({file}: {reason}"), lines
+    assert said[0].endswith("); rebuilding it") and again.stats["built"]
+    assert [a.tolist() for a in again.splits["train"].src] == [a.tolist() for a in data.splits["train"].src]
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # rebuilt in place, no temporary left
+    assert not load_translation_data(cfg, log=None).stats["built"]  # and whole again
+
+
+def test_a_cache_written_before_the_checksums_still_reads(built):
+    cfg, folder, data = built
+    drop_checksums(folder)
+    lines = []
+    again = load_translation_data(cfg, log=lines.append)
+    assert not again.stats["built"] and not [line for line in lines if line.startswith(("the data cache", "tokenised"))]
+    assert [a.tolist() for a in again.splits["val"].tgt] == [a.tolist() for a in data.splits["val"].tgt]
+
+
+@pytest.mark.parametrize("error, message", [
+    (PermissionError(13, "Permission denied", "train.npz"),
+     "cannot read the data cache {folder} (train.npz: Permission denied); check its permissions and the disk, or "
+     "set data.cache_dir to another folder"),
+    (MemoryError(), "not enough memory to read the data cache {folder}; free some memory (other programs) and run "
+                    "again, or set data.cache_dir to another folder"),
+])
+def test_a_cache_that_cannot_be_read_is_one_line_and_kept(built, monkeypatch, error, message):
+    from annotated_transformer.data import cache
+
+    cfg, folder, _ = built
+    before = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def fail(path, *args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(cache.np, "load", fail)
+    with pytest.raises(DataError) as raised:
+        load_translation_data(cfg, log=None)
+    assert str(raised.value) == message.format(folder=folder)
+    assert {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+
+
+def test_a_killed_builds_temporary_is_removed_at_the_next_build_and_a_live_ones_kept(tmp_path, monkeypatch):
+    from annotated_transformer.data import cache
+
+    cache_dir = tmp_path / "cache"
+    host, gone = cache._host(), 2**22 + 1  # above any pid Linux gives (pid_max is at most 2**22)
+    key = "0123456789abcdef"
+    names = {
+        "killed": f".files-{key}.{host}.{gone}.k1ll3d_0.tmp",
+        "live": f".files-{key}.{host}.{os.getpid()}.l1ve0000.tmp",  # this process's: never removed
+        "just_now": f".files-{key}.{host}.{gone}.n0w00000.tmp",  # touched a moment ago: maybe another container's
+        "elsewhere": f".files-{key}.otherhost.{gone}.abcdefgh.tmp",  # another machine's, on a shared cache_dir
+        "not_ours": f".files-{key}.tmp",  # not this project's naming
+    }
+    long_ago = time.time() - 2 * cache.DEAD_AFTER_S
+    for label, name in names.items():
+        (cache_dir / name).mkdir(parents=True)
+        (cache_dir / name / "train.npz").write_bytes(b"half")
+        if label != "just_now":
+            os.utime(cache_dir / name, (long_ago, long_ago))
+    renamed = []
+    rename = os.rename
+    monkeypatch.setattr(cache.os, "rename", lambda src, dst: renamed.append(Path(src).name) or rename(src, dst))
+    load_translation_data(own_config(write_corpus(tmp_path / "corpus"), cache_dir), log=None)
+    left = {p.name for p in cache_dir.iterdir() if p.name.startswith(".")}
+    assert left == {name for label, name in names.items() if label != "killed"}
+    [written] = renamed  # the build's own temporary carries this host and this process
+    match = cache.TEMPORARY.match(written)
+    assert match and match["host"] == host and match["pid"] == str(os.getpid()), written
 
 
 def test_bleu_tokenises_as_sacrebleu_does_for_the_target_language():

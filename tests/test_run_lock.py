@@ -21,10 +21,10 @@ import torch
 
 from annotated_transformer.config import load_config
 from annotated_transformer.runtime.errors import ConfigError, RunDirError
-from annotated_transformer.harness import checkpointing
+from annotated_transformer import checkpoints
 from annotated_transformer.harness import trainer as trainer_module
-from annotated_transformer.harness.checkpointing import CheckpointWriter, load_checkpoint, write_failure
-from annotated_transformer.harness.run_dir import LOCK_FILE, RunDir
+from annotated_transformer.checkpoints import CheckpointWriter, load_checkpoint, write_failure
+from annotated_transformer.harness.run_dir import LOCK_FILE, MARKER, RunDir
 from annotated_transformer.harness.trainer import train_worker
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows: the folder is not locked there")
@@ -108,6 +108,7 @@ def test_starting_afresh_keeps_the_lock_file(tmp_path):
     run = RunDir(tmp_path)
     (tmp_path / "config.yaml").write_text("x")
     (tmp_path / "vocab").mkdir()
+    (tmp_path / MARKER).write_text("{}")  # a run of this version that died in its first epoch
     run.lock()
     inode = run.lock_file.stat().st_ino
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.overwrite=true"])
@@ -285,7 +286,7 @@ def test_a_write_failure_without_its_cause_is_told_by_the_free_space(tmp_path, m
                           "data/0: file write failed")
     failure = write_failure(stream, tmp_path / "last.pt")
     assert failure.errno == errno.EIO and "PytorchStreamWriter failed writing file" in failure.strerror
-    monkeypatch.setattr(checkpointing.shutil, "disk_usage", lambda path: type("U", (), {"free": 4096})())
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: type("U", (), {"free": 4096})())
     assert write_failure(stream, tmp_path / "last.pt").errno == errno.ENOSPC
 
 

@@ -3,7 +3,9 @@ an error that ends a run is in it, and --quiet shortens the terminal but never t
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 
 import pytest
@@ -94,3 +96,44 @@ def test_a_block_gets_a_stamp_on_every_line_and_the_logger_keeps_to_itself(tmp_p
     assert capsys.readouterr().out == "example 0\n  source    Ein Hund.\n"
     assert unstamped(tmp_path / "train.log") == ["example 0", "  source    Ein Hund."]
     assert logging.getLogger("annotated_transformer").propagate is False  # an application's handlers: no copies
+
+
+class FullDisk:
+    """A file on a full disk: every write and flush fails with ENOSPC."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("fails", ["write", "flush"])
+def test_a_full_disk_is_one_line_and_the_terminal_keeps_the_log(tmp_path, capsys, fails):
+    log = tmp_path / "train.log"
+    open_run_log(log)
+    try:
+        print0("epoch 1/2 | step 1")  # written while there is room
+        handler = distributed._RUN_LOG[-1]
+        disk = FullDisk()
+        if fails == "flush":  # the write reaches a buffer; the disk says no when it is flushed
+            disk.write = lambda text: len(text)
+        handler.stream = disk
+        for step in (2, 3, 4):
+            print0(f"epoch 1/2 | step {step}")
+    finally:
+        close_run_log(DataError("the data went missing"))  # the run's last line: the file gets nothing either
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"warning: cannot write {log}: No space left on device; the log goes on "
+                                         "in the terminal only"]
+    assert "Traceback" not in captured.err and "--- Logging error ---" not in captured.err
+    assert captured.out.splitlines() == [f"epoch 1/2 | step {step}" for step in (1, 2, 3, 4)]
+    assert disk.closed and unstamped(log) == ["epoch 1/2 | step 1"]
+    print0("the next run's line")  # closed with the run, as always
+    assert "next run" not in log.read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from annotated_transformer.runtime.errors import ConfigError
-from annotated_transformer.harness.checkpointing import load_checkpoint
+from annotated_transformer.checkpoints import load_checkpoint
 from annotated_transformer.harness.run_dir import read_metrics
 from annotated_transformer.lab.sweep import Launcher, Run, check_settings, parse_grid, grid_runs, read_grid
 from annotated_transformer.lab.seed_statistics import RunResult, curve_points, mean_sd, read_result, summary_markdown

@@ -18,9 +18,9 @@ import torch.distributed as dist
 from annotated_transformer import Batch, LabelSmoothing, TrainState, make_model, run_epoch, train_step
 from annotated_transformer.config import load_config
 from annotated_transformer.runtime.errors import CheckpointError, ConfigError, RunDirError, TrainingDiverged
-from annotated_transformer.harness import checkpointing
+from annotated_transformer import checkpoints
 from annotated_transformer.harness import trainer as trainer_module
-from annotated_transformer.harness.checkpointing import load_checkpoint, save_checkpoint
+from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
 from annotated_transformer.harness.resume import RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
@@ -114,8 +114,7 @@ def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp
     assert "train.lr_factor" in line and "train.clip_grad_norm" in line and "rerun to continue" in line
     assert f"from {out / 'last.pt'} (step 10, the last good state)" in line
     after = {p.name: p.read_bytes() for p in checkpoint_files(out)}
-    assert sorted(after) == ["best.json", "best.safetensors", "epoch_01.json", "epoch_01.safetensors", "epoch_02.json",
-                             "epoch_02.safetensors", "last.pt"]
+    assert sorted(after) == ["best.safetensors", "epoch_01.safetensors", "epoch_02.safetensors", "last.pt"]
     assert after == before  # last.pt, the best and the epoch files are untouched
     for path in checkpoint_files(out):
         if path.suffix != ".json":
@@ -123,7 +122,7 @@ def test_a_diverging_run_stops_with_one_line_exit_3_and_saves_nothing_broken(tmp
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """A run's checkpoint files: last.pt and the model files (.safetensors with their .json)."""
+    """A run's checkpoint files: last.pt and the model files (.safetensors; a .json is an older version's pair)."""
     return [p for p in folder.iterdir() if p.suffix in (".pt", ".safetensors", ".json")]
 
 
@@ -163,7 +162,7 @@ def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path, train_com
 
 def test_disk_full_while_writing_a_checkpoint_keeps_the_old_files(tmp_path, monkeypatch):
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=3", "data.copy_batches=3", *QUIET])
-    real_write = checkpointing.write_checkpoint
+    real_write = checkpoints.write_checkpoint
     calls = {"n": 0}
 
     def full_disk(payload, path):
@@ -172,11 +171,11 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_old_files(tmp_path, monk
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(payload, path)
 
-    monkeypatch.setattr(checkpointing, "write_checkpoint", full_disk)
+    monkeypatch.setattr(checkpoints, "write_checkpoint", full_disk)
     with pytest.raises(RunDirError, match=r"cannot write .*\.safetensors: No space left on device; free some disk"):
         train_worker(cfg)
-    assert sorted(p.name for p in checkpoint_files(tmp_path)) == ["best.json", "best.safetensors", "epoch_01.json",
-                                                                  "epoch_01.safetensors", "last.pt"]
+    assert sorted(p.name for p in checkpoint_files(tmp_path)) == ["best.safetensors", "epoch_01.safetensors",
+                                                                  "last.pt"]
     assert load_checkpoint(tmp_path / "last.pt")["train_state"]["epoch"] == 1
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from annotated_transformer.cli import run
-from annotated_transformer.harness.checkpointing import load_checkpoint, save_weights
+from annotated_transformer.checkpoints import load_checkpoint, save_model_file
 
 SENTENCE = "Ein Mann und eine Frau gehen auf der Straße."
 # Every word is frequent in Multi30k, so the source labels are the words themselves (no "(unk)").
@@ -81,6 +81,17 @@ def test_writes_every_chart_as_offline_html_and_png(cli_run):
     assert "http" not in index  # plain, local links only
 
 
+def test_a_second_visualize_into_the_folder_needs_overwrite(cli_run, tiny_checkpoint, command):
+    out = cli_run[3]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, stdout, stderr = command("visualize", "--checkpoint", tiny_checkpoint, "--sentence", "Eine Frau.",
+                                   "--out", out)
+    assert code == 2 and stdout == b""
+    assert stderr.decode().splitlines() == [f"error: {out / 'index.html'} already exists (a file); choose another "
+                                            "--out, or pass --overwrite to replace it"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # not one chart replaced
+
+
 def test_attention_charts_hold_the_translation_tokens_in_order_and_rows_sum_to_one(cli_run):
     _, stdout, _, out = cli_run
     translation = stdout.splitlines()[0].removeprefix("translation: ")
@@ -137,8 +148,7 @@ def copy_task_checkpoint(tiny_checkpoint, tmp_path) -> Path:
     """A checkpoint without a text vocabulary, as the copy task writes."""
     payload = load_checkpoint(tiny_checkpoint)
     payload["text"] = None
-    path, _ = save_weights(payload, tmp_path / "copy.safetensors")
-    return path
+    return save_model_file(payload, tmp_path / "copy.safetensors")
 
 
 @pytest.mark.parametrize("case, message", [

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..config import Config, config_parser, load_config
 from ..runtime.errors import ConfigError
-from .options import CommandParser, add_checkpoint, add_device, add_limit, add_out
+from .options import CommandParser, add_checkpoint, add_device, add_limit, add_out, add_overwrite
 
 
 def int_list(text: str) -> list[int]:
@@ -53,7 +53,9 @@ def build_parser(prog: str | None) -> CommandParser:
     parser.add_old_spelling("--sweep", "--shape-sweep")
     parser.add_argument("--sweep-tokens", type=int_list, default=[1024, 4096, 16384], metavar="A,B,...")
     parser.add_argument("--sweep-lengths", type=int_list, default=[8, 16, 32, 64, 128], metavar="A,B,...")
-    add_out(parser, "folder for benchmark.json (and the shape-sweep chart)", old=())
+    add_out(parser, "folder for benchmark.json (and the shape-sweep chart), or for the chosen table's JSON; a file "
+                    "of that name already there is refused unless --overwrite", old=())
+    add_overwrite(parser, "replace the files of an earlier benchmark in --out")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--engines", action="store_true", help="instead: our decoder against CTranslate2 (float32, "
                         "int8) on --checkpoint's weights, each engine in its own process (needs ctranslate2)")
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         print(line, file=stream, flush=True)
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
+    check_out(args)
     if args.gpu:
         return check_gpu(args, cfg, log)
     if args.all:
@@ -128,11 +131,36 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     return 0
 
 
+def output_files(args: argparse.Namespace) -> list[str]:
+    """The files the chosen table writes into --out."""
+    for flag, name in (("gpu", "gpu_check.json"), ("all", "speed_report.json"), ("engines", "engines.json"),
+                       ("extensions", "extensions.json"), ("profile", "profile.json"), ("products", "products.json")):
+        if getattr(args, flag):
+            return [name]
+    return ["benchmark.json", *(["sweep.html", "sweep.png"] if args.shape_sweep else [])]
+
+
+def check_out(args: argparse.Namespace) -> None:
+    """Before anything is measured: --out is a folder, and what the table writes there is new, or --overwrite."""
+    from ..runtime.errors import UserError
+    from ..runtime.files import refuse_to_replace
+
+    if args.out is None:
+        return
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give the folder to write {output_files(args)[0]} into")
+    for name in output_files(args):
+        refuse_to_replace(out / name, args.overwrite)
+
+
 def write_json(out: str | None, name: str, result: dict[str, Any]) -> None:
-    """`result` as <out>/<name> when --out is given."""
+    """`result` as <out>/<name> when --out is given, written atomically."""
+    from ..runtime.files import atomic_write
+
     if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / name).write_text(json.dumps(result, indent=1) + "\n")
+        data = (json.dumps(result, indent=1) + "\n").encode("utf-8")
+        atomic_write(Path(out) / name, lambda f: f.write(data))
 
 
 def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..runtime.errors import UserError
 from .options import (CommandParser, add_checkpoint, add_data_root, add_decoding, add_device, add_limit, add_out,
-                      add_quantize, data_root)
+                      add_overwrite, add_quantize, check_out_file, data_root)
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
@@ -26,8 +26,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
     add_out(parser, "where to write the hypotheses (default: beside the checkpoint, NAME.SPLIT.beamK.txt; with "
                     "--input, eval/INPUT.beamK.txt in the checkpoint's folder); an existing file is refused "
                     "unless --overwrite")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the hypotheses file of an earlier evaluate (without it evaluate refuses to)")
+    add_overwrite(parser, "replace the hypotheses file of an earlier evaluate (never the --input or --ref file)")
     add_limit(parser, "score only the first N sentences (for quick checks)")
     add_device(parser)
     add_quantize(parser)
@@ -47,6 +46,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     files = given_files(args, root)
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be at least 1, got {args.limit}; leave it out to score every sentence")
+    if args.out is not None:  # before the model loads; the default file is checked once its name is known
+        check_out_file(args.out, args.overwrite, {"--input": args.input, "--ref": args.ref,
+                                                  "--checkpoint": args.checkpoint})
     from ..config import check_decode_options
     from ..deploy.translator import load_translator, set_token_reduction
     from ..scoring import score_translator

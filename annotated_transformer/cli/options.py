@@ -1,22 +1,27 @@
-"""The options every command spells the same way (--checkpoint, --out, --quantize, --limit, --device,
---beam), and `CommandParser`, the parser every command uses: its mistakes are one line each.
+"""The options every command spells the same way (--checkpoint, --out, --overwrite, --quantize, --limit,
+--device, --beam), and `CommandParser`, the parser every command uses: its mistakes are one line each.
 
-Older spellings (--model, --output, --quantization, --sentences) still parse: `CommandParser` reads
-them under the new name before parsing, so --help and the usage lines teach one vocabulary.
+Older spellings (--model, --output, --quantization, --sentences, export's --force) still parse: `CommandParser`
+reads them under the new name before parsing, so --help and the usage lines teach one vocabulary.
+
+Every command that writes a file follows one rule (`check_out_file`): it never writes over what it reads, and it
+replaces an existing output only with --overwrite, atomically (a killed command leaves the old file whole).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from ..runtime.errors import fail
 
 CHECKPOINT_HELP = ("a run directory (the weights its final scores used), a model file written by training or "
-                   "averaging (.safetensors, its .json beside it; or an older .pt), or a folder written by the export "
+                   "averaging (.safetensors; or an older .pt), or a folder written by the export "
                    "command (CTranslate2)")
 # --quantize: one vocabulary in every command; export maps it onto CTranslate2's weight types.
 QUANTIZE = ("none", "int8", "bf16")
@@ -142,6 +147,36 @@ def add_out(parser: CommandParser, help: str, required: bool = False, default: s
     parser.add_argument("--out", required=required, default=default, metavar="PATH", help=help)
     for name in old:
         parser.add_old_spelling(name, "--out")
+
+
+def add_overwrite(parser: CommandParser, help: str = "replace an existing --out (without it the command refuses "
+                  "to)") -> None:
+    """--overwrite: the one way every command that writes a file is allowed to replace an existing one."""
+    parser.add_argument("--overwrite", action="store_true", help=help)
+
+
+def check_out_file(out: str | Path, overwrite: bool, inputs: dict[str, str | Path | None]) -> None:
+    """The rule for a command's --out FILE, checked before any work: never one of the files the command reads
+    (`inputs`: option -> path), not even with --overwrite; never a folder; an existing file only with --overwrite."""
+    from ..runtime.errors import UserError
+    from ..runtime.files import refuse_to_replace
+
+    path = Path(out)
+    for option, given in inputs.items():
+        if given is not None and str(given) != "-" and _same_file(path, Path(given)):
+            raise UserError(f"--out {out} is the {option} file, which the command reads: it is never replaced, not "
+                            "even with --overwrite; choose another --out")
+    if path.is_dir():
+        raise UserError(f"--out {out} is a folder; give the path of the file to write")
+    refuse_to_replace(path, overwrite)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one existing file (a link or another spelling of the path included)."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def add_quantize(parser: CommandParser, help: str = QUANTIZE_HELP, aliases: dict[str, str] | None = None) -> None:

@@ -2,17 +2,19 @@
 
     translate --checkpoint runs/cpu_15min                              # a terminal: a prompt, an answer per line
     translate --checkpoint runs/cpu_15min "Ein Mann fährt Fahrrad."     # or --sentence "...": translate, exit
-    translate --checkpoint runs/cpu_15min --input de.txt --out en.txt --beam 5
+    translate --checkpoint runs/cpu_15min --input de.txt --out en.txt --beam 5   # again: add --overwrite
     cat de.txt | translate --checkpoint exported/cpu_45min > en.txt    # a pipe streams: a line out per line in
 
 The model loads first, then the input is read: a prompt answers each line as it is typed, and a pipe
 gets each answer as soon as its line has arrived (lines that arrive together are decoded together).
-Output keeps the input's order and its empty lines.
+Output keeps the input's order and its empty lines. An --out file appears only once complete: an existing one
+is replaced only with --overwrite (a killed run leaves it whole), and never when it is the --input file.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import queue
 import sys
@@ -23,7 +25,8 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from ..runtime.errors import DataError, UserError
-from .options import CommandParser, add_checkpoint, add_decoding, add_device, add_out, add_quantize
+from .options import (CommandParser, add_checkpoint, add_decoding, add_device, add_out, add_overwrite, add_quantize,
+                      check_out_file)
 
 LANGUAGES = {"de": "German", "en": "English"}
 _END = object()  # the reader thread's last item
@@ -38,7 +41,9 @@ def build_parser(prog: str | None) -> CommandParser:
     parser.add_argument("--sentence", action="append", metavar="TEXT", help="a sentence to translate (repeatable)")
     parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line ('-' for "
                         "standard input; a pipe is read without it)")
-    add_out(parser, "write the translations to this file (default: standard output)", old=())
+    add_out(parser, "write the translations to this file (default: standard output); an existing file is refused "
+                    "unless --overwrite", old=())
+    add_overwrite(parser, "replace an existing --out file (never the --input file)")
     add_decoding(parser)
     parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: the "
                         "checkpoint's decode.batch_size)")
@@ -55,6 +60,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise UserError("give sentences (as arguments or --sentence) or --input FILE, not both")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.out is not None:  # before the model loads: a refused output should cost nothing
+        check_out_file(args.out, args.overwrite, {"--input": args.input, "--checkpoint": args.checkpoint})
     interactive = not given and args.input is None and sys.stdin.isatty()
     with opened_input(None if given or interactive else args.input or "-") as source:  # a bad path fails first
         if interactive:
@@ -65,7 +72,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         def decode(lines: list[str]) -> list[str]:
             return translator.translate(lines, beam_size=args.beam, alpha=args.alpha, batch_size=batch)
 
-        with output(args.out) as out, quiet_broken_pipe():
+        def work(out: IO[str]) -> None:
             if given:
                 write_translations(translator, decode, given, 1, out)
             elif interactive:
@@ -75,6 +82,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 for lines in read_batches(source, max_lines=8 * batch, name=args.input or "standard input"):
                     write_translations(translator, decode, lines, number, out)
                     number += len(lines)
+
+        with quiet_broken_pipe():
+            write_output(args.out, work)
     return 0
 
 
@@ -206,28 +216,25 @@ def opened_input(path: str | None) -> Iterator[BinaryIO | None]:
             yield f
 
 
-@contextmanager
-def output(path: str | None) -> Iterator[IO[str]]:
-    """Standard output, or a file that appears only once complete (an interrupted run leaves the old one)."""
+def write_output(path: str | None, work: Callable[[IO[str]], None]) -> None:
+    """Run `work` on standard output, or on a file that appears only once complete (`atomic_write`: an
+    interrupted run leaves the old file whole, and no half file beside it)."""
+    from ..runtime.files import atomic_write
+
     if path is None:
-        yield sys.stdout
+        work(sys.stdout)
         return
-    target = Path(path)
-    partial = target.with_name(f".{target.name}.partial")
+
+    def write(f: BinaryIO) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8")
+        try:
+            work(text)
+            text.flush()
+        finally:
+            text.detach()  # atomic_write closes the file itself, after syncing it
+
     try:
-        f = partial.open("w", encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot write {target}: {exc.strerror or exc}; check the folder exists and is writable") \
-            from None
-    try:
-        with f:
-            if os.fstat(f.fileno()).st_size == 0 and Path(path).is_file():  # a pipe or a device tells no size
-                raise UserError(f"{path} is empty: nothing to translate; give a file with one sentence per line")
-            yield f
-        os.replace(partial, target)
-    except OSError as exc:  # a full disk while writing, say: the one line, and no half file left
-        partial.unlink(missing_ok=True)
-        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+        atomic_write(path, write)
+    except OSError as exc:  # a full disk while writing, say: the one line, and the old file kept
+        raise UserError(f"cannot write {path}: {exc.strerror or exc}; check the folder exists and is writable, "
+                        "or choose another --out") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..runtime.errors import UserError
-from .options import CommandParser, add_beam, add_checkpoint, add_device, add_out
+from .options import CommandParser, add_beam, add_checkpoint, add_device, add_out, add_overwrite
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
@@ -25,7 +25,9 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--layers", type=int, nargs="+", metavar="N",
                         help="layer numbers to chart, from 1 as in the chart titles (default: every layer)")
     add_beam(parser)
-    add_out(parser, "output folder (default: viz)", default="viz", old=())
+    add_out(parser, "output folder (default: viz); a chart already there is refused unless --overwrite", default="viz",
+            old=())
+    add_overwrite(parser, "replace the charts of an earlier visualize in --out (other files there are left alone)")
     parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS),
                         help="file formats to write (default: html png)")
     add_device(parser)
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     path = torch_checkpoint(args.checkpoint, "visualize (the attention weights)")
     result = visualize_checkpoint(path, sentence, args.out, layer_numbers=args.layers,
-                                  beam_size=args.beam, formats=args.formats, device=args.device)
+                                  beam_size=args.beam, formats=args.formats, device=args.device,
+                                  overwrite=args.overwrite)
     if result.attention.truncated:
         print("warning: the sentence is longer than the model's length limit and was truncated", file=sys.stderr)
     for warning in result.warnings:

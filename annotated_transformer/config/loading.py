@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -293,11 +294,31 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def names_a_library(value: Any) -> bool:
+    """Whether a train.malloc value is a library file's path (has a '/' or ends in .so, .so.4, ...), not a name."""
+    if not isinstance(value, str):
+        return False
+    return "/" in value or "\\" in value or re.search(r"\.so(\.[0-9.]*)?$", value) is not None
+
+
+def refuse_library_from_file(key: str, value: Any, source: str) -> None:
+    """A file (a config, a sweep's grid) may name an allocator for train.malloc but never a library to preload:
+    that would run whatever code the file points at, so a downloaded config could run code."""
+    if key == "train.malloc" and names_a_library(value):
+        raise ConfigError(f"{source}: train.malloc={value} is a library's path, which a file may not give (it would "
+                          f"run that library's code); pass it on the command line (train.malloc={value}) or preload "
+                          f"it yourself (LD_PRELOAD={value}), or set auto, system or tcmalloc in the file")
+
+
 def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load a config by bare name or path, apply dotted overrides, validate."""
     path = resolve_config_path(name)
     cfg = Config(name=path.stem)
-    apply_dict(cfg, read_yaml(path), source=str(path))
+    data = read_yaml(path)
+    train = data.get("train")
+    if isinstance(train, dict):  # checked before the overrides: a command line's own path is the user's choice
+        refuse_library_from_file("train.malloc", train.get("malloc"), str(path))
+    apply_dict(cfg, data, source=str(path))
     for override in overrides:
         apply_override(cfg, override)
     return cfg.validate()

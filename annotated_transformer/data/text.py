@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..runtime.files import atomic_write
-from ..runtime.errors import DataError
+from ..runtime.errors import DataError, excerpt
 from .tokenizers import SubwordModel, train_sentencepiece, word_tokenize, word_tokenize_many
 from .vocab import BOS, EOS, PAD, UNK, Vocab
 
@@ -236,7 +236,7 @@ class TextPipeline:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> TextPipeline:
-        """Read what `save` wrote; a missing or damaged file is one clear DataError."""
+        """Read what `save` wrote; a missing or damaged file is one DataError line naming it (`read_text_files`)."""
         return cls.from_state_dict(read_text_files(Path(run_dir)))
 
     def __eq__(self, other: object) -> bool:
@@ -271,23 +271,92 @@ def write_text_files(text: TextPipeline, folder: Path) -> None:
     _atomic_write_bytes(folder / SETTINGS_FILE, (json.dumps(settings, indent=2) + "\n").encode("utf-8"))
 
 
-def read_text_files(folder: Path) -> dict[str, Any]:
-    """What `write_text_files` wrote, as a `TextPipeline.state_dict`; a missing or damaged file is a DataError."""
-    path = folder / SETTINGS_FILE
+class TextFileDamaged(DataError):
+    """A file of a saved TextPipeline is missing or is not what `write_text_files` writes: it must be copied again."""
+
+    def __init__(self, path: Path, reason: str | None = None) -> None:
+        problem = "is missing" if reason is None else f"is damaged ({reason})"
+        super().__init__(f"{path} {problem}; copy its folder again from where it was written (a run's or an "
+                         "exported model's vocab/), or use the model file, which carries its tokenizer")
+        self.path, self.reason = path, reason or "missing"
+
+
+class TextFileUnreadable(DataError):
+    """A file of a saved TextPipeline is there but cannot be read (permissions, a failing disk): nothing is wrong
+    with what it holds."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(f"cannot read {path} ({error.strerror or error}); check its permissions and the disk")
+        self.path, self.error = path, error
+
+
+def _read_bytes(path: Path) -> bytes:
     try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-        state = dict(settings)
-        if settings["mode"] == "word":
-            for side in SIDES:
-                vocab_path = folder / settings[f"{side}_vocab_file"]
-                state[f"{side}_vocab"] = json.loads(vocab_path.read_text(encoding="utf-8"))["itos"]
-            state["spm_model"] = None
-        else:
-            state["spm_model"] = (folder / settings["spm_model_file"]).read_bytes()
-    except FileNotFoundError as exc:
-        raise DataError(f"text pipeline file {exc.filename} is missing; point at a folder written by "
-                        f"TextPipeline.save (a run's vocab/ folder)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"text pipeline in {folder} is damaged ({type(exc).__name__}: {exc}); "
-                        f"prepare the data again or use another run's vocab/ folder") from None
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise TextFileDamaged(path) from None
+    except OSError as exc:
+        raise TextFileUnreadable(path, exc) from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(_read_bytes(path).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TextFileDamaged(path, f"not valid JSON: {excerpt(exc, 100)}") from None
+
+
+def _named_file(folder: Path, settings_path: Path, settings: dict[str, Any], key: str) -> Path:
+    """The file `settings[key]` names: a plain name in `folder` (the settings never point elsewhere)."""
+    name = settings.get(key)
+    if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+        raise TextFileDamaged(settings_path, f"{key} is {name!r}, not a file name")
+    return folder / name
+
+
+def _check_settings(path: Path, settings: Any) -> None:
+    """The scalar settings `TextPipeline.settings` writes, each of its type; the first wrong one names the file."""
+    if not isinstance(settings, dict):
+        raise TextFileDamaged(path, f"a JSON {type(settings).__name__}, not an object of settings")
+    if settings.get("format") != TEXT_FORMAT:
+        raise TextFileDamaged(path, f"format {settings.get('format')!r}, where this version reads {TEXT_FORMAT}")
+    if settings.get("mode") not in MODES:
+        raise TextFileDamaged(path, f"mode {settings.get('mode')!r} is not one of {', '.join(MODES)}")
+    limit_key = "max_sentence_len" if "max_sentence_len" in settings else "max_len"  # its name before 2026-11-25
+    for key, kind in (("src_lang", str), ("tgt_lang", str), ("lowercase", bool), (limit_key, int)):
+        value = settings.get(key)
+        if not isinstance(value, kind) or (kind is int and (isinstance(value, bool) or value < 3)):
+            raise TextFileDamaged(path, f"{key} is {value!r}")
+
+
+def read_text_files(folder: Path) -> dict[str, Any]:
+    """What `write_text_files` wrote, as a `TextPipeline.state_dict`, every file checked: a missing or damaged one
+    is a `TextFileDamaged` line naming it, one that cannot be read a `TextFileUnreadable`."""
+    path = folder / SETTINGS_FILE
+    settings = _read_json(path)
+    _check_settings(path, settings)
+    state = dict(settings)
+    if settings["mode"] == "word":
+        for side in SIDES:
+            vocab_path = _named_file(folder, path, settings, f"{side}_vocab_file")
+            vocab = _read_json(vocab_path)
+            itos = vocab.get("itos") if isinstance(vocab, dict) else None
+            if not isinstance(itos, list) or not all(isinstance(token, str) for token in itos):
+                raise TextFileDamaged(vocab_path, "not an object whose 'itos' lists the tokens")
+            try:
+                Vocab(itos)
+            except ValueError as exc:
+                raise TextFileDamaged(vocab_path, str(exc)) from None
+            state[f"{side}_vocab"] = itos
+        state["spm_model"] = None
+    else:
+        model_path = _named_file(folder, path, settings, "spm_model_file")
+        model = _read_bytes(model_path)
+        try:
+            Vocab(SubwordModel(model).pieces())
+        except RuntimeError:  # SentencePiece's own message is its C++ source line: say what it means instead
+            raise TextFileDamaged(model_path, f"not a SentencePiece model ({len(model)} bytes)") from None
+        except ValueError as exc:
+            raise TextFileDamaged(model_path, f"its pieces do not fit: {exc}") from None
+        state["spm_model"] = model
     return state

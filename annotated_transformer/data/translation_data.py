@@ -16,7 +16,6 @@ only (the notebook also counted validation and test words). `data.dataset` picks
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +40,8 @@ from .buckets import (
     notebook_batches,
     static_batches,
 )
-from .cache import CacheUnreadable, cache_folder, cache_settings, find_cache_folder, read_cache, write_cache
+from .cache import (CacheUnreadable, cache_folder, cache_settings, discard_cache, find_cache_folder, read_cache,
+                    write_cache)
 from .loader import Resegment, TrainLoader, static_shapes_on
 from .multi30k import Multi30k, resolve_multi30k_dir
 from .own_files import OwnFiles
@@ -213,11 +213,11 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
     folder = find_cache_folder(d, corpus.fingerprint())  # reads and checks every file: bad data writes nothing
     built = False
     try:
-        cached = read_cache(folder)
-    except CacheUnreadable as exc:
+        cached = read_cache(folder)  # memory, permissions, the disk: one DataError line, the cache left as it is
+    except CacheUnreadable as exc:  # proven damaged: only then is it replaced
         if log:
-            log(f"cache {folder} is unreadable ({exc}); rebuilding it")
-        shutil.rmtree(folder, ignore_errors=True)
+            log(f"the data cache {folder} is damaged ({exc.within(folder)}); rebuilding it")
+        discard_cache(folder)
         cached = None
     if cached is None:
         build_cache(d, corpus, log)
@@ -225,7 +225,7 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
         try:
             cached = read_cache(folder)
         except CacheUnreadable as exc:
-            raise DataError(f"the cache just written to {folder} cannot be read back ({exc}); "
+            raise DataError(f"the cache just written to {folder} cannot be read back ({exc.within(folder)}); "
                             f"check the disk, or set data.cache_dir to another folder") from None
     text, cached_splits, build_stats = cached
     text.max_sentence_len = d.max_sentence_len  # the cache holds untruncated ids; the limit is this run's
@@ -305,7 +305,7 @@ def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
         splits={n: len(s) for n, s in data.splits.items()},
         vocab={"src": len(data.text.src_vocab), "tgt": len(data.text.tgt_vocab)},
         tokenizer=d.tokenizer, built=built, data_dir=corpus.location, seconds=round(time.perf_counter() - t0, 3),
-        dataset=corpus.name, direction=f"{d.src_lang}->{d.tgt_lang}",
+        dataset=corpus.name, direction=f"{d.src_lang}->{d.tgt_lang}", fingerprint=data_fingerprint(d, corpus),
     )
     if log and builder:
         log(stats_summary(data.stats))
@@ -328,3 +328,12 @@ def stats_summary(stats: dict[str, Any]) -> str:
     parts.append(f"{'built' if s['built'] else 'loaded from cache'} in {s['seconds']:.2f} s")
     return " | ".join(parts)
 
+
+def data_fingerprint(d: DataConfig, corpus: Corpus | None = None) -> dict[str, Any]:
+    """What a run's ids depend on, to compare at a resume: the cache settings (every file's sha256, the
+    languages, the tokenizer's settings and version) and where the files are.
+
+    Reads and checks every file of the corpus (`corpus`, or the one `d` names, opened without a download log).
+    """
+    corpus = open_corpus(d) if corpus is None else corpus
+    return {"settings": cache_settings(d, corpus.fingerprint()), "location": corpus.location}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -139,11 +140,12 @@ def build_spec(model: EncoderDecoder, cfg: Config, src_itos: list[str], tgt_itos
 
 
 def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir: str | Path,
-                       quantization: str = "float32", force: bool = False) -> Path:
+                       quantization: str = "float32", overwrite: bool = False) -> Path:
     """Write `model` (with its text pipeline and config) as a CTranslate2 model folder; return its path.
 
-    The folder is built beside `out_dir` and renamed into place, so a failed export leaves
-    whatever was there before (with `force`) or nothing.
+    An existing `out_dir` is refused unless `overwrite`, and even then it is replaced only when it is an earlier
+    export (`check_export_out`). The folder is built beside `out_dir` and renamed into place, so a failed export
+    leaves whatever was there before, or nothing.
     """
     from ..config import config_yaml
     from ..runtime.files import give_default_permissions
@@ -151,8 +153,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     out = Path(out_dir)
-    if out.exists() and not force:
-        raise ExportError(f"{out} already exists; choose another --out or pass --force to replace it")
+    check_export_out(out, overwrite)
     spec = build_spec(model, config, text.src_vocab.itos, text.tgt_vocab.itos)
     spec.validate()
     spec.optimize(quantization=quantization)
@@ -164,9 +165,10 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
             (tmp / CONFIG_FILE).write_text(config_yaml(config), encoding="utf-8")
             text.save(tmp / TEXT_FOLDER)
             give_default_permissions(tmp)
+            check_export_out(out, overwrite)  # again: the conversion took a while, and the folder may have changed
             _replace_folder(tmp, out)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # ours: made by mkdtemp above
             raise
     except OSError as exc:
         raise ExportError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; "
@@ -174,8 +176,57 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     return out
 
 
+# Every name an export folder holds: CTranslate2's files, ours (config.yaml, vocab/), and what evaluate writes in
+# it (its hypotheses, the temporary of a killed write of them, eval/). --overwrite replaces a folder that holds
+# nothing else.
+EXPORT_NAMES = re.compile(r"""(?x)^(?:
+    model\.bin | config\.json | (?:shared|source|target)_vocabulary(?:_\d+)?\.(?:json|txt) | vmap\.txt
+  | config\.yaml | vocab
+  | \.?model\.[\w-]+\.beam\d+\.txt(?:\.[A-Za-z0-9_]{6,}\.tmp)? | eval
+)$""")
+# What evaluate writes in eval/: INPUT.beamK.txt, and the temporary of a killed write of one.
+EVAL_NAMES = re.compile(r"^(?:.+\.beam\d+\.txt|\..+\.beam\d+\.txt\.[A-Za-z0-9_]{6,}\.tmp)$")
+
+
+def check_export_out(out: str | Path, overwrite: bool) -> None:
+    """The rule for export's --out folder: a new one, an empty one, or (only with `overwrite`) an earlier export
+    holding nothing but what export and evaluate write; anything else may hold a user's files and is refused."""
+    from ..runtime.files import refuse_to_replace
+
+    out = Path(out)
+    refuse_to_replace(out, overwrite)
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise ExportError(f"{out} is not a folder written by export; --overwrite replaces only an earlier export: "
+                          "choose another --out")
+    found = _unknown_entries(out)
+    if found is None:
+        raise ExportError(f"{out} is not a folder written by export (no model.bin, config.json and {CONFIG_FILE}) and "
+                          "may hold your files; --overwrite replaces only an earlier export: choose another --out")
+    if found:
+        raise ExportError(f"{out} holds {found[0]}, which export did not write; --overwrite replaces only an earlier "
+                          "export: move it out of the folder, or choose another --out")
+
+
+def _unknown_entries(folder: Path) -> list[str] | None:
+    """The entries of `folder` that no export wrote (eval/'s counted by name); None when it is no export at all.
+    An empty folder is an export with nothing in it: replacing it loses nothing."""
+    names = sorted(p.name for p in folder.iterdir())
+    if names and not all((folder / n).is_file() for n in ("model.bin", "config.json", CONFIG_FILE)):
+        return None
+    unknown = [n for n in names if not EXPORT_NAMES.match(n)]
+    evals = folder / "eval"
+    if evals.is_dir() and not evals.is_symlink():
+        unknown += [f"eval/{p.name}" for p in sorted(evals.iterdir()) if not EVAL_NAMES.match(p.name) or p.is_dir()]
+    elif evals.exists() or evals.is_symlink():
+        unknown.append("eval")
+    return unknown
+
+
 def _replace_folder(new: Path, out: Path) -> None:
-    """Rename `new` to `out`; an old `out` is moved aside first and removed only after the swap."""
+    """Rename `new` to `out`; an old `out` (an earlier export) is moved aside first and, after the swap, emptied of
+    the names an export holds and removed; anything else that appeared in it meanwhile stays there."""
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -187,4 +238,28 @@ def _replace_folder(new: Path, out: Path) -> None:
             os.replace(old, out)
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_export(old)
+
+
+def _remove_export(folder: Path) -> None:
+    """Delete what an export folder holds, by name (`EXPORT_NAMES`), then the folder if that left it empty."""
+    for entry in folder.iterdir():
+        if not EXPORT_NAMES.match(entry.name):
+            continue
+        if entry.name == "eval" and entry.is_dir() and not entry.is_symlink():
+            for p in entry.iterdir():
+                if EVAL_NAMES.match(p.name) and not p.is_dir():
+                    p.unlink(missing_ok=True)
+            _rmdir_if_empty(entry)
+        elif entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)  # vocab/: the text pipeline's files, written by text.save
+        else:
+            entry.unlink(missing_ok=True)
+    _rmdir_if_empty(folder)
+
+
+def _rmdir_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty: what is left is not ours to delete
+        pass

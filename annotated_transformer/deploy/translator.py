@@ -10,7 +10,7 @@ length so each batch holds sentences of similar length, decoded with the cached 
 greedy search or beam search (`inference.translate_ids`), and returned in input order.
 
 What a command's --checkpoint names is resolved here too (`resolve_checkpoint`): a run directory,
-a model file (NAME.safetensors with NAME.json beside it, either named) or a .pt file gives this
+a model file (NAME.safetensors; or an older version's .pt file or .safetensors/.json pair) gives this
 Translator, an exported folder `CT2Translator` (`load_translator`, and `Translator.load`, which hands
 out either).
 """
@@ -26,7 +26,7 @@ from ..config import Config, config_from_dict
 from ..decode.inference import translate_ids
 from ..runtime.device import configure_backends, keep_freed_memory, native_bf16, select_device
 from ..runtime.errors import CheckpointError, ConfigError, excerpt
-from ..harness.checkpointing import checkpoint_file, load_checkpoint
+from ..checkpoints import load_checkpoint, model_file
 from ..harness.run_dir import RunDir, read_metrics
 from ..extensions.builder import build_model
 from ..extensions.local_attention import LocalAttentionModel
@@ -63,8 +63,8 @@ def set_token_reduction(translator: Any, merge_ratio: float | None, prune_ratio:
 
 def run_weights(run: RunDir) -> tuple[Path, ...]:
     """The files that stand for a run's weights when its final scores name none, in order of preference: its best
-    model file, the best.pt of a run begun by an older version, last.pt (a run stopped before its end)."""
-    return run.best, run.best.with_suffix(".pt"), run.last
+    model file (or the best.pt of a run begun by an older version), last.pt (a run stopped before its end)."""
+    return model_file(run.best), run.last
 
 
 def chosen_weights(run: RunDir) -> Path:
@@ -72,8 +72,9 @@ def chosen_weights(run: RunDir) -> Path:
     `run_weights` that exists."""
     if run.metrics.is_file():
         finals = [r for r in read_metrics(run.metrics) if r.get("kind") == "final" and r.get("checkpoint_file")]
-        if finals and (run.path / finals[-1]["checkpoint_file"]).is_file():
-            return run.path / finals[-1]["checkpoint_file"]
+        chosen = model_file(run.path / finals[-1]["checkpoint_file"]) if finals else None
+        if chosen is not None and chosen.is_file():
+            return chosen
     for path in run_weights(run):
         if path.is_file():
             return path
@@ -95,7 +96,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[str, Path]:
                               "folder written by the export command (model.bin); pass one of those or a model file")
     if given.name == "model.bin" and given.is_file():
         return "ctranslate2", given.parent
-    return "torch", checkpoint_file(given)  # a missing file is load_checkpoint's one line
+    return "torch", model_file(given)  # a missing file is load_checkpoint's one line
 
 
 def torch_checkpoint(given: str | Path, command: str) -> Path:

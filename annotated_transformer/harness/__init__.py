@@ -1,7 +1,6 @@
 """The harness: what makes training practical around the core's Transformer and loop.
 
     trainer.py        Trainer (fit / train epoch / validate / save) and train_worker, the entry point
-    checkpointing.py  checkpoint and model files: formats, safe loading, the background writer, averaging
     checkpointer.py   Checkpointer: one run's last.pt, best, epoch and avg files, resuming, across ranks
     resume.py         RunState (everything last.pt holds), random states, StopSignal
     progress.py       the log lines of a run: its first line, epoch lines with the time left, the slow-run warning

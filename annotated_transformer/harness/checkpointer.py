@@ -1,6 +1,6 @@
 """A run's checkpoint writer (`Checkpointer`): last.pt, the best and epoch model files, the average, resuming.
 
-The files' formats, and reading and writing them, are checkpointing.py's; this module binds them to one
+The files' formats, and reading and writing them, are checkpoints.py's; this module binds them to one
 run directory, one rank's state and the ranks of a torchrun job.
 """
 
@@ -13,10 +13,9 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime.errors import TrainingDiverged
-from ..runtime.files import writing
+from ..runtime.errors import RunDirError, TrainingDiverged, UserError
 from ..loop import Log, unwrap_model
-from .checkpointing import CheckpointWriter, average_checkpoints, load_checkpoint, write_checkpoint
+from ..checkpoints import CheckpointWriter, average_into, load_checkpoint, model_file
 from .distributed import DistInfo
 from .loss_meter import weights_finite, world_size
 from .resume import RunState
@@ -52,7 +51,8 @@ class Checkpointer:
         self.run, self.run_state, self.info = run, run_state, info
         self.common = common  # what every file carries: the config and the text pipeline
         self.writer = CheckpointWriter(run.path)
-        self.saved_step: int | None = None  # the step of the newest last.pt (None: there is none yet)
+        self.saved_step: int | None = None  # the step of the newest last.pt on disk (None: there is none yet)
+        self._queued_step: int | None = None  # the step of a last.pt the writer has not finished
 
     def resume(self, last: dict[str, Any], log: Log) -> bool:
         """Continue from last.pt's payload: the run state restored, later metrics records dropped; True when
@@ -75,9 +75,11 @@ class Checkpointer:
             raise TrainingDiverged(f"training diverged: the weights are not finite at step {step}; nothing was "
                                    "saved from them. Lower train.lr_factor or set train.clip_grad_norm")
         resumable = self.run_state.state_dict(mid_epoch=mid_epoch)  # a collective: every rank takes part
-        self.saved_step = step
-        if not self.info.is_main:
+        if not self.info.is_main:  # nothing to write here: rank 0's file is the one
+            self.saved_step = step
             return
+        self.wait()  # the previous epoch's files: a failure is named before new ones are queued
+        self._queued_step = step
         jobs = [({**self.common, **resumable}, [self.run.last])]
         if weights_to:  # the weights validation scored: the raw ones, or their average (ema)
             ema = self.run_state.ema
@@ -86,21 +88,33 @@ class Checkpointer:
         self.writer.save(*jobs)
 
     def wait(self) -> None:
-        """Until every queued file is on disk (raises what the writer met)."""
-        self.writer.wait()
+        """Until every queued file is on disk; a write that failed is one line naming the last good checkpoint."""
+        try:
+            self.writer.wait()
+        except UserError as exc:
+            self._queued_step = None
+            good = (f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
+                    if self.saved_step is not None else "no checkpoint of this run was written before it")
+            raise RunDirError(f"{exc}; {good}") from None
+        if self._queued_step is not None:
+            self.saved_step, self._queued_step = self._queued_step, None
+
+    def check(self) -> None:
+        """After every step: a background write that failed stops the run now (never waits for one under way)."""
+        if self.writer.finished():
+            self.wait()
 
     def restart_hint(self) -> str:
         """How to go on after a divergence: from the last good last.pt, or from scratch."""
-        self.writer.wait()
+        self.wait()
         if self.saved_step is not None:
             return f"rerun to continue from {self.run.last} (step {self.saved_step}, the last good state)"
         return "start again with train.overwrite=true (no checkpoint was written before the divergence)"
 
-    def load_weights(self, model: nn.Module, path: Path) -> Path | None:
+    def load_model_file(self, model: nn.Module, path: Path) -> Path | None:
         """Load `path`'s weights on rank 0 and give them to every rank; the file read, or None when rank 0 has
         no such file. A run begun by an older version may hold them as a .pt file of the same name (best.pt)."""
-        if not path.is_file() and path.with_suffix(".pt").is_file():
-            path = path.with_suffix(".pt")
+        path = model_file(path)
         found = [self.info.is_main and path.is_file()]
         if self.info.distributed:
             dist.broadcast_object_list(found, src=0)
@@ -123,7 +137,6 @@ class Checkpointer:
             log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
             return None
         if self.info.is_main:
-            with writing(self.run.avg, run=self.run.path):
-                write_checkpoint(average_checkpoints(paths), self.run.avg)
+            average_into(paths, self.run.avg, overwrite=True, run=self.run.path)  # the run's own avg file
             log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
         return self.run.avg

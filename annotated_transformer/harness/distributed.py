@@ -171,9 +171,45 @@ class _Stamped(logging.Formatter):
         return "\n".join(f"{stamp} {line}" for line in record.getMessage().split("\n"))
 
 
+class _RunLog(logging.FileHandler):
+    """train.log, which a full disk or a lost mount must not turn into a traceback at every line: the first write
+    that fails is told once, in one line on stderr, and the file gets nothing more (the terminal still does)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, mode="a", encoding="utf-8")
+        self.shown = path  # as the user gave it (runs/x/train.log), not made absolute
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def flush(self) -> None:
+        if self.failed:
+            return
+        try:
+            super().flush()
+        except OSError:  # on close: what is still buffered cannot be written either
+            self.handleError(None)
+
+    def handleError(self, record: logging.LogRecord | None) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)  # a bug (a message that does not format): logging's own report
+            return
+        self.failed = True
+        stream, self.stream = self.stream, None
+        try:
+            stream.close()
+        except (OSError, AttributeError):
+            pass  # its buffer cannot be written either; the file keeps what reached it
+        print(f"warning: cannot write {self.shown}: {error.strerror or error}; the log goes on in the terminal only",
+              file=sys.stderr, flush=True)
+
+
 _TERMINAL = _Terminal()
 logger.addHandler(_TERMINAL)
-_RUN_LOG: list[logging.FileHandler] = []  # the open train.log, if any
+_RUN_LOG: list[_RunLog] = []  # the open train.log, if any
 _DEFAULT_LEVEL = [logging.INFO]  # RESULT inside `result_lines`
 
 
@@ -216,7 +252,7 @@ def open_run_log(path: Path) -> None:
     """Append every line print0 logs from now on to `path`, time-stamped; replaces any run log still open."""
     close_run_log()
     with writing(path, "open", run=path.parent):
-        handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+        handler = _RunLog(path)
     handler.setFormatter(_Stamped())
     logger.addHandler(handler)
     _RUN_LOG.append(handler)

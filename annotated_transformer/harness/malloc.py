@@ -72,7 +72,8 @@ def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
 
     `setting` is train.malloc, checked by the config. 'auto': tcmalloc, on Linux, for a run on the CPU,
     where one is found and the user preloads nothing already; 'system': never; 'tcmalloc': tcmalloc or
-    an error; a path: that library or an error.
+    an error; a path: that library or an error. A path comes from the command line only: `config.load_config`
+    refuses one in a config file, which would otherwise run the code of a library the file names.
     """
     if setting == "system" or RESTARTED_ENV in environ:  # the restarted process does not restart again
         return None
@@ -93,8 +94,8 @@ def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
     found = find_tcmalloc(dirs)
     if found is None and setting == "tcmalloc":
         raise ConfigError(f"train.malloc=tcmalloc: none of {', '.join(TCMALLOC_FILES)} in "
-                          f"{', '.join(map(str, dirs))}; install it ({INSTALL_HINT}), give its path "
-                          "(train.malloc=/path/to/libtcmalloc_minimal.so.4), or use train.malloc=auto")
+                          f"{', '.join(map(str, dirs))}; install it ({INSTALL_HINT}), give its path on the "
+                          "command line (train.malloc=/path/to/libtcmalloc_minimal.so.4), or use train.malloc=auto")
     return found
 
 

@@ -7,26 +7,37 @@
       train.log            every line rank 0 printed, each with its time; a resumed run appends to it
       charts/              loss, learning rate and BLEU curves (.html with inlined JavaScript, .png)
       tensorboard/         the same figures as TensorBoard event files (train.tensorboard=true)
-      epoch_NN.safetensors model weights after epoch NN (for averaging), with epoch_NN.json beside it
-      best.safetensors     the weights that scored best on validation, with best.json (config, vocabulary)
+      epoch_NN.safetensors model weights after epoch NN (for averaging), config and vocabulary inside
+      best.safetensors     the weights that scored best on validation, config and vocabulary inside
       last.pt              everything needed to resume (optimizer, scheduler, data position, RNG)
-      avg.safetensors      the average of the last train.average_last epochs' weights (when set), with avg.json
+      avg.safetensors      the average of the last train.average_last epochs' weights (when set), likewise
 
-    The model files (.safetensors + .json) are harness/checkpointing.py's; a run begun by an older
-    version may hold its weights as best.pt, avg.pt and epoch_NN.pt instead.
+      .annotated-transformer-run   the marker: the project made this folder a run's (train.overwrite needs it)
       .lock                held (flock) by the live training writing here; removed when it ends
+
+The model files (one .safetensors each) are checkpoints.py's; a run begun by an older version may hold its
+weights as best.pt, avg.pt and epoch_NN.pt, or as pairs with a .json beside each, instead.
+
+`RunDir` is the one owner of the folder: it takes the lock, decides start / resume / finished (`open`), refuses
+a folder of someone else's files, deletes only the names a run writes (`OWN_NAMES`), writes the marker and
+removes the temporaries of killed writes.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 try:
     import fcntl
@@ -34,15 +45,31 @@ except ImportError:  # Windows has no flock: there a second training on a live r
     fcntl = None  # type: ignore[assignment]
 
 from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, config_yaml
-from ..runtime.errors import ConfigError, RunDirError
+from ..runtime.errors import ConfigError, DistributedError, RunDirError, UserError
 from ..runtime.files import atomic_write, run_dir_error, writing
-from .checkpointing import load_checkpoint, weights_pair
+from ..checkpoints import load_checkpoint, model_file_forms
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "train.log", "charts", "tensorboard"}
 
 # The file a live training holds an OS lock on; it is not part of the run (a killed run may leave it, unlocked).
 LOCK_FILE = ".lock"
+
+# Written when the project makes a folder a run's: train.overwrite clears only folders that carry it.
+MARKER = ".annotated-transformer-run"
+MARKER_FORMAT = "annotated-transformer/run/1"
+
+# Every name the project writes in a run folder (training, evaluate's hypotheses, a sweep's scores): the only
+# names train.overwrite deletes.
+OWN_NAMES = re.compile(r"""(?x)^(?:
+    config\.yaml | vocab | metrics\.jsonl | train\.log | charts | tensorboard | last\.pt | eval | test_scores\.json
+  | (?:best|avg|epoch_\d+)\.(?:safetensors|json|pt)
+  | [\w.-]+\.beam\d+\.txt
+  | \.annotated-transformer-run | \.lock
+)$""")
+
+# atomic_write's temporary beside NAME (.NAME.RANDOM.tmp): a killed write leaves one behind.
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{6,}\.tmp$")
 
 # flock errors meaning "this filesystem cannot lock", not "another process holds it": go on without a lock.
 _NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
@@ -73,10 +100,15 @@ if hasattr(os, "register_at_fork"):
 NOT_SETTINGS = {"data": {"root", "cache_dir", "num_workers"}}
 
 
-def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
+# Where your own files are: with the files' contents compared at a resume (`check_same_data`), they may move.
+FILE_PREFIXES = {"train", "val", "test"}
+
+
+def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path, files_checked: bool = False) -> None:
     """A run can only be continued with the model and data settings that wrote its last.pt.
 
-    Where the data lives (`data.root`, `data.cache_dir`) and how many workers read it may change.
+    Where the data lives (`data.root`, `data.cache_dir`) and how many workers read it may change; with
+    `files_checked` (last.pt records its files' contents), so may the prefixes of your own files.
     """
     # older names read as the current ones, keys an older run did not have at their defaults
     now, saved = config_to_dict(cfg), config_to_dict(apply_dict(Config(), saved, source="the saved config"))
@@ -84,7 +116,7 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
         for rate in ("attention_dropout", "activation_dropout"):
             model[rate] = model["dropout"] if model.get(rate) is None else model[rate]
     for section in ("model", *MODEL_EXTENSIONS, "data"):  # what shapes the model and its data
-        skip = NOT_SETTINGS.get(section, set())
+        skip = NOT_SETTINGS.get(section, set()) | (FILE_PREFIXES if section == "data" and files_checked else set())
         old = {k: v for k, v in saved.get(section, {}).items() if k not in skip}
         new = {k: v for k, v in now[section].items() if k not in skip}
         if old != new:
@@ -92,6 +124,74 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path) -> None:
             raise ConfigError(f"cannot resume {path}: its {section} settings differ ({', '.join(diffs)}); "
                               "resume with the same config, replace the run with train.overwrite=true, "
                               "or choose another train.out_dir")
+
+
+def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Path) -> None:
+    """A run continues only on the data and tokenizer that wrote its last.pt (`data_fingerprint` of both).
+
+    A last.pt of an older version records no data: nothing to compare (its tokenizer is still compared, by
+    `check_same_tokenizer`, after the data is loaded).
+    """
+    if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
+        return
+    old, new = saved["settings"], now["settings"]
+    old_files, new_files = old.get("data") or {}, new.get("data") or {}
+    changed = sorted(k for k in set(old_files) | set(new_files) if old_files.get(k) != new_files.get(k))
+    ways = ("; resume with the same files again, or start a new run with another train.out_dir")
+    if changed:
+        what = ", ".join(_file_change(k, old_files, new_files) for k in changed)
+        raise RunDirError(f"cannot resume {path}: its training data changed since it was written ({what} in "
+                          f"{now.get('location')})" + ways)
+    settings = sorted(k for k in set(old) | set(new) if k != "data" and old.get(k) != new.get(k))
+    if settings:
+        what = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in settings)
+        raise RunDirError(f"cannot resume {path}: the tokenizer's settings or version changed since it was written "
+                          f"({what}), so the ids would mean other words; install the versions it was trained "
+                          "with, or start a new run with another train.out_dir")
+
+
+def _file_change(key: str, old: dict[str, str], new: dict[str, str]) -> str:
+    """How one data file (`split.lang`) differs: edited, added or gone."""
+    if key not in old:
+        return f"{key} is new"
+    if key not in new:
+        return f"{key} is gone"
+    return f"{key} has other contents (sha256 {old[key][:12]}... now {new[key][:12]}...)"
+
+
+def tokenizer_hash(text: dict[str, Any] | None) -> str | None:
+    """A sha256 of a TextPipeline state_dict (vocabularies, SentencePiece model bytes, settings); None for none."""
+    if text is None:
+        return None
+    digest = hashlib.sha256()
+
+    def feed(obj: Any) -> None:
+        if hasattr(obj, "numpy"):  # a tensor: the SentencePiece model's bytes
+            digest.update(b"T" + obj.detach().cpu().numpy().tobytes())
+        elif isinstance(obj, (bytes, bytearray)):
+            digest.update(b"B" + bytes(obj))
+        elif isinstance(obj, dict):
+            for key in sorted(obj, key=str):
+                digest.update(b"K" + str(key).encode())
+                feed(obj[key])
+        elif isinstance(obj, (list, tuple)):
+            digest.update(b"L%d" % len(obj))
+            for item in obj:
+                feed(item)
+        else:
+            digest.update(b"V" + json.dumps(obj).encode())
+
+    feed(text)
+    return digest.hexdigest()
+
+
+def check_same_tokenizer(saved: dict[str, Any] | None, now: dict[str, Any] | None, path: Path) -> None:
+    """Refuse a resume whose tokenizer (built from today's files and settings) is not the one last.pt was
+    trained with: its ids would mean other words to the trained weights."""
+    if tokenizer_hash(saved) != tokenizer_hash(now):
+        raise RunDirError(f"cannot resume {path}: the tokenizer built from today's data differs from the one it was "
+                          "trained with (a changed file or tokenizer version); resume with the same files again, or "
+                          "start a new run with another train.out_dir")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -132,6 +232,12 @@ def _same_file(fd: int, path: Path) -> bool:
         return False
     opened = os.fstat(fd)
     return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _temporary(name: str) -> str | None:
+    """The name of the file a temporary of `atomic_write` was for (.last.pt.k2j4x9.tmp -> last.pt), else None."""
+    found = TEMPORARY.match(name)
+    return found.group("name") if found else None
 
 
 class RunDir:
@@ -199,19 +305,39 @@ class RunDir:
         return sorted(found.items())
 
     def prune_epochs(self, keep_after: int) -> None:
-        """Delete the weight files of epochs up to `keep_after` (train.keep_last_epochs)."""
+        """Delete the weight files of epochs up to `keep_after` (train.keep_last_epochs): the model file, and an older
+        version's .json beside it or .pt of the same epoch."""
         for epoch, path in self.epoch_files():
             if epoch <= keep_after:
-                for old in (*weights_pair(path.with_suffix("")), path.with_suffix(".pt")):
+                for old in model_file_forms(path):
                     old.unlink(missing_ok=True)
 
+    @property
+    def marker(self) -> Path:
+        """The file that says the project made this folder a run's (`prepare` writes it)."""
+        return self.path / MARKER
+
     def entries(self) -> set[str]:
-        """Names in the folder that belong to a run (all but .lock); empty when there is no folder."""
-        return {p.name for p in self.path.iterdir()} - {LOCK_FILE} if self.path.is_dir() else set()
+        """Names in the folder (all but .lock, the marker and temporaries of killed writes); empty without a folder."""
+        if not self.path.is_dir():
+            return set()
+        return {p.name for p in self.path.iterdir() if p.name not in (LOCK_FILE, MARKER) and not _temporary(p.name)}
+
+    def run_files(self) -> set[str]:
+        """The entries that are a run's own files (`OWN_NAMES`)."""
+        return {name for name in self.entries() if OWN_NAMES.match(name)}
 
     def has_run(self) -> bool:
         """True when the folder holds a previous run's files."""
-        return bool(self.entries())
+        return bool(self.run_files())
+
+    def owned(self) -> bool:
+        """Whether the project made this folder a run's: it carries the marker, or (a run of a version before the
+        marker) it holds only a run's files, among them last.pt or metrics.jsonl."""
+        if self.marker.is_file():
+            return True
+        entries = self.entries()
+        return entries == self.run_files() and bool(entries & {"last.pt", "metrics.jsonl"})
 
     def lock(self) -> None:
         """Hold the folder for this process until `unlock`; a RunDirError line when a live training holds it.
@@ -303,17 +429,58 @@ class RunDir:
     def _not_a_folder(self) -> str:
         return f"train.out_dir {self.path} is a file, not a folder; choose another train.out_dir"
 
-    def start_mode(self, cfg: Config) -> tuple[str, dict[str, Any] | None]:
+    def open(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None = None
+             ) -> tuple[str, dict[str, Any] | None]:
+        """Take the folder for this training: lock it (rank 0), remove temporaries of killed writes, decide how
+        the run begins (`start_mode`), alike on every rank or an error on all.
+
+        Under torchrun each rank reads the folder itself and the ranks compare what they saw, so a node that
+        sees no last.pt (a folder that is not shared) never starts from step 0 while another resumes.
+        """
+        failure: UserError | None = None
+        try:
+            if info.is_main:
+                self.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
+                self.remove_temporaries()
+            start_mode, last = self.start_mode(cfg, data)
+            mine: tuple[Any, ...] = (start_mode, (last or {}).get("train_state", {}).get("step", 0), "")
+        except UserError as exc:
+            if not info.distributed:
+                raise
+            failure, mine = exc, ("", 0, str(exc))
+        if not info.distributed:
+            return start_mode, last
+        seen: list[Any] = [None] * info.world_size
+        dist.all_gather_object(seen, mine)  # a barrier too: nobody writes before everybody has looked
+        if failure is not None:
+            raise failure
+        failed = [(rank, msg) for rank, (_, _, msg) in enumerate(seen) if msg]
+        if failed:
+            raise DistributedError(f"rank {failed[0][0]} could not use {self.path}: {failed[0][1]}")
+        if len({(mode, step) for mode, step, _ in seen}) > 1:
+            what = {"start": "start afresh", "resume": "resume", "finished": "find a finished run"}
+            views = ", ".join(f"rank {rank} would {what[mode]} at step {step}"
+                              for rank, (mode, step, _) in enumerate(seen))
+            raise DistributedError(f"the ranks see {self.path} differently ({views}); train.out_dir must be one "
+                                   "folder that every node reads and writes (a shared filesystem)")
+        return start_mode, last
+
+    def start_mode(self, cfg: Config, data: Callable[[], dict[str, Any]] | None = None
+                   ) -> tuple[str, dict[str, Any] | None]:
         """How a training begins in this folder: ('start', None), ('resume', last.pt) or ('finished', last.pt).
 
-        `train.resume=auto` continues a run whose last.pt has the same model and data settings and
-        leaves a finished one as it is; `true` insists on last.pt; `false` refuses any earlier run;
-        `train.overwrite=true` replaces it. A folder that holds only what a run writes before its
+        A folder the project did not make a run's and that is not empty is refused whatever the keys say.
+        `train.resume=auto` continues a run whose last.pt has the same model and data settings, and the same
+        data files (`data()`, the `data_fingerprint` of today's files, read only here), and leaves a finished
+        one as it is; `true` insists on last.pt; `false` refuses any earlier run; `train.overwrite=true` starts
+        again (`prepare` deletes the run's own files only). A folder that holds only what a run writes before its
         first checkpoint (it died in its first epoch) starts again. Anything else raises one line.
         """
         t = cfg.train
         if self.path.exists() and not self.path.is_dir():
             raise RunDirError(self._not_a_folder())
+        if self.entries() and not self.owned():
+            raise RunDirError(self._not_a_run())
         if t.resume is True and not self.last.is_file():
             raise ConfigError(f"train.resume=true but {self.last} does not exist; start a new run without "
                               "train.resume")
@@ -323,37 +490,72 @@ class RunDir:
             raise ConfigError(f"run directory {self.path} already holds a run; continue it with train.resume=auto, "
                               "replace it with train.overwrite=true, or choose another train.out_dir")
         if not self.last.is_file():
-            if self.entries() <= STARTED_FILES:
+            if self.run_files() <= STARTED_FILES:
                 return "start", None
-            raise ConfigError(f"run directory {self.path} holds files but no last.pt, so it cannot be continued; "
-                              "replace it with train.overwrite=true or choose another train.out_dir")
+            raise ConfigError(f"run directory {self.path} holds a run's files but no last.pt, so it cannot be "
+                              "continued; start it again with train.overwrite=true (which deletes only the files "
+                              "training wrote) or choose another train.out_dir")
         last = load_checkpoint(self.last)
-        check_same_settings(last.get("config", {}), cfg, self.last)
+        recorded = data is not None and isinstance(last.get("data"), dict)
+        check_same_settings(last.get("config", {}), cfg, self.last, files_checked=recorded)
+        if recorded:
+            check_same_data(last["data"], data(), self.last)
         if last.get("config", {}).get("train", {}).get("target_bleu", 0.0) != t.target_bleu:
             last["train_state"] = retarget(last.get("train_state", {}), self.records(), t.target_bleu)
         state = last.get("train_state", {})
         done = t.finished(state.get("epoch", 0), state.get("step", 0), state.get("target_epoch") is not None)
         return ("finished" if done and t.resume == "auto" else "resume"), last
 
-    def prepare(self, cfg: Config, start_mode: str) -> None:
-        """Create the folder (emptied for a fresh start) and write the resolved config."""
+    def _not_a_run(self) -> str:
+        """The refusal for a folder of someone else's files: never an offer to overwrite them."""
+        names = sorted(self.entries() - self.run_files()) or sorted(self.entries())
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        return (f"train.out_dir {self.path} holds files this project did not write ({shown}); training never "
+                "writes into such a folder: choose a new train.out_dir (a folder that does not exist yet, or an "
+                "empty one)")
+
+    def prepare(self, cfg: Config, start_mode: str, log: Callable[[str], None] | None = None) -> None:
+        """Make the folder a run's (created, the marker written; a fresh start deletes the run's own files there)
+        and write the resolved config."""
+        if self.entries() and not self.owned():  # start_mode refused it already; a last check before any write
+            raise RunDirError(self._not_a_run())
         with writing(self.path, "create the run directory", run=self.path):
-            # train.overwrite, or a run that died before its first checkpoint
-            if start_mode == "start" and self.has_run():
-                self._clear()
             self.path.mkdir(parents=True, exist_ok=True)
+            if start_mode == "start" and self.has_run():  # train.overwrite, or a run that died before last.pt
+                kept = self._clear()
+                if kept and log is not None:
+                    log(f"train.overwrite: deleted the earlier run's files in {self.path}, kept what training did "
+                        f"not write ({', '.join(sorted(kept))})")
+        if not self.marker.is_file():
+            with writing(self.marker, run=self.path):
+                mark = {"format": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                atomic_write(self.marker, lambda f: f.write((json.dumps(mark) + "\n").encode("utf-8")))
         with writing(self.config, run=self.path):
             atomic_write(self.config, lambda f: f.write(config_yaml(cfg).encode("utf-8")))
 
-    def _clear(self) -> None:
-        """Delete the folder's contents but .lock: removing a held lock file would let another run lock a new one."""
-        for child in self.path.iterdir():
-            if child.name == LOCK_FILE:
-                continue
+    def _clear(self) -> set[str]:
+        """Delete the run's own files (`OWN_NAMES`) but .lock and the marker; returns the names it kept."""
+        for name in self.run_files():
+            child = self.path / name
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
             else:
                 child.unlink()
+        return self.entries()
+
+    def remove_temporaries(self) -> list[Path]:
+        """Delete what killed writes of this project left (.NAME.RANDOM.tmp beside a run file, in the folder and
+        in vocab/ and charts/); call it holding the lock, when no writer of this run can be live."""
+        removed = []
+        for folder in (self.path, self.vocab, self.charts):
+            if not folder.is_dir():
+                continue
+            for child in folder.iterdir():
+                if _temporary(child.name) and (folder != self.path or OWN_NAMES.match(_temporary(child.name) or "")):
+                    with writing(child, "remove the leftover", run=self.path):
+                        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+                    removed.append(child)
+        return removed
 
     def save_text(self, text: Any) -> None:
         """The run's TextPipeline (vocabularies, SentencePiece model) in vocab/, what translating reads."""

@@ -42,7 +42,7 @@ def finish(tr: EndingRun) -> dict[str, Any]:
     t, s = tr.cfg.train, tr.train_state
     if tr.info.is_main:
         write_charts(tr.run, tr.log)
-    found_best = tr.checkpoints.load_weights(tr.model, tr.run.best)  # the file read (perhaps an older best.pt)
+    found_best = tr.checkpoints.load_model_file(tr.model, tr.run.best)  # the file read (perhaps an older best.pt)
     averaged = tr.checkpoints.average_last(t.average_last, tr.log)
     results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step,
                                "train_seconds": s.train_seconds, "wall_seconds": s.wall_seconds, "train_flops": s.flops}
@@ -102,7 +102,7 @@ def final_scores(tr: EndingRun, results: dict[str, Any], chosen: str, chosen_fil
     val = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
     if averaged is not None:
         kept = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
-        tr.checkpoints.load_weights(tr.model, averaged)
+        tr.checkpoints.load_model_file(tr.model, averaged)
         val_avg = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
         tr.log(f"val BLEU: {chosen_file.name} {val['bleu']:.2f} | {averaged.name} (last {t.average_last} "
                f"epochs averaged) {val_avg['bleu']:.2f}")

@@ -170,3 +170,16 @@ def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = 
 
     data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log)
     return TranslationTask(cfg, info, data)
+
+
+def task_fingerprint(cfg: Config) -> Callable[[], dict[str, Any]] | None:
+    """How to read the data fingerprint of today's files for a resume to compare (None: the copy task has no files)."""
+    if cfg.data.dataset == "copy":
+        return None
+
+    def read() -> dict[str, Any]:
+        from ..data.translation_data import data_fingerprint
+
+        return data_fingerprint(cfg.data)
+
+    return read

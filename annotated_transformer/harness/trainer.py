@@ -1,8 +1,8 @@
 """The Trainer behind `train_worker`: one rank's run built from a config (fit / train epoch / validate / save).
 
 The loop itself (`train_step`, `run_epoch`) is the core's (`annotated_transformer.loop`); the parts
-a practical run adds live beside this file: checkpointing.py (the files and the background
-writer), resume.py (the run state and signals), progress.py (the log lines, time left, the slow-run warning),
+a practical run adds live beside this file: checkpointer.py (the run's checkpoint files, in the format of
+checkpoints.py), resume.py (the run state and signals), progress.py (the log lines, time left, the slow-run warning),
 run_end.py (charts, final scores, the translate command), run_dir.py, distributed.py, tasks.py (Multi30k or
 the copy task), metrics.py (records, TensorBoard, GPU samples).
 """
@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
-from ..runtime.errors import DistributedError, TrainingDiverged, UserError
+from ..runtime.errors import DistributedError, TrainingDiverged
 from ..decode.static import validation_step
 from ..extensions.builder import build_ema, build_training
 from ..fast import compile_model
@@ -39,10 +39,10 @@ from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, ini
 from .metrics import Metrics
 from .progress import epoch_line, speed_warning, start_line
 from .resume import RunState, StopSignal
-from .run_dir import RunDir
+from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
 from .schedules import build_scheduler
-from .tasks import build_task
+from .tasks import build_task, task_fingerprint
 from .tensorboard_log import summary_writer_class
 
 
@@ -74,12 +74,15 @@ class Trainer:
         if cfg.train.tensorboard and info.is_main:
             summary_writer_class()  # a missing package is an error before anything is written
         if info.is_main:
-            self.run.prepare(cfg, start_mode)
+            self.run.prepare(cfg, start_mode, self.log)
             open_run_log(self.run.train_log)  # from here on rank 0's lines go to train.log too
         barrier()
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
         self.task = build_task(cfg, info, log=self.log)
+        text_state = self.task.text.state_dict() if self.task.text is not None else None
+        if start_mode == "resume":  # before vocab/ is written: the weights learned the ids of last.pt's tokenizer
+            check_same_tokenizer((last or {}).get("text"), text_state, self.run.last)
         if info.is_main and self.task.text is not None:
             self.run.save_text(self.task.text)
         self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype = build_training(
@@ -98,8 +101,10 @@ class Trainer:
         self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank, self.ema)
         self.train_state = self.run_state.train_state
-        text_state = self.task.text.state_dict() if self.task.text is not None else None
-        common = {"config": config_to_dict(cfg), "text": text_state}  # what every checkpoint file carries
+        data = getattr(getattr(self.task, "data", None), "stats", {}).get("fingerprint")
+        # what every checkpoint file carries; the data's fingerprint is what a resume compares first
+        common = {"config": config_to_dict(cfg), "text": text_state,
+                  "data": None if data is None else {**data, "tokenizer": tokenizer_hash(text_state)}}
         self.checkpoints = Checkpointer(self.run, self.run_state, info, common)
         self.mid_epoch = self.checkpoints.resume(last, self.log) if start_mode == "resume" else False
         self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
@@ -194,6 +199,7 @@ class Trainer:
             self._look_again(after=self.step_clock)
         if time.perf_counter() >= self.speed_due:  # slow steps: a minute passed without a log line
             self._warn_if_slow(at_epoch_end=False)
+        self.checkpoints.check()  # a failed background write stops the run within a step, not an epoch later
         self.stopping = self.stopper.stop_now(self.info.distributed, self.info.rank)
         return self.stopping
 
@@ -301,7 +307,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         run = RunDir(cfg.run_dir())
         try:
             # every rank decides (or fails) alike before rank 0 writes
-            start_mode, last = agree_on_start_mode(run, cfg, info)
+            start_mode, last = run.open(cfg, info, data=task_fingerprint(cfg))
             if start_mode == "finished":
                 s = last["train_state"]
                 print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
@@ -333,40 +339,6 @@ def run_log_closed() -> Iterator[None]:
         raise
     finally:
         close_run_log()
-
-
-def agree_on_start_mode(run: RunDir, cfg: Config, info: DistInfo) -> tuple[str, dict[str, Any] | None]:
-    """The run directory's start mode (start, resume or finished), alike on every rank or an error on all.
-
-    Rank 0 first locks the folder (`RunDir.lock`), so a second training on a live run's folder is
-    refused on every rank. Each rank reads the folder itself; under torchrun the ranks compare what they
-    saw, so a node that sees no last.pt (a folder that is not shared) never starts from step 0 while
-    another resumes.
-    """
-    try:
-        if info.is_main:
-            run.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
-        start_mode, last = run.start_mode(cfg)
-        mine: tuple[Any, ...] = (start_mode, (last or {}).get("train_state", {}).get("step", 0), "")
-    except UserError as exc:
-        if not info.distributed:
-            raise
-        failure, mine = exc, ("", 0, str(exc))
-    if not info.distributed:
-        return start_mode, last
-    seen: list[Any] = [None] * info.world_size
-    dist.all_gather_object(seen, mine)  # a barrier too: nobody writes before everybody has looked
-    if mine[2]:
-        raise failure
-    failed = [(rank, msg) for rank, (_, _, msg) in enumerate(seen) if msg]
-    if failed:
-        raise DistributedError(f"rank {failed[0][0]} could not use {run.path}: {failed[0][1]}")
-    if len({(mode, step) for mode, step, _ in seen}) > 1:
-        what = {"start": "start afresh", "resume": "resume", "finished": "find a finished run"}
-        views = ", ".join(f"rank {rank} would {what[mode]} at step {step}" for rank, (mode, step, _) in enumerate(seen))
-        raise DistributedError(f"the ranks see {run.path} differently ({views}); train.out_dir must be one folder "
-                               "that every node reads and writes (a shared filesystem)")
-    return start_mode, last
 
 
 def _lost_a_rank(exc: RuntimeError) -> bool:

@@ -42,6 +42,7 @@ import torch
 from ..config import Config, config_from_dict, config_to_dict
 from ..runtime.device import device_name, native_bf16, select_device, synchronize
 from ..runtime.errors import ConfigError
+from ..runtime.files import atomic_write
 from ..harness.malloc import malloc_in_use, training_malloc
 from ..loop import Log
 from ..masks import padding_mask
@@ -316,7 +317,9 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
     if out_dir:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "benchmark.json").write_text(json.dumps(result, indent=1) + "\n")
+        # atomic: a benchmark killed while writing leaves the earlier file whole (runtime.files.atomic_write)
+        data = (json.dumps(result, indent=1) + "\n").encode("utf-8")
+        atomic_write(out / "benchmark.json", lambda f: f.write(data))
     return result
 
 

@@ -43,6 +43,7 @@ import torch
 from ..config import Config
 from ..runtime.device import device_name, resolve_amp_dtype, select_device, synchronize
 from ..runtime.errors import ConfigError
+from ..runtime.files import atomic_write
 from ..runtime.model_flops import train_step_flops
 from ..harness.run_dir import read_metrics
 from ..harness.schedules import rate_on_device
@@ -285,7 +286,9 @@ def gpu_check(cfg: Config, overrides: list[str], steps: int = 30, warmup: int = 
     def save() -> None:
         if out:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "gpu_check.json").write_text(json.dumps(result, indent=1) + "\n")
+            # atomic: rewritten after each part, and a check cut short must leave the parts before it readable
+            data = (json.dumps(result, indent=1) + "\n").encode("utf-8")
+            atomic_write(out / "gpu_check.json", lambda f: f.write(data))
 
     dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
     result["peak_flop_per_s"] = max(matmul_peak(device, dtype) for _ in range(2))

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from ..config import load_config
+from ..config.loading import refuse_library_from_file
 from ..runtime.errors import ConfigError, RunDirError
 from ..runtime.files import atomic_write, writing
 from ..harness.run_dir import read_metrics
@@ -94,6 +95,8 @@ def parse_grid(grid: Any, source: str = "grid") -> list[tuple[str, ...]]:
         if not isinstance(block, dict) or not all(isinstance(k, str) and "." in k for k in block):
             raise ConfigError(f"{source}: expected a mapping of dotted keys to lists of values "
                               "(train.lr_factor: [0.5, 1.0]) or a list of mappings (one setting each)")
+        for key, value in block.items():  # its values reach each run's command line, where a path is allowed
+            refuse_library_from_file(key, value, source)
         settings.append(tuple(f"{k}={_format_value(v)}" for k, v in block.items()))
     if not settings:
         raise ConfigError(f"{source}: no settings (an empty list?); give at least one value per key")

@@ -68,6 +68,17 @@ def atomic_write(path: str | Path, write: Callable[[Any], object]) -> None:
     _fsync_dir(path.parent)
 
 
+def refuse_to_replace(path: str | Path, overwrite: bool, what: str = "--out") -> None:
+    """The one rule of every command that writes a file: an existing output is replaced only when asked.
+
+    Raises a one-line UserError naming `path` and the two ways on (another `what`, or --overwrite).
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        kind = "folder" if path.is_dir() else "file"
+        raise UserError(f"{path} already exists (a {kind}); choose another {what}, or pass --overwrite to replace it")
+
+
 _HINTS = {
     errno.ENOSPC: "free some disk space or choose another train.out_dir",
     errno.EDQUOT: "free some quota or choose another train.out_dir",

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from ..deploy.translator import Translator
 from ..runtime.errors import UserError
-from ..runtime.files import atomic_write
+from ..runtime.files import atomic_write, refuse_to_replace
 from .attention import SentenceAttention, attention_charts, layer_indices, sentence_attention
-from .rendering import FORMATS, png_size, save_chart, write_script
+from .rendering import FORMATS, SCRIPT_FILE, png_size, save_chart, write_script
 from .teaching import teaching_charts
 from .training_curves import training_curves_chart
 
@@ -35,13 +35,16 @@ class Visualization:
 
 def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Path,
                        layer_numbers: Sequence[int] | None = None, beam_size: int = 1,
-                       formats: Sequence[str] = FORMATS, metrics: str | Path | None = None) -> Visualization:
+                       formats: Sequence[str] = FORMATS, metrics: str | Path | None = None,
+                       overwrite: bool = True) -> Visualization:
     """Translate `sentence` and write every chart into `out_dir`, plus an index.html linking them.
 
     Charts: the encoder self-, decoder self- and decoder-source attention (all heads) of each
     layer in `layer_numbers` (1-based, as in the chart titles; default every layer), the teaching
     charts, and the training curves when a metrics.jsonl path is given. The HTML charts share one
-    copy of the Vega JavaScript in the folder (`rendering.SCRIPT_FILE`).
+    copy of the Vega JavaScript in the folder (`rendering.SCRIPT_FILE`). With `overwrite` False (the visualize
+    command without --overwrite) any of these files already in the folder is refused before one is written;
+    other files there are never touched.
     """
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
@@ -61,6 +64,10 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
             charts.append(("training_curves", "Training curves", training_curves_chart(metrics)))
         except (OSError, ValueError) as exc:  # the curves are extra: never lose the other charts over them
             warnings.append(f"no training curves from {metrics} ({exc})")
+    names = ["index.html", *([SCRIPT_FILE] if "html" in formats else []),
+             *(f"{stem}.{fmt}" for stem, _, _ in charts for fmt in formats)]
+    for name in names:
+        refuse_to_replace(out / name, overwrite)
     written: list[Path] = []
     entries: list[tuple[str, list[Path]]] = []
     try:
@@ -78,7 +85,8 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
 
 def visualize_checkpoint(checkpoint: str | Path, sentence: str, out_dir: str | Path,
                          layer_numbers: Sequence[int] | None = None, beam_size: int | None = None,
-                         formats: Sequence[str] = FORMATS, device: str | None = None) -> Visualization:
+                         formats: Sequence[str] = FORMATS, device: str | None = None,
+                         overwrite: bool = True) -> Visualization:
     """`visualize_sentence` for a checkpoint file, with the training curves of its run directory if present;
     `beam_size=None` decodes as the checkpoint does (its decode.beam_size), as translate does."""
     if not sentence.strip():  # checked before loading the model: a typo should cost nothing
@@ -87,7 +95,7 @@ def visualize_checkpoint(checkpoint: str | Path, sentence: str, out_dir: str | P
     beam_size = translator.config.decode.beam_size if beam_size is None else beam_size
     metrics = Path(checkpoint).parent / "metrics.jsonl"  # the run directory's, beside its model files
     return visualize_sentence(translator, sentence, out_dir, layer_numbers, beam_size, formats,
-                              metrics if metrics.is_file() else None)
+                              metrics if metrics.is_file() else None, overwrite)
 
 
 _INDEX_STYLE = """

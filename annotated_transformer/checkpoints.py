@@ -1,20 +1,36 @@
-"""Checkpoints: atomic writes, safe loads, and parameter averaging, in two formats.
+"""Model files and checkpoints: their formats, atomic writes, safe loads and parameter averaging.
 
-The model files a user ships (best, avg and epoch_NN: weights, no training state) are a pair that
-loads without unpickling anything:
+The one module that owns the files a model is stored in, below both the harness (which writes them
+while training) and deploy/ (which loads them to translate).
 
-    NAME.safetensors  the unique tensors of the model's state_dict, at their own dtype; a tied matrix
-                      (tied embeddings: source, target and generator) is stored once, and the file's
-                      metadata names the tied entries ({"tied": {alias: stored name}}) and every name in
-                      the state_dict's order ("order"), so that loading gives every name back in that
-                      order, tied names as one tensor
-    NAME.json         {"format", "sha256" (of NAME.safetensors), "config" (the resolved config),
-                      "text" (the TextPipeline's state_dict, its SentencePiece model in base64; null for
-                      the copy task), "train_state"}, and "averaged_from" for an average
+A model a user ships (a run's best, avg and epoch_NN, and what average-checkpoints writes) is ONE
+file, NAME.safetensors, that loads without unpickling anything:
+
+    tensors       the unique tensors of the model's state_dict, at their own dtype; a tied matrix (tied
+                  embeddings: source, target and generator) is stored once
+    __metadata__  str -> str:
+        format         "annotated-transformer/model/1"
+        config         the resolved config (JSON)
+        text           the TextPipeline's state_dict (JSON, its SentencePiece model in base64; null for
+                       the copy task)
+        train_state    TrainState.state_dict() (JSON)
+        averaged_from  the files an average was made of (JSON), for an average
+        tied           {alias: stored name} for the names that share a tensor (JSON)
+        order          every name in the state_dict's order (JSON): safetensors keeps no order
+        sha256         of the tensor data (the bytes after the header), so a damaged file is refused
+
+It is written with one atomic rename: a reader sees the old model or the new one, never half of one.
+
+Older files still load:
+
+    NAME.safetensors + NAME.json   the pair of earlier versions: the .safetensors' metadata holds only
+                                   "format" ("annotated-transformer/weights/1"), "tied" and "order"; the
+                                   JSON {"format", "sha256" (of the whole .safetensors), "config", "text",
+                                   "train_state", "averaged_from"}
+    best.pt, avg.pt, epoch_NN.pt   the torch.save dicts of the versions before model files (below)
 
 last.pt (what resuming needs) is a dict that `torch.load(weights_only=True)` reads (tensors, numbers,
 strings, lists, dicts): nothing in it needs arbitrary unpickling, and a file that does is refused.
-Files of that kind written before the model files existed (best.pt, avg.pt, epoch_NN.pt) load too.
 Keys:
 
     format       "annotated-transformer/1"
@@ -26,7 +42,7 @@ Keys:
     train_state  TrainState.state_dict()
     optimizer, scheduler, loader, rng    only in resumable checkpoints (last.pt)
 
-`load_checkpoint` reads either format into that dict.
+`load_checkpoint` reads any of them into that dict; `model_file` says which file a name means.
 """
 
 from __future__ import annotations
@@ -50,15 +66,21 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from ..config import MODEL_EXTENSIONS, Config, apply_dict
-from ..runtime.errors import CheckpointError, ConfigError, excerpt
-from ..runtime.files import atomic_write, run_dir_error, writing
-from ..loop import unwrap_model
+from .config import MODEL_EXTENSIONS, Config, apply_dict
+from .loop import unwrap_model
+from .runtime.errors import CheckpointError, ConfigError, excerpt
+from .runtime.files import atomic_write, refuse_to_replace, run_dir_error, writing
 
 CHECKPOINT_FORMAT = "annotated-transformer/1"
-WEIGHTS_FORMAT = "annotated-transformer/weights/1"  # a model file pair: NAME.safetensors + NAME.json
-WEIGHTS_SUFFIX = ".safetensors"
-SETTINGS_SUFFIX = ".json"
+MODEL_FORMAT = "annotated-transformer/model/1"  # one NAME.safetensors: weights, config and vocabulary
+PAIR_FORMAT = "annotated-transformer/weights/1"  # an older version's NAME.safetensors + NAME.json (read only)
+MODEL_SUFFIX = ".safetensors"
+PAIR_SUFFIX = ".json"  # the second file of an older version's pair
+
+# Metadata entries about the file itself; every other entry of a model file's metadata is a payload value as JSON.
+_FILE_KEYS = ("format", "tied", "order", "sha256")
+# Written in the sha256 entry first, then replaced by the digest: one serialisation, the same header length.
+_PLACEHOLDER = "0" * 64
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
@@ -128,27 +150,40 @@ def _cpu_copy(obj: Any, memo: dict[Any, torch.Tensor] | None = None) -> Any:
     return obj  # numbers, strings, None: immutable
 
 
-def weights_pair(path: str | Path) -> tuple[Path, Path]:
-    """The two files of a model file (NAME.safetensors, NAME.json) that `path` (either of them, or NAME) names."""
+def _named(path: str | Path) -> Path:
+    """NAME.safetensors for NAME, NAME.safetensors, or the NAME.json of an older pair."""
     path = Path(path)
-    stem = path.with_suffix("") if path.suffix in (WEIGHTS_SUFFIX, SETTINGS_SUFFIX) else path
-    return stem.with_name(stem.name + WEIGHTS_SUFFIX), stem.with_name(stem.name + SETTINGS_SUFFIX)
+    stem = path.with_suffix("") if path.suffix in (MODEL_SUFFIX, PAIR_SUFFIX) else path
+    return stem.with_name(stem.name + MODEL_SUFFIX)
 
 
 def is_model_file(path: str | Path) -> bool:
-    """Whether `path` names a model file pair (by its suffix), rather than a torch checkpoint (.pt)."""
-    return Path(path).suffix in (WEIGHTS_SUFFIX, SETTINGS_SUFFIX)
+    """Whether `path` names a model file (by its suffix, the older pair's .json included), not a .pt checkpoint."""
+    return Path(path).suffix in (MODEL_SUFFIX, PAIR_SUFFIX)
 
 
-def checkpoint_file(path: str | Path) -> Path:
-    """The file `path` names: itself, or for an older name that is gone (runs/x/best.pt), the model file
-    that took its place (runs/x/best.safetensors); the JSON of a pair names its .safetensors."""
+def model_file(path: str | Path) -> Path:
+    """The file a name means: a model file's NAME.safetensors (the older pair's NAME.json names it too), or a .pt file.
+
+    Where the file named is gone, the other format of the same stem stands in: an older version's best.pt for
+    runs/x/best.safetensors, the model file that took its place for runs/x/best.pt. Neither there: the name itself
+    (a .json as its .safetensors), for the loader to report.
+    """
     path = Path(path)
-    if is_model_file(path):
-        return weights_pair(path)[0]
-    if path.suffix == ".pt" and not path.exists() and weights_pair(path.with_suffix(""))[0].is_file():
-        return weights_pair(path.with_suffix(""))[0]
+    if path.suffix == ".pt":
+        new = _named(path.with_suffix(""))
+        return new if not path.exists() and new.is_file() else path
+    if path.suffix == PAIR_SUFFIX:
+        return _named(path)
+    if path.suffix == MODEL_SUFFIX and not path.exists() and path.with_suffix(".pt").is_file():
+        return path.with_suffix(".pt")
     return path
+
+
+def model_file_forms(path: str | Path) -> tuple[Path, Path, Path]:
+    """Every file a model of this name may be stored in: NAME.safetensors, an older pair's NAME.json, older NAME.pt."""
+    new = _named(Path(path).with_suffix("") if Path(path).suffix == ".pt" else path)
+    return new, new.with_suffix(PAIR_SUFFIX), new.with_suffix(".pt")
 
 
 def tied_names(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
@@ -201,30 +236,37 @@ def _text_from_json(text: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**text, "spm_model": torch.frombuffer(bytearray(raw), dtype=torch.uint8)}
 
 
-# What a payload's JSON does not take from it: the tensors, and what each save works out anew.
-_NOT_SETTINGS = ("format", "model", "text", "sha256")
-
-
-def save_weights(payload: dict[str, Any], path: str | Path) -> tuple[Path, Path]:
-    """Write a weights payload (config, model, text, train_state) as a model file pair; returns its two paths.
-
-    Each file is written atomically, the .safetensors first: the JSON's SHA-256 of it is what loading
-    checks, so a pair that a crash left half new is refused rather than mixed.
-    """
-    weights, settings = weights_pair(path)
+def save_model_file(payload: dict[str, Any], path: str | Path) -> Path:
+    """Write a weights payload (config, model, text, train_state) as one model file, atomically; returns its path."""
+    target = _named(path)
     state = payload["model"]
     ties = tied_names(state)
     tensors = {name: _own_memory(t) for name, t in state.items() if name not in ties}
+    values = {k: v for k, v in payload.items() if k not in ("model", *_FILE_KEYS)}
+    values["text"] = _text_to_json(payload.get("text"))
+    metadata = {key: json.dumps(value, ensure_ascii=False) for key, value in values.items()}
     # The names in the state_dict's order: safetensors hands its tensors back in no fixed order.
-    metadata = {"format": WEIGHTS_FORMAT, "tied": json.dumps(ties), "order": json.dumps(list(state))}
-    data = safetensors.torch.save(tensors, metadata)
-    doc = {"format": WEIGHTS_FORMAT, "sha256": hashlib.sha256(data).hexdigest(),
-           **{k: v for k, v in payload.items() if k not in _NOT_SETTINGS},
-           "text": _text_to_json(payload.get("text"))}
-    text = (json.dumps(doc, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
-    atomic_write(weights, lambda f: f.write(data))
-    atomic_write(settings, lambda f: f.write(text))
-    return weights, settings
+    metadata |= {"format": MODEL_FORMAT, "tied": json.dumps(ties), "order": json.dumps(list(state))}
+    head, data = _serialise(tensors, metadata)
+    atomic_write(target, lambda f: (f.write(head), f.write(data)))
+    return target
+
+
+def _serialise(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, memoryview]:
+    """A safetensors file in two parts: its header (the SHA-256 of the tensor data in its metadata) and that data."""
+    raw = safetensors.torch.save(tensors, {**metadata, "sha256": _PLACEHOLDER})
+    start = 8 + int.from_bytes(raw[:8], "little")
+    data = memoryview(raw)[start:]
+    digest = hashlib.sha256(data).hexdigest()
+    # safetensors writes its header as compact JSON, each key once: the placeholder is replaced in place (the same
+    # length), so the offsets stay right; any other spelling is serialised again, which lays the data out alike.
+    marker = f'"sha256":"{_PLACEHOLDER}"'.encode()
+    head = raw[:start]
+    if head.count(marker) == 1:
+        return head.replace(marker, f'"sha256":"{digest}"'.encode()), data
+    raw = safetensors.torch.save(tensors, {**metadata, "sha256": digest})
+    start = 8 + int.from_bytes(raw[:8], "little")
+    return raw[:start], memoryview(raw)[start:]
 
 
 def _own_memory(tensor: torch.Tensor) -> torch.Tensor:
@@ -235,19 +277,17 @@ def _own_memory(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def write_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
-    """Write `payload` in the format `path` names: a model file pair (.safetensors/.json), else a .pt file."""
+    """Write `payload` in the format `path` names: a model file (.safetensors), else a .pt file."""
     if is_model_file(path):
-        save_weights(payload, path)
+        save_model_file(payload, path)
     else:
         save_checkpoint(payload, path)
 
 
 def copy_checkpoint(source: str | Path, target: str | Path) -> None:
-    """Copy a checkpoint written by `write_checkpoint` (both files of a model file pair), each atomically."""
-    pairs = zip(weights_pair(source), weights_pair(target)) if is_model_file(source) else [(source, target)]
-    for src_path, dst_path in pairs:
-        with open(src_path, "rb") as src:
-            atomic_write(dst_path, lambda f: shutil.copyfileobj(src, f, 16 << 20))
+    """Copy a file written by `write_checkpoint` atomically (one file in either format)."""
+    with open(source, "rb") as src:
+        atomic_write(target, lambda f: shutil.copyfileobj(src, f, 16 << 20))
 
 
 class CheckpointWriter:
@@ -285,6 +325,10 @@ class CheckpointWriter:
             error, self._error = self._error, None
             raise error
 
+    def finished(self) -> bool:
+        """Whether the last queued writes have ended (on disk, or failed: `wait` then raises at once)."""
+        return self._thread is None or not self._thread.is_alive()
+
     def _run(self, snapshots: list[tuple[dict[str, Any], tuple[str | Path, ...]]]) -> None:
         target: str | Path = ""
         try:
@@ -302,11 +346,11 @@ class CheckpointWriter:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a model file pair or a .pt checkpoint (`weights_only=True`) as a checkpoint dict; every failure
-    is one clear CheckpointError."""
-    path = checkpoint_file(path)
+    """Load a model file (or an older pair) or a .pt checkpoint (`weights_only=True`) as a checkpoint dict; every
+    failure is one clear CheckpointError."""
+    path = model_file(path)
     if is_model_file(path):
-        return load_weights(path, map_location)
+        return load_model_file(path, map_location)
     if not path.is_file():
         hint = " (it is a directory; name a .safetensors or .pt file in it)" if path.is_dir() else ""
         raise CheckpointError(f"checkpoint {path} not found{hint}")
@@ -371,67 +415,138 @@ def not_a_checkpoint(path: Path) -> str | None:
     return "a JSON file" if text.lstrip().startswith(("{", "[")) else "a text file"
 
 
-def load_weights(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """A model file pair (`save_weights`) as a checkpoint dict, tied names sharing one tensor again.
+def load_model_file(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A model file (`save_model_file`, or an older pair) as a checkpoint dict, tied names sharing one tensor again.
 
-    Nothing is unpickled: the tensors come from safetensors, the rest from JSON. A missing, damaged,
-    truncated or mismatched file is one CheckpointError naming it.
+    Nothing is unpickled: the tensors come from safetensors, the rest from JSON. A missing, damaged, truncated
+    or crafted file is one CheckpointError naming it.
     """
-    weights, settings = weights_pair(path)
-    if not weights.is_file() and settings.is_file():
-        if not _is_settings(settings):  # a JSON file of another kind (a vocabulary, a config)
+    weights = _named(path)
+    settings = weights.with_suffix(PAIR_SUFFIX)
+    if not weights.is_file():
+        if settings.is_file() and not _is_pair_settings(settings):  # a JSON file of another kind (a vocabulary)
             raise CheckpointError(f"{settings} is a JSON file, not a model file: pass a run directory or a checkpoint "
                                   "file written by training")
-        raise CheckpointError(f"{weights} is missing: {settings.name} is the other half of a model file, which needs "
-                              f"the .safetensors written beside it; copy both files")
-    if not weights.is_file():
+        if settings.is_file():
+            raise CheckpointError(f"{weights} is missing: {settings.name} is the other half of an older model file, "
+                                  "which needs the .safetensors written beside it; copy both files")
         raise CheckpointError(f"checkpoint {weights} not found")
-    if not settings.is_file():
-        raise CheckpointError(f"{settings} is missing: {weights.name} needs the JSON written beside it (the model's "
-                              f"config and vocabulary); copy both files")
     try:
-        doc = json.loads(settings.read_text(encoding="utf-8"))
         data = weights.read_bytes()
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(f"{settings} is unreadable ({excerpt(exc)})") from None
-    if not isinstance(doc, dict) or doc.get("format") != WEIGHTS_FORMAT:
-        raise CheckpointError(f"{settings} is not an annotated-transformer model file (no '{WEIGHTS_FORMAT}' "
-                              "format tag)")
-    damaged = (f"{weights} is damaged or truncated ({{}}); copy it again, or use another checkpoint of the run "
-               f"(an epoch file, last.pt)")
+    except OSError as exc:
+        raise CheckpointError(f"{weights} is unreadable ({excerpt(exc)})") from None
+    metadata, start = _header(data, weights)
+    kind = metadata.get("format")
+    if kind == MODEL_FORMAT:
+        if hashlib.sha256(memoryview(data)[start:]).hexdigest() != metadata.get("sha256"):
+            raise _damaged(weights, "its tensor data does not match the SHA-256 its metadata records")
+        doc = {key: _metadata_json(metadata, key, weights) for key in metadata if key not in _FILE_KEYS}
+        values = _checked_values(doc, f"{weights}'s metadata", weights)
+    elif kind == PAIR_FORMAT:
+        values = _checked_values(_pair_settings(weights, settings, data), str(settings), weights)
+    else:
+        raise CheckpointError(f"{weights} is a safetensors file but not an annotated-transformer model file (no "
+                              f"'{MODEL_FORMAT}' format tag in its metadata): pass a model file written by training")
     try:
         tensors = safetensors.torch.load(data)
-        metadata = json.loads(data[8:8 + int.from_bytes(data[:8], "little")]).get("__metadata__") or {}
-        ties = json.loads(metadata.get("tied", "{}"))
-        order = json.loads(metadata.get("order", "[]"))
-    except (safetensors.SafetensorError, ValueError, TypeError, AttributeError) as exc:
-        raise CheckpointError(damaged.format(excerpt(exc))) from None
-    if hashlib.sha256(data).hexdigest() != doc.get("sha256"):
-        raise CheckpointError(damaged.format(f"its SHA-256 is not the one {settings.name} records, so either file "
-                                             "changed since they were written together"))
+    except (safetensors.SafetensorError, ValueError, TypeError) as exc:
+        raise _damaged(weights, excerpt(exc)) from None
+    ties = _metadata_json(metadata, "tied", weights, {})
+    order = _metadata_json(metadata, "order", weights, [])
+    if not isinstance(ties, dict) or not all(isinstance(v, str) for v in ties.values()):
+        raise _damaged(weights, f"its metadata's 'tied' is a {type(ties).__name__}, not a mapping of names")
+    if not isinstance(order, list) or not all(isinstance(name, str) for name in order):
+        raise _damaged(weights, "its metadata's 'order' is not a list of names")
     state = {name: t.to(map_location) for name, t in sorted(tensors.items())}
     missing = sorted(set(ties.values()) - set(state))
     if missing:
-        raise CheckpointError(damaged.format(f"the tied name {missing[0]} has no tensor"))
+        raise _damaged(weights, f"the tied name {missing[0]} has no tensor")
     state.update({alias: state[name] for alias, name in ties.items()})
     if sorted(order) == sorted(state):
         state = {name: state[name] for name in order}
+    return {**values, "format": kind, "model": state}
+
+
+def _damaged(weights: Path, what: str) -> CheckpointError:
+    """The one line for a model file whose bytes or metadata are not what training writes."""
+    return CheckpointError(f"{weights} is damaged or truncated ({what}); copy it again, or use another checkpoint "
+                           "of the run (an epoch file, last.pt)")
+
+
+def _header(data: bytes, weights: Path) -> tuple[dict[str, str], int]:
+    """A safetensors file's metadata (str -> str) and where its tensor data starts, read by hand: a crafted header is
+    one line, and the data's offset is what its SHA-256 covers."""
+    size = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if not 0 <= size <= len(data) - 8:
+        raise _damaged(weights, f"its header claims {size} bytes of a {len(data)}-byte file" if size >= 0
+                       else "shorter than a safetensors header")
+    try:
+        header = json.loads(data[8:8 + size])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _damaged(weights, f"its header is not JSON: {excerpt(exc)}") from None
+    metadata = (header.get("__metadata__") or {}) if isinstance(header, dict) else None
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _damaged(weights, "its header holds no metadata of strings")
+    return metadata, 8 + size
+
+
+def _metadata_json(metadata: dict[str, str], key: str, weights: Path, default: Any = None) -> Any:
+    """A metadata entry's JSON value (`default` when absent); a value that is not JSON is one line."""
+    if key not in metadata:
+        return default
+    try:
+        return json.loads(metadata[key])
+    except ValueError as exc:
+        raise _damaged(weights, f"its metadata's '{key}' is not JSON: {excerpt(exc)}") from None
+
+
+def _pair_settings(weights: Path, settings: Path, data: bytes) -> dict[str, Any]:
+    """The JSON beside an older version's .safetensors (its config, vocabulary, counters), checked against its
+    SHA-256 of the .safetensors."""
+    if not settings.is_file():
+        raise CheckpointError(f"{settings} is missing: {weights.name} is an older model file whose config and "
+                              "vocabulary are in the JSON written beside it; copy both files")
+    try:
+        doc = json.loads(settings.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(f"{settings} is unreadable ({excerpt(exc)})") from None
+    if not isinstance(doc, dict) or doc.get("format") != PAIR_FORMAT:
+        raise CheckpointError(f"{settings} is not the JSON of a model file (no '{PAIR_FORMAT}' format tag), which "
+                              f"{weights.name} needs beside it; copy both files of the model again")
+    if hashlib.sha256(data).hexdigest() != doc.get("sha256"):
+        raise _damaged(weights, f"its SHA-256 is not the one {settings.name} records, so either file changed since "
+                       "they were written together")
+    return {k: v for k, v in doc.items() if k not in ("format", "sha256")}
+
+
+def _checked_values(doc: dict[str, Any], where: str, weights: Path) -> dict[str, Any]:
+    """A model file's values (config, text, train_state, averaged_from) checked for their kinds, the SentencePiece
+    model decoded; `where` (its metadata, or an older pair's JSON) is named in the one line for a wrong one."""
+    def wrong(what: str) -> CheckpointError:
+        return CheckpointError(f"{where} is damaged or was not written by training ({what}); copy {weights.name} "
+                               "again, or use another checkpoint of the run (an epoch file, last.pt)")
+
+    for key, kinds, name in (("config", (dict,), "a mapping"), ("text", (dict, type(None)), "a mapping or null"),
+                             ("train_state", (dict,), "a mapping"), ("averaged_from", (list,), "a list")):
+        if key == "config" and doc.get(key) is None:
+            raise wrong("it holds no config")
+        if key in doc and not isinstance(doc[key], kinds):
+            raise wrong(f"its {key} is a {type(doc[key]).__name__}, not {name}")
     try:
         text = _text_from_json(doc.get("text"))
     except ValueError as exc:  # binascii.Error: not base64
-        raise CheckpointError(f"{settings} holds a damaged SentencePiece model ({excerpt(exc)})") from None
-    settings_only = {k: v for k, v in doc.items() if k not in _NOT_SETTINGS}
-    return {**settings_only, "format": WEIGHTS_FORMAT, "model": state, "text": text}
+        raise wrong(f"its SentencePiece model is not base64: {excerpt(exc)}") from None
+    return {**doc, "train_state": doc.get("train_state", {}), "text": text}
 
 
-def _is_settings(path: Path) -> bool:
-    """Whether `path` is the JSON of a model file (its format tag), read as little as a look needs."""
+def _is_pair_settings(path: Path) -> bool:
+    """Whether `path` is the JSON of an older model file pair (its format tag), read as little as a look needs."""
     try:
         with open(path, "rb") as f:
             head = f.read(200)
     except OSError:
         return False
-    return f'"format": "{WEIGHTS_FORMAT}"'.encode() in head
+    return f'"format": "{PAIR_FORMAT}"'.encode() in head
 
 
 def model_payload(model: nn.Module, config: dict[str, Any], text_state: dict[str, Any] | None,
@@ -497,23 +612,41 @@ def _ties_embeddings(payload: dict[str, Any]) -> bool:
     return bool(payload.get("config", {}).get("model", {}).get("tie_embeddings", False))
 
 
-def average_checkpoints_into(paths: Sequence[str], output: str) -> int:
-    """The average command: average checkpoints' parameters into the model file `output` (written atomically).
+def average_into(paths: Sequence[str | Path], out: str | Path, overwrite: bool = False,
+                 run: str | Path | None = None) -> Path:
+    """Average checkpoints' parameters into the model file `out` (written atomically); returns the file written.
 
-    `output` may end in .safetensors or .json (either names the pair), or .pt, the name an older version
-    wrote, or have no suffix: the pair is NAME.safetensors + NAME.json in every case.
+    `out` is NAME.safetensors, NAME, or the NAME.pt an older version wrote (NAME.safetensors in every case). An
+    existing file is replaced only with `overwrite`, and never one of the inputs. `run` is the run directory the
+    file belongs to, named in the line for a full disk.
     """
     if not paths:
         raise CheckpointError("give at least one checkpoint to average")
-    out = Path(output)
-    if out.suffix not in ("", ".pt", WEIGHTS_SUFFIX, SETTINGS_SUFFIX):
-        raise ConfigError(f"--out should be a .safetensors file (its .json is written beside it), got {output}")
-    weights, settings = weights_pair(out.with_suffix("") if out.suffix == ".pt" else out)
+    out = Path(out)
+    if out.suffix == PAIR_SUFFIX:
+        raise ConfigError(f"--out {out}: a model file is one .safetensors file, its config and vocabulary inside; "
+                          f"name it {out.with_suffix(MODEL_SUFFIX)}")
+    if out.suffix not in ("", ".pt", MODEL_SUFFIX):
+        raise ConfigError(f"--out should be a .safetensors file, got {out}")
+    target = _named(out.with_suffix("") if out.suffix == ".pt" else out)
+    if target.is_dir():
+        raise ConfigError(f"--out {target} is a folder; give the path of the model file to write")
+    if any(_same_file(model_file(p), target) for p in paths):
+        raise ConfigError(f"--out {target} is one of the checkpoints to average: writing it would destroy what is "
+                          "being read, even with --overwrite; choose another --out")
+    refuse_to_replace(target, overwrite)
     averaged = average_checkpoints(paths)
-    with writing(weights):
-        save_weights(averaged, weights)
-    print(f"averaged {len(paths)} checkpoints into {weights} (config and vocabulary in {settings.name})")
-    return 0
+    with writing(target, run=run):
+        save_model_file(averaged, target)
+    return target
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one existing file (a link or another spelling of the path included)."""
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _same_text(a: Any, b: Any) -> bool:

@@ -1,0 +1,293 @@
+"""The run folder has one owner: what training may write into, what train.overwrite deletes, what a resume checks.
+
+Each test is a situation a user meets: a folder holding a thesis, `runs/` holding other runs, a run folder with
+the user's notes in it, training files edited between a run and its resume, a kill between two writes.
+The train command runs in this process (`annotated_transformer.cli.run`, what scripts/train.py runs).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer.cli import run as run_command
+from annotated_transformer.config import load_config
+from annotated_transformer.harness.run_dir import MARKER, RunDir
+from annotated_transformer.runtime import files
+from annotated_transformer.runtime.errors import RunDirError
+
+from test_own_data import EXAMPLE, SMALL, french_pairs, made_up_pairs, write_corpus, write_split
+
+# a copy-task run of two epochs of three steps: seconds on two cores
+COPY = ["--config", "copy.yaml", "train.epochs=2", "data.copy_batches=3", "data.copy_batch_size=16",
+        "model.N=1", "model.d_model=32", "model.d_ff=64", "train.log_every=1", "train.progress=false",
+        "train.device=cpu", "train.precision=fp32"]
+
+
+def train(capsys, *args: str) -> tuple[int, str, str]:
+    """The train command in this process: exit code, stdout, stderr."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        run_command("train", [*map(str, args)], "train.py")
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under `folder` by relative path, with the sha256 of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def thesis(tmp_path: Path) -> Path:
+    """A user's folder: thesis.tex and a subfolder of figures."""
+    folder = tmp_path / "my_thesis"
+    (folder / "figures").mkdir(parents=True)
+    (folder / "thesis.tex").write_text("\\documentclass{article}\n")
+    (folder / "figures" / "plot.pdf").write_bytes(b"%PDF-1.4\n")
+    return folder
+
+
+@pytest.mark.parametrize("extra", [[], ["train.overwrite=true"], ["train.resume=false"]])
+def test_a_users_folder_is_refused_in_one_line_and_left_as_it_was(thesis, capsys, no_charts, extra):
+    before = tree(thesis)
+    code, out, err = train(capsys, *COPY, f"train.out_dir={thesis}", *extra)
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"{thesis} holds files this project did not write" in lines[0], err
+    assert "thesis.tex" in lines[0] and "choose a new train.out_dir" in lines[0]
+    assert "overwrite" not in lines[0]  # never the advice to delete a user's files
+    assert tree(thesis) == before and sorted(p.name for p in thesis.iterdir()) == ["figures", "thesis.tex"]
+
+
+def test_a_folder_of_runs_is_never_cleared(tmp_path, capsys, no_charts):
+    runs = tmp_path / "runs"
+    assert train(capsys, *COPY, f"train.out_dir={runs / 'a'}")[0] == 0
+    before = tree(runs)
+    code, _, err = train(capsys, *COPY, f"train.out_dir={runs}", "train.overwrite=true")
+    assert code == 2 and "holds files this project did not write (a)" in err
+    assert tree(runs) == before
+
+
+def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts):
+    out = tmp_path / "run"
+    assert train(capsys, *COPY, f"train.out_dir={out}")[0] == 0
+    assert (out / MARKER).is_file()
+    (out / "notes.txt").write_text("lr 1e-3 was worse\n")
+    (out / "old_epoch_01.safetensors.bak").write_bytes(b"mine")
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true", "train.epochs=1")
+    assert code == 0, err
+    assert (out / "notes.txt").read_text() == "lr 1e-3 was worse\n"
+    assert (out / "old_epoch_01.safetensors.bak").read_bytes() == b"mine"
+    assert "kept what training did not write (notes.txt, old_epoch_01.safetensors.bak)" in stdout
+    assert not (out / "epoch_02.safetensors").exists()  # the earlier run's second epoch is gone
+    assert (out / "epoch_01.safetensors").is_file()
+
+
+def test_a_run_of_an_older_version_without_the_marker_is_still_a_run(tmp_path, capsys, no_charts):
+    out = tmp_path / "run"
+    assert train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=1")[0] == 0
+    (out / MARKER).unlink()
+    assert RunDir(out).owned()
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")  # continues it, and marks it
+    assert code == 0 and "resumed" in stdout, err
+    assert (out / MARKER).is_file()
+    # a user's folder that happens to hold only a config.yaml is not a run: refused, the file kept
+    mine = tmp_path / "experiment"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("train:\n  epochs: 3\n")
+    assert not RunDir(mine).owned()
+    code, _, err = train(capsys, *COPY, f"train.out_dir={mine}")
+    assert code == 2 and "did not write (config.yaml)" in err
+    assert (mine / "config.yaml").read_text() == "train:\n  epochs: 3\n"
+
+
+def test_temporaries_of_killed_writes_are_removed_at_the_next_start(tmp_path, capsys, no_charts):
+    out = tmp_path / "run"
+    assert train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=1")[0] == 0
+    leftovers = [out / ".last.pt.k2j4x9ab.tmp", out / ".epoch_02.safetensors.q1w2e3r4.tmp"]
+    leftovers[0].write_bytes(b"half a checkpoint")
+    leftovers[1].write_bytes(b"half a model")
+    mine = out / ".notes.txt.k2j4x9ab.tmp"  # named like one, but not for a file training writes
+    mine.write_bytes(b"the user's")
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
+    assert code == 0 and "resumed" in stdout, err
+    assert not leftovers[0].exists() and not leftovers[1].exists()
+    assert mine.read_bytes() == b"the user's"
+
+
+class Killed(BaseException):
+    """What a kill at one write looks like to the code: nothing after it runs (not even `except Exception`)."""
+
+
+@pytest.mark.slow
+def test_a_kill_at_any_write_leaves_a_folder_that_resumes(tmp_path, capsys, monkeypatch, no_charts):
+    """Raise at the n-th atomic rename of a run, leaving its temporary as a kill would; the same command then
+    continues or starts again, or (killed among the first epoch's files, before last.pt) is refused in one line
+    whose advice works; every file ends whole."""
+    real_replace = os.replace
+    n_writes = 0
+
+    def counting(src, dst):
+        nonlocal n_writes
+        n_writes += 1
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", counting)
+    assert train(capsys, *COPY, f"train.out_dir={tmp_path / 'count'}")[0] == 0
+    assert n_writes >= 6  # marker, config, vocab-less copy run: model files, last.pt, ...
+    for kill_at in range(1, n_writes + 1):
+        out = tmp_path / f"k{kill_at}"
+        calls = 0
+
+        def killing(src, dst):
+            nonlocal calls
+            calls += 1
+            if calls == kill_at:
+                shutil.copy(src, str(src)[:-4] + "zz.tmp")  # the temporary a real kill leaves behind
+                raise Killed
+            return real_replace(src, dst)
+
+        monkeypatch.setattr(files.os, "replace", killing)
+        with pytest.raises((Killed, SystemExit)):
+            run_command("train", [*COPY, f"train.out_dir={out}"], "train.py")
+        monkeypatch.setattr(files.os, "replace", real_replace)
+        code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
+        if code == 2:  # killed while the first epoch's files were written: no last.pt to continue from
+            assert not (out / "last.pt").exists() and len(err.strip().splitlines()) == 1, err
+            assert "holds a run's files but no last.pt" in err and "train.overwrite=true" in err
+            code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true")
+        assert code == 0, f"killed at write {kill_at}: {err}"
+        assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+        assert RunDir(out).owned() and (out / "best.safetensors").is_file()
+
+
+# --------------------------------------------------------------------------- a resume checks its data
+
+
+def edit_half(folder: Path, src: str = "xx", tgt: str = "yy", fewer: bool = False) -> None:
+    """Replace half of the training pairs with others (or drop them, with `fewer`)."""
+    lines = {lang: gzip.decompress((folder / f"train.{lang}.gz").read_bytes()).decode().splitlines()
+             for lang in (src, tgt)}
+    half = len(lines[src]) // 2
+    make = made_up_pairs if src == "xx" else french_pairs
+    others = [] if fewer else make(half, random.Random(7))
+    write_split(folder / "train", src, tgt, list(zip(lines[src][:half], lines[tgt][:half])) + others, gz=True)
+
+
+@pytest.mark.parametrize("tokenizer, fewer", [("spm", False), ("spm", True),
+                                               pytest.param("word", False, marks=pytest.mark.slow)],
+                         ids=["spm, same line count", "spm, fewer lines", "word, same line count"])
+def test_a_resume_on_edited_training_files_is_refused_before_anything_is_written(tmp_path, capsys, no_charts,
+                                                                                 tokenizer, fewer):
+    """In word mode too, where the vocabulary built from other files used to end in a cut-off state_dict error
+    after vocab/ had been overwritten."""
+    src, tgt = ("xx", "yy") if tokenizer == "spm" else ("fr", "en")
+    corpus, cache, out = write_corpus(tmp_path / "corpus", src, tgt), tmp_path / "cache", tmp_path / "run"
+    args = ["--config", str(EXAMPLE), *own_args(corpus, cache, src, tgt), f"train.out_dir={out}",
+            "train.best_metric=loss", f"data.tokenizer={tokenizer}", "data.min_freq=1", "train.epochs=1",
+            "train.bleu_every=0"]
+    if tokenizer == "word":
+        args.append("model.tie_embeddings=false")
+    code, _, err = train(capsys, *args)
+    assert code == 0, err
+    before = tree(out)
+    edit_half(corpus, src, tgt, fewer)
+    code, stdout, err = train(capsys, *args, "train.epochs=2")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "its training data changed since it was written (" in lines[0] and str(corpus) in lines[0]
+    assert f"train.{src} has other contents" in lines[0] and f"train.{tgt} has other contents" in lines[0]
+    assert "resume with the same files again, or start a new run with another train.out_dir" in lines[0]
+    assert "process" not in lines[0]  # not the data position's message about processes
+    after = tree(out)
+    assert {k: v for k, v in after.items() if k != "train.log"} == {k: v for k, v in before.items() if k != "train.log"}
+
+
+def own_args(corpus: Path, cache: Path, src: str = "xx", tgt: str = "yy") -> list[str]:
+    """examples/own_data.yaml's overrides for a small corpus of test_own_data's, as command-line words."""
+    return [f"data.train={corpus / 'train'}", f"data.val={corpus / 'val'}", "data.test=null", f"data.src_lang={src}",
+            f"data.tgt_lang={tgt}", "data.spm_vocab_size=40", f"data.cache_dir={cache}", *SMALL]
+
+
+def test_an_older_last_pt_without_a_fingerprint_is_checked_by_its_tokenizer(tmp_path, capsys, no_charts):
+    """A last.pt written before runs recorded their data: its vocabulary is compared with today's before vocab/ is
+    written."""
+    import torch
+
+    from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
+
+    corpus, cache, out = write_corpus(tmp_path / "corpus"), tmp_path / "cache", tmp_path / "run"
+    args = ["--config", str(EXAMPLE), *own_args(corpus, cache), f"train.out_dir={out}", "train.best_metric=loss",
+            "train.epochs=1", "train.bleu_every=0"]
+    assert train(capsys, *args)[0] == 0
+    last = load_checkpoint(out / "last.pt")
+    assert last["data"]["settings"]["data"]["train.xx"] and last["data"]["tokenizer"]
+    del last["data"]
+    save_checkpoint(last, out / "last.pt")
+    vocab = tree(out / "vocab")
+    edit_half(corpus)
+    code, _, err = train(capsys, *args, "train.epochs=2")
+    assert code == 2 and "the tokenizer built from today's data differs from the one it was trained with" in err
+    assert tree(out / "vocab") == vocab
+    assert isinstance(torch.load(out / "last.pt", weights_only=True), dict)
+
+
+def test_the_same_files_moved_elsewhere_still_resume(tmp_path, capsys, no_charts):
+    corpus, cache, out = write_corpus(tmp_path / "corpus"), tmp_path / "cache", tmp_path / "run"
+    args = ["--config", str(EXAMPLE), *own_args(corpus, cache), f"train.out_dir={out}", "train.best_metric=loss",
+            "train.epochs=1", "train.bleu_every=0"]
+    assert train(capsys, *args)[0] == 0
+    moved = corpus.rename(tmp_path / "moved")
+    args = [a.replace(str(corpus), str(moved)) for a in args]
+    code, stdout, err = train(capsys, *args, "train.epochs=2")
+    assert code == 0 and "resumed" in stdout, err
+
+
+def test_a_run_folder_check_fires_before_deleting_even_when_called_directly(thesis):
+    """`prepare` refuses a folder it does not own even if a caller skipped `start_mode`."""
+    cfg = load_config("copy", [f"train.out_dir={thesis}", "train.overwrite=true"])
+    with pytest.raises(RunDirError, match="holds files this project did not write"):
+        RunDir(thesis).prepare(cfg, "start")
+    assert (thesis / "thesis.tex").is_file()
+
+
+# --------------------------------------------------------------------------- writes that fail, fail at once
+
+
+def test_a_full_disk_in_a_background_write_stops_the_run_within_a_step(tmp_path, capsys, monkeypatch, no_charts):
+    """The writer fails on epoch 2's files; the run stops in epoch 3's first steps (not at its end), in one line
+    that names the last good checkpoint, which is still whole."""
+    import errno
+    import json
+
+    from annotated_transformer import checkpoints
+
+    write = checkpoints.write_checkpoint
+
+    def full_disk(payload, path):
+        if payload["train_state"]["step"] == 12:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write(payload, path)
+
+    monkeypatch.setattr(checkpoints, "write_checkpoint", full_disk)
+    out = tmp_path / "run"
+    code, _, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6")
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "No space left on device" in lines[0]
+    assert f"the last good checkpoint is {out / 'last.pt'} (step 6)" in lines[0]
+    steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "step" in r]
+    assert 12 < max(steps) < 18  # a step or two of epoch 3, not the whole epoch
+    monkeypatch.setattr(checkpoints, "write_checkpoint", write)
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6")
+    assert code == 0 and "resumed" in stdout and "step 6" in stdout, err
