@@ -216,7 +216,7 @@ from annotated_transformer.harness.distributed import init_distributed
 
 info, _ = init_distributed("cpu")
 if info.rank == 1:  # this node's copy of the folder has no last.pt
-    run_dir.RunDir.start_mode = lambda self, cfg: ("start", None)
+    run_dir.RunDir.start_mode = lambda self, cfg, data=None: ("start", None)
 try:
     trainer.train_worker(load_config("copy", sys.argv[2:]))
     message = "trained"

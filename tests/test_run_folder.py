@@ -263,9 +263,10 @@ def test_a_run_folder_check_fires_before_deleting_even_when_called_directly(thes
 # --------------------------------------------------------------------------- writes that fail, fail at once
 
 
-def test_a_full_disk_in_a_background_write_stops_the_run_within_a_step(tmp_path, capsys, monkeypatch, no_charts):
-    """The writer fails on epoch 2's files; the run stops in epoch 3's first steps (not at its end), in one line
-    that names the last good checkpoint, which is still whole."""
+@pytest.mark.parametrize("errname", ["ENOSPC", "EACCES"])
+def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys, monkeypatch, no_charts, errname):
+    """The writer fails on epoch 2's files (a full disk, a permission taken away); the run stops in epoch 3's first
+    steps (not at its end), in one line that names the last good checkpoint, which is still whole."""
     import errno
     import json
 
@@ -275,7 +276,7 @@ def test_a_full_disk_in_a_background_write_stops_the_run_within_a_step(tmp_path,
 
     def full_disk(payload, path):
         if payload["train_state"]["step"] == 12:
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            raise OSError(getattr(errno, errname), os.strerror(getattr(errno, errname)), str(path))
         return write(payload, path)
 
     monkeypatch.setattr(checkpoints, "write_checkpoint", full_disk)
@@ -284,10 +285,33 @@ def test_a_full_disk_in_a_background_write_stops_the_run_within_a_step(tmp_path,
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert "No space left on device" in lines[0]
-    assert f"the last good checkpoint is {out / 'last.pt'} (step 6)" in lines[0]
+    if errname == "ENOSPC":
+        assert "No space left on device" in lines[0]
+        assert f"resume from {out / 'last.pt'}, which is intact; it holds step 6" in lines[0]
+    else:
+        assert "Permission denied" in lines[0]
+        assert f"the last good checkpoint is {out / 'last.pt'} (step 6)" in lines[0]
     steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "step" in r]
     assert 12 < max(steps) < 18  # a step or two of epoch 3, not the whole epoch
     monkeypatch.setattr(checkpoints, "write_checkpoint", write)
     code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6")
     assert code == 0 and "resumed" in stdout and "step 6" in stdout, err
+
+
+@pytest.mark.parametrize("craft, message", [
+    (lambda p: {**p, "config": [1, 2]}, "its config is not a mapping"),
+    (lambda p: {**p, "train_state": "x"}, "its train_state is not a mapping"),
+    (lambda p: {**p, "train_state": {**p["train_state"], "step": "3"}}, "its epoch and step are not whole numbers"),
+    (lambda p: {**p, "data": [1]}, "its data fingerprint is not a mapping"),
+], ids=["config a list", "train_state a string", "step a string", "data a list"])
+def test_a_crafted_last_pt_is_one_line_and_changes_nothing(tmp_path, capsys, no_charts, craft, message):
+    from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
+
+    out = tmp_path / "run"
+    assert train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=1")[0] == 0
+    save_checkpoint(craft(load_checkpoint(out / "last.pt")), out / "last.pt")
+    before = tree(out)
+    code, _, err = train(capsys, *COPY, f"train.out_dir={out}")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and f"{out / 'last.pt'} cannot be resumed: {message}" in lines[0], err
+    assert tree(out) == before

@@ -351,7 +351,7 @@ def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_res
         m.setattr(torch, "save", save)
         code, _, err = train_command(*args)
     assert code == 2, err[-3000:]
-    assert err == f"error: {full_disk_message(out, 'last.pt')}\n"  # one line, no traceback
+    assert err == f"error: {full_disk_message(out, 'last.pt')}; it holds step 3\n"  # one line, no traceback
     assert len(calls) == 2
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 1  # the previous last.pt
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == LOCK_FILE]

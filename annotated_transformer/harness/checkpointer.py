@@ -93,8 +93,12 @@ class Checkpointer:
             self.writer.wait()
         except UserError as exc:
             self._queued_step = None
-            good = (f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
-                    if self.saved_step is not None else "no checkpoint of this run was written before it")
+            if self.saved_step is None:
+                good = "no checkpoint of this run was written before it"
+            elif str(self.run.last) in str(exc):  # the full-disk line already says to resume from it
+                good = f"it holds step {self.saved_step}"
+            else:
+                good = f"the last good checkpoint is {self.run.last} (step {self.saved_step})"
             raise RunDirError(f"{exc}; {good}") from None
         if self._queued_step is not None:
             self.saved_step, self._queued_step = self._queued_step, None

@@ -45,7 +45,7 @@ except ImportError:  # Windows has no flock: there a second training on a live r
     fcntl = None  # type: ignore[assignment]
 
 from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, config_yaml
-from ..runtime.errors import ConfigError, DistributedError, RunDirError, UserError
+from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError
 from ..runtime.files import atomic_write, run_dir_error, writing
 from ..checkpoints import load_checkpoint, model_file_forms
 
@@ -124,6 +124,24 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path, files_ch
             raise ConfigError(f"cannot resume {path}: its {section} settings differ ({', '.join(diffs)}); "
                               "resume with the same config, replace the run with train.overwrite=true, "
                               "or choose another train.out_dir")
+
+
+def check_resumable(last: dict[str, Any], path: Path) -> None:
+    """One line for a last.pt whose parts are not what training writes (crafted, or damaged inside its pickle)."""
+    wrong = None
+    state = last.get("train_state")
+    if not isinstance(last.get("config"), dict):
+        wrong = "its config is not a mapping"
+    elif not isinstance(state, dict):
+        wrong = "its train_state is not a mapping" if "train_state" in last else "it has no train_state"
+    elif not all(isinstance(state.get(k, 0), int) for k in ("epoch", "step")):
+        wrong = "its epoch and step are not whole numbers"
+    elif last.get("data") is not None and not (isinstance(last["data"], dict)
+                                               and isinstance(last["data"].get("settings"), dict)):
+        wrong = "its data fingerprint is not a mapping"
+    if wrong:
+        raise CheckpointError(f"{path} cannot be resumed: {wrong}; resume from a copy of the run's last.pt, or start a "
+                              "new run with another train.out_dir")
 
 
 def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Path) -> None:
@@ -496,6 +514,7 @@ class RunDir:
                               "continued; start it again with train.overwrite=true (which deletes only the files "
                               "training wrote) or choose another train.out_dir")
         last = load_checkpoint(self.last)
+        check_resumable(last, self.last)
         recorded = data is not None and isinstance(last.get("data"), dict)
         check_same_settings(last.get("config", {}), cfg, self.last, files_checked=recorded)
         if recorded:
