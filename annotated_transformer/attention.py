@@ -1,10 +1,10 @@
 """Attention (Section 3.2): the scaled dot product of equation 1 and multi-head attention.
 
 Shapes: B batch, T queries, S keys, d = d_model, h heads, d_k = d / h. Masks are boolean with
-True = "may attend", or a float bias added to the scores. `MultiHeadedAttention` runs equation 1
-through PyTorch's fused kernel, or explicitly (`attention`) when `fused=False`, on the CPU by default
-(faster there: docs/performance.md), or when one of its `hooks` asks for the probabilities: the one
-place where attention maps and the extensions see inside attention.
+True = "may attend", or a float bias added to the scores. `MultiHeadedAttention` computes equation 1
+explicitly (`attention`), as the notebook does; its `hooks` are the one place where attention maps and
+the extensions see inside attention. (Where PyTorch's fused kernel pays, the speed plan swaps it in
+from outside: fast/attention.py.)
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import math
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -43,16 +42,16 @@ class AttentionHook(Protocol):
     """What a MultiHeadedAttention calls after each attention, for every hook in its `hooks` list."""
 
     def needs_probs(self, attn: MultiHeadedAttention) -> bool:
-        """True: compute the probabilities explicitly (equation 1) this call, to pass them on."""
+        """True: this call needs the probabilities (a fused kernel then computes equation 1 explicitly)."""
 
     def __call__(self, attn: MultiHeadedAttention, keys: Tensor, probs: Tensor | None) -> None:
-        """keys (B, h, S, d_k); probs (B, h, T, S) before dropout, with their gradient (None when fused)."""
+        """keys (B, h, S, d_k); probs (B, h, T, S) before dropout, with their gradient (None from a fused kernel)."""
 
 
 class MultiHeadedAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."""
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1, fused: bool | None = None) -> None:
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1) -> None:
         super().__init__()
         assert d_model % h == 0, "d_model must be divisible by h"
         self.d_k = d_model // h
@@ -60,7 +59,6 @@ class MultiHeadedAttention(nn.Module):
         linear = nn.Linear(d_model, d_model)
         self.linears = nn.ModuleList(copy.deepcopy(linear) for _ in range(4))  # W^Q, W^K, W^V, W^O (clones)
         self.dropout = nn.Dropout(p=dropout)
-        self.fused = fused  # False: always the explicit `attention`; None: fused except on the CPU
         self.attn: Tensor | None = None  # the notebook's: the latest probabilities, when a hook keeps them
         self.hooks: list[AttentionHook] = []
 
@@ -82,12 +80,11 @@ class MultiHeadedAttention(nn.Module):
             mask = mask.unsqueeze(1)  # (B, 1, T or 1, S): same mask for every head
             if mask.dtype != torch.bool:
                 mask = mask.to(q.dtype)  # a float bias must match the (autocast) scores
-        fused = self.fused if self.fused is not None else q.device.type != "cpu"
-        if not fused or (self.hooks and any(hook.needs_probs(self) for hook in self.hooks)):
-            x, probs = attention(q, k, v, mask=mask, dropout=self.dropout)  # (B, h, T, d_k), (B, h, T, S)
-        else:
-            p = self.dropout.p if self.training else 0.0
-            x, probs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None  # (B, h, T, d_k)
+        x, probs = self.heads_attention(q, k, v, mask)  # (B, h, T, d_k), (B, h, T, S)
         for hook in self.hooks:
             hook(self, k, probs)
         return self.linears[3](x.transpose(1, 2).reshape(q.size(0), -1, self.h * self.d_k))  # (B, T, d)
+
+    def heads_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Equation 1 in every head: q (B, h, T, d_k), k/v (B, h, S, d_k) -> (B, h, T, d_k) and the probabilities."""
+        return attention(q, k, v, mask=mask, dropout=self.dropout)

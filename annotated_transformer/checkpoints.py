@@ -13,7 +13,7 @@ file, NAME.safetensors, that loads without unpickling anything:
         config         the resolved config (JSON)
         text           the TextPipeline's state_dict (JSON, its SentencePiece model in base64; null for
                        the copy task)
-        train_state    TrainState.state_dict() (JSON)
+        train_state    how far training got: TrainState's and the harness's RunCounters' fields, one dict (JSON)
         averaged_from  the files an average was made of (JSON), for an average
         tied           {alias: stored name} for the names that share a tensor (JSON)
         order          every name in the state_dict's order (JSON): safetensors keeps no order
@@ -39,7 +39,7 @@ Keys:
                  files hold the weight average, last.pt the raw weights
     ema          last.pt only, with ema.decay on: the weight average (extensions/ema.py)
     text         the TextPipeline's state_dict (vocabulary, tokenizer settings), or None (copy task)
-    train_state  TrainState.state_dict()
+    train_state  TrainState's and the harness's RunCounters' fields in one flat dict (step, epoch, clocks, ...)
     optimizer, scheduler, loader, rng    only in resumable checkpoints (last.pt)
 
 `load_checkpoint` reads any of them into that dict; `model_file` says which file a name means.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from itertools import islice
 from typing import Any
 
@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .data.batch import Batch
-from .runtime.device import amp_context
+from .runtime.precision import amp_context
 from .loss import SimpleLossCompute
 
 Log = Callable[[str], None]
@@ -35,31 +35,24 @@ class TrainState:
 
     The notebook counted batches in `step` and optimizer updates in `accum_step`. Here `step`
     is the optimizer update (what the learning-rate schedule, the logs and `train.max_steps`
-    count) and `micro_step` counts batches; with no accumulation they are equal.
+    count) and `micro_step` counts batches; with no accumulation they are equal. A run's epochs,
+    clocks and best score are the harness's (`harness.resume.RunCounters`).
     """
 
     step: int = 0  # optimizer updates taken
     micro_step: int = 0  # batches (micro-batches) processed
     samples: int = 0  # sentences processed (this rank)
     tokens: int = 0  # non-padding target tokens processed (this rank)
-    epoch: int = 0  # epochs completed
-    best_metric: float | None = None  # best validation score so far (BLEU or loss)
-    best_epoch: int = 0  # the epoch that scored it
-    train_seconds: float = 0.0  # time spent in optimizer steps (data included; compile warm-up, eval, saving not)
-    wall_seconds: float = 0.0  # time spent in epochs: training, validation, BLEU and queueing checkpoints
-    target_epoch: int | None = None  # the first epoch whose validation BLEU reached train.target_bleu
-    target_seconds: float | None = None  # train_seconds at the end of that epoch
-    flops: float = 0.0  # model FLOPs of the optimizer steps so far, all ranks (model_flops.train_step_flops)
-    target_flops: float | None = None  # flops at the end of the epoch that reached train.target_bleu
 
     def state_dict(self) -> dict[str, Any]:
         """A plain dict for checkpoints."""
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from `state_dict()` output."""
-        for key, value in state.items():
-            setattr(self, key, value)
+        """Restore from `state_dict()` output; other keys beside these (the harness's counters) are left alone."""
+        for f in fields(self):
+            if f.name in state:
+                setattr(self, f.name, state[f.name])
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

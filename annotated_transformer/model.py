@@ -223,21 +223,18 @@ class EncoderDecoder(nn.Module):
 
 def make_model(src_vocab: int, tgt_vocab: int, N: int = 6, d_model: int = 512, d_ff: int = 2048, h: int = 8,
                dropout: float = 0.1, norm_first: bool = True, tie_embeddings: bool = False,
-               fused_attention: bool | None = None, max_positions: int = 5000, layer_norm_eps: float = 1e-6,
-               N_dec: int | None = None, attention_dropout: float | None = None,
-               activation_dropout: float | None = None) -> EncoderDecoder:
+               max_positions: int = 5000, layer_norm_eps: float = 1e-6, N_dec: int | None = None,
+               attention_dropout: float | None = None, activation_dropout: float | None = None) -> EncoderDecoder:
     """Build the Transformer from hyper-parameters, with Xavier-uniform initialisation of every matrix.
 
     `N_dec` decoder layers (default N); `dropout` is P_drop (Section 5.4), also on the attention
     probabilities and after the FFN's ReLU unless `attention_dropout` / `activation_dropout` say otherwise.
     `tie_embeddings` shares one (V, d) matrix between both embeddings and the generator (Section 3.4).
-    `fused_attention`: MultiHeadedAttention's `fused`.
     """
     if tie_embeddings and src_vocab != tgt_vocab:
         raise ValueError(f"tied embeddings need one shared vocabulary, got {src_vocab} and {tgt_vocab}")
     c = copy.deepcopy
-    attn = MultiHeadedAttention(h, d_model, dropout if attention_dropout is None else attention_dropout,
-                                fused=fused_attention)
+    attn = MultiHeadedAttention(h, d_model, dropout if attention_dropout is None else attention_dropout)
     ff = PositionwiseFeedForward(d_model, d_ff, dropout if activation_dropout is None else activation_dropout)
     position = PositionalEncoding(d_model, dropout, max_positions)
     eps = layer_norm_eps

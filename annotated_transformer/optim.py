@@ -21,7 +21,7 @@ def build_optimizer(model: nn.Module, betas: tuple[float, float] = (0.9, 0.98), 
                     fused: bool = False) -> torch.optim.Adam:
     """Adam with the paper's betas (0.9, 0.98) and eps 1e-9; base lr 1.0, scaled by the schedule.
 
-    `fused=True` runs PyTorch's one-kernel Adam (training passes `fast.fused_adam_pays(model)`).
+    `fused=True` runs PyTorch's one-kernel Adam (what training's speed plan installs: `fast.fused_adam`).
     """
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.Adam(params, lr=1.0, betas=tuple(betas), eps=eps, fused=fused or None)

@@ -140,14 +140,15 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
                      alpha: float | None = None, output: str | None = None, show: int = 0,
                      as_json: bool = False, data_root: str | None = None,
                      limit: int | None = None, files: tuple[str, str] | None = None,
-                     overwrite: bool = True) -> dict[str, Any]:
+                     overwrite: bool = True, batch_size: int | None = None) -> dict[str, Any]:
     """The evaluate command's work: a split of the model's data (Multi30k or its own files), or `files` (a source
     file and its reference file, one sentence a line), translated, its hypotheses written and scored.
 
     `translator` was loaded from `checkpoint`, which places the hypotheses unless `output` does: beside it
     (NAME.SPLIT.beamK.txt) for a split, in eval/ beside it (INPUT.beamK.txt) for files. With `overwrite` False an
-    existing hypotheses file is refused before anything is translated. The figures are printed (as one JSON object
-    with `as_json`) and returned.
+    existing hypotheses file is refused before anything is translated. `batch_size`: sentences decoded together
+    (None: the checkpoint's decode.batch_size). The figures are printed (as one JSON object with `as_json`) and
+    returned.
     """
     from .data import open_corpus
     from .runtime.errors import ConfigError
@@ -172,7 +173,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     out_path = Path(output) if output else default
     prepare_output(out_path, overwrite)
     t0 = time.perf_counter()
-    hyps = translator.translate(src_lines, beam_size=k, alpha=a)
+    hyps = translator.translate(src_lines, beam=k, alpha=a, batch_size=batch_size)
     seconds = time.perf_counter() - t0
     write_hypotheses(out_path, hyps)
     head, scores = score_translations(hyps, ref_lines, translator.text)

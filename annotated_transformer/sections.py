@@ -49,9 +49,10 @@ class ModelConfig:
         False, "share one matrix between source/target embeddings and the generator (needs a shared vocabulary)"
     )
     attention_kernel: str = param(
-        "auto", "how attention is computed: 'fused' (PyTorch's scaled_dot_product_attention), 'explicit' "
-        "(the notebook's softmax(Q K^T / sqrt(d_k)) V, step by step) or 'auto' (fused on GPUs, explicit on the "
-        "CPU, where it is faster)", choices=("auto", "fused", "explicit"),
+        "auto", "how attention is computed: 'fused' (PyTorch's scaled_dot_product_attention, which the speed plan "
+        "swaps in), 'explicit' (the notebook's softmax(Q K^T / sqrt(d_k)) V, step by step) or 'auto' (fused on GPUs, "
+        "explicit on the CPU, where it is faster); with train.fast=false, explicit",
+        choices=("auto", "fused", "explicit"),
     )
     max_positions: int = param(5000, "length of the sinusoidal positional-encoding table")
     layer_norm_eps: float = param(1e-6, "epsilon inside LayerNorm's square root")
@@ -131,6 +132,12 @@ class TrainConfig:
                                 "'captured' (also replays each batch shape's forward and backward as CUDA graphs: "
                                 "torch.compile's reduce-overhead mode; CUDA GPUs only), or false",
                                 choices=(False, True, "captured"))
+    fast: bool = param(True, "install the speed plan (fast/plan.py) on the notebook's model, loss and optimizer: "
+                       "the cheaper CPU dropout mask, the fused attention kernel (as model.attention_kernel says), "
+                       "the loss fused with the log-softmax, fused Adam, torch.compile (train.compile), and while "
+                       "validation decodes oneDNN's linears on the CPU; false: the notebook's exact path (nn.Dropout, "
+                       "explicit attention, SimpleLossCompute, PyTorch's default Adam, no compile), which true "
+                       "matches within float rounding (its dropout mask draws differently)")
     out_dir: str | None = param(None, "run directory (default: runs/<config name>)")
     overwrite: bool = param(False, "replace an existing run directory instead of refusing")
     resume: bool | str = param(
@@ -307,6 +314,12 @@ class CoreConfig:
         if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
             raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
                               f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
+        if not t.fast and t.compile is not False:
+            raise ConfigError(f"train.fast=false runs the notebook's exact path, without torch.compile: drop "
+                              f"train.compile={str(t.compile).lower()} or set train.fast=true")
+        if not t.fast and self.model.attention_kernel == "fused":
+            raise ConfigError("train.fast=false runs the notebook's explicit attention: drop "
+                              "model.attention_kernel=fused or set train.fast=true")
         if t.resume is True and t.overwrite:
             raise ConfigError("train.resume and train.overwrite are both true; pick one")
         if t.malloc not in ("auto", "system", "tcmalloc") and "/" not in t.malloc:

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from annotated_transformer import greedy_decode, make_model
-from annotated_transformer.decode.beam_search import TOP_BLOCK, beam_search, length_penalty, top_indices
+from annotated_transformer.decode.beam_search import (TOP_BLOCK, beam_search, beam_search_n_best, length_penalty,
+                                                       top_indices)
 from annotated_transformer.decode import incremental
-from annotated_transformer.decode.inference import decode_batch
+from annotated_transformer.decode.inference import decode_batch, decode_n_best
 from annotated_transformer.model import subsequent_mask
 
 BOS, EOS, PAD = 0, 1, 2
@@ -66,9 +67,16 @@ def generated(row: list[int]) -> list[int]:
     return row[: row.index(EOS) + 1] if EOS in row else [t for t in row if t != FILL]
 
 
-@torch.no_grad()
 def plain_beam(model, src_row, mask_row, limit: int, k: int, alpha: float) -> tuple[list[int], float]:
     """The same search written plainly: one sentence, recompute everything, no early stop."""
+    finished = plain_finished(model, src_row, mask_row, limit, k, alpha)
+    score, hyp = max(finished, key=lambda f: f[0])  # max() keeps the first of equals, as beam_search does
+    return hyp, score
+
+
+@torch.no_grad()
+def plain_finished(model, src_row, mask_row, limit: int, k: int, alpha: float) -> list[tuple[float, list[int]]]:
+    """Every hypothesis `plain_beam`'s search finishes, (final score, generated tokens), in the order it finishes."""
     memory = model.encode(src_row, mask_row)
     live: list[tuple[float, list[int]]] = [(0.0, [])]
     finished: list[tuple[float, list[int]]] = []
@@ -89,8 +97,7 @@ def plain_beam(model, src_row, mask_row, limit: int, k: int, alpha: float) -> tu
                 live.append((s, h))
         if not live:
             break
-    score, hyp = max(finished, key=lambda f: f[0])  # max() keeps the first of equals, as beam_search does
-    return hyp, score
+    return finished
 
 
 # --------------------------------------------------------------------------- beam 1 is greedy
@@ -162,6 +169,49 @@ def test_beam_equals_plain_beam_search(k, alpha):
             assert got == hyp, (seed, i, got, hyp)
             total = log_prob_sums(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], [got])[0]
             assert final_score(total, len(got), alpha) == pytest.approx(score, abs=1e-5)
+
+
+@pytest.mark.parametrize("k,n,alpha,seed", [(4, 3, 0.6, 0), (5, 5, 1.0, 1), (3, 1, 0.0, 0)])
+def test_n_best_lists_are_the_plain_searchs_best_finished_hypotheses(k, n, alpha, seed):
+    """n-best lists run to the n-th best's bound: the n best the plain search to the limit finishes, best first,
+    scored as it scores them; the first is beam_search's answer."""
+    model = random_model(seed)
+    src, mask, lengths = random_sources(seed + 10, 5)
+    max_len = lengths + 4
+    best = beam_search(model, src, mask, max_len, BOS, EOS, beam_size=k, alpha=alpha, pad_symbol=FILL)
+    lists = beam_search_n_best(model, src, mask, max_len, BOS, EOS, beam_size=k, alpha=alpha, n_best=n)
+    for i, found in enumerate(lists):
+        L = int(lengths[i])
+        plain = sorted(plain_finished(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], int(max_len[i]), k, alpha),
+                       key=lambda f: -f[0])[:n]
+        assert len(found) == n and all(ids[0] == BOS for ids, _ in found)
+        assert [ids[1:] for ids, _ in found] == [h for _, h in plain], i
+        scores = [score for _, score in found]
+        assert scores == pytest.approx([score for score, _ in plain], abs=1e-5)
+        assert all(math.isfinite(s) for s in scores) and scores == sorted(scores, reverse=True)
+        assert found[0][0] == [BOS, *generated(best[i].tolist())]
+    with pytest.raises(ValueError, match="n_best must be between 1 and beam_size"):
+        beam_search_n_best(model, src, mask, max_len, BOS, EOS, beam_size=2, n_best=3)
+
+
+def test_greedy_scores_are_the_sum_of_log_probabilities():
+    """greedy_search(return_scores=True): the same tokens, and each sentence's sum of log p, as teacher forcing
+    gives it; decode_n_best at beam 1 scores them as beam search with one beam does."""
+    for seed in SEEDS[:2]:
+        model = random_model(seed)
+        src, mask, lengths = random_sources(seed, 6)
+        max_len = lengths + 5
+        plain = incremental.greedy_search(model, src, mask, max_len, BOS, EOS, FILL)
+        out, scores = incremental.greedy_search(model, src, mask, max_len, BOS, EOS, FILL, return_scores=True)
+        assert torch.equal(out, plain) and scores.shape == (6,) and scores.dtype == torch.float32
+        for i in range(6):
+            L = int(lengths[i])
+            total = log_prob_sums(model, src[i:i + 1, :L], mask[i:i + 1, :, :L], [generated(out[i].tolist())])[0]
+            assert float(scores[i]) == pytest.approx(total, abs=1e-4)
+        greedy = decode_n_best(model, src, mask, max_len, BOS, EOS, beam_size=1, alpha=0.6, n_best=1, pad_symbol=FILL)
+        beam = beam_search_n_best(model, src, mask, max_len, BOS, EOS, beam_size=1, alpha=0.6, n_best=1)
+        for [(g_ids, g_score)], [(b_ids, b_score)] in zip(greedy, beam):
+            assert [BOS, *generated(g_ids)] == b_ids and g_score == pytest.approx(b_score, abs=1e-5)
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])

@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from annotated_transformer.runtime.model_flops import train_step_flops
-from annotated_transformer.model import make_model, subsequent_mask
+from annotated_transformer.fast import FusedAttention, swap_class
+from annotated_transformer.model import MultiHeadedAttention, make_model, subsequent_mask
 
 
 def forward_flops(model, S: int, T: int) -> int:
@@ -34,7 +35,9 @@ def test_train_step_flops_matches_pytorchs_flop_counter(fused):
         pytest.skip(f"torch {torch.__version__}'s flop counter does not count the CPU's fused attention kernel "
                     "(torch 2.15 does); the explicit case checks the same formula")
     N, d, d_ff = 2, 32, 96
-    model = make_model(50, 60, N=N, d_model=d, d_ff=d_ff, h=4, dropout=0.0, fused_attention=fused).eval()
+    model = make_model(50, 60, N=N, d_model=d, d_ff=d_ff, h=4, dropout=0.0).eval()
+    if fused:
+        swap_class(model, MultiHeadedAttention, FusedAttention)
     pairs = [(7, 5), (12, 19)]
     counted = sum(forward_flops(model, S, T) for S, T in pairs)
     ours = train_step_flops(d, d_ff, N, 60, [S for S, _ in pairs], [T for _, T in pairs])
@@ -52,7 +55,7 @@ def test_benchmark_json_and_sweep_chart(multi30k_dir, data_cache_dir, tmp_path, 
                         lambda device, dtype, n=None, repeats=20: hardware.matmul_peak(device, dtype, 512, 3))
     code, stdout, stderr = command(
         "benchmark", "--config", "tiny", f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}",
-        "train.precision=fp32", "train.device=cpu", "decode.max_len_a=5", "--steps", "2", "--warmup", "1",
+        "train.precision=fp32", "train.device=cpu", "decode.max_len_a=5", "--steps", "2", "--warmup-steps", "1",
         "--sentences", "40", "--one-sentence", "8", "--sweep", "--sweep-tokens", "256", "--sweep-lengths", "8,16",
         "--out", tmp_path, "--json")
     assert code == 0, stderr.decode()
@@ -289,7 +292,7 @@ def test_the_products_table_reports_every_product_against_the_peak(command, monk
     from annotated_transformer.lab import product_benchmark
 
     monkeypatch.setattr(product_benchmark, "matmul_peak", lambda device, dtype: 4e9)  # 4 GFLOP/s, to check the shares
-    args = ["--config", "cpu_15min.yaml", "--products", "--steps", "1", "--warmup", "0", "model.d_model=32",
+    args = ["--config", "cpu_15min.yaml", "--products", "--steps", "1", "--warmup-steps", "0", "model.d_model=32",
             "model.d_ff=64", "data.batch_tokens=16", "data.spm_vocab_size=50", "train.device=cpu"]
     code, stdout, stderr = command("benchmark", *args, "--json")
     assert code == 0, stderr.decode()

@@ -62,8 +62,10 @@ def test_every_command_spells_the_shared_options_alike(command):
     options = {s for action in parser._actions for s in action.option_strings}
     assert options & SHARED == TAKES[command]
     shown = parser.format_help()
-    for old in ("--output", "--quantization", "--sentences", "--model", "--force"):
-        assert old not in shown  # old spellings parse, but --help teaches one vocabulary
+    for old in ("--output", "--quantization", "--sentences", "--model", "--force", "--engine", "--sentence",
+                "--warmup", "--data-root", "--sweep"):
+        # old spellings parse, but --help teaches one vocabulary
+        assert not re.search(rf"{old}(?![\w-])", shown), old
 
 
 @pytest.mark.parametrize("command, argv, dest, value", [
@@ -74,6 +76,9 @@ def test_every_command_spells_the_shared_options_alike(command):
     ("translate", ["--model", "exported/x"], "checkpoint", "exported/x"),
     ("benchmark", ["--config", "tiny", "--sweep"], "shape_sweep", True),
     ("export", ["--checkpoint", "r", "--out", "o", "--force"], "overwrite", True),
+    ("benchmark", ["--config", "tiny", "--warmup", "3"], "warmup_steps", 3),
+    ("evaluate", ["--checkpoint", "r", "--engine", "torch"], "engine", "torch"),
+    ("visualize", ["--checkpoint", "r", "--sentence", "Ein Mann."], "sentence", "Ein Mann."),
 ])
 def test_old_spellings_still_work(command, argv, dest, value):
     assert getattr(parser_of(command).parse_args(argv), dest) == value
@@ -109,6 +114,101 @@ def test_python_m_and_the_console_command_run_the_cli():
     console = Path(sys.executable).parent / "annotated-transformer"
     proc = subprocess.run([str(console), "translate", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: annotated-transformer translate")
+
+
+# ---------------------------------------------------------------- one list syntax
+
+
+@pytest.mark.parametrize("command, argv, dest, value", [
+    ("visualize", ["--checkpoint", "r", "--layers", "1,3"], "layers", [1, 3]),
+    ("visualize", ["--checkpoint", "r", "--formats", "png,html"], "formats", ["png", "html"]),
+    ("sweep", ["--compare", "runs/a,runs/b"], "compare", ["runs/a", "runs/b"]),
+    ("sweep", ["--config", "copy", "--seed-list", "1,2,3"], "seed_list", [1, 2, 3]),
+    ("benchmark", ["--config", "tiny", "--sweep-tokens", "256,512"], "sweep_tokens", [256, 512]),
+    ("benchmark", ["--config", "tiny", "--modes", "eager,compiled"], "modes", ["eager", "compiled"]),
+    ("benchmark", ["--config", "tiny", "--arms", "token cutoff 0.1,no attention dropout"], "arms",
+     ["token cutoff 0.1", "no attention dropout"]),
+])
+def test_a_list_is_one_word_with_commas_and_the_older_spaces_still_parse(command, argv, dest, value):
+    parser = parser_of(command)
+    assert getattr(parser.parse_args(argv), dest) == value
+    spaced = [*argv[:-1], *argv[-1].split(",")]  # the older spelling: one word an item
+    assert getattr(parser.parse_args(spaced), dest) == value
+    shown = next(a.metavar for a in parser._actions if a.dest == dest)
+    assert shown.endswith(",...") and f" {shown}" in " ".join(parser.format_usage().split())  # --help: commas only
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_list_option_takes_one_comma_separated_word(command):
+    for action in parser_of(command)._actions:
+        if action.option_strings and action.nargs not in (None, 0):  # a list of words: only arguments take one
+            pytest.fail(f"{command} {action.option_strings[0]} takes {action.nargs!r} words; use add_list")
+
+
+def test_a_spaced_list_stops_at_the_sentence_and_the_overrides_after_it():
+    args = parser_of("visualize").parse_args(["--checkpoint", "r", "--layers", "1", "3", "Ein", "Mann"])
+    assert (args.layers, args.text) == ([1, 3], ["Ein", "Mann"])
+    args = parser_of("visualize").parse_args(["--checkpoint", "r", "--formats", "png", "html", "Ein", "Mann"])
+    assert (args.formats, args.text) == (["png", "html"], ["Ein", "Mann"])
+    args = parser_of("sweep").parse_args(["--config", "copy", "--seed-list", "1", "2", "train.epochs=2"])
+    assert (args.seed_list, args.overrides) == ([1, 2], ["train.epochs=2"])
+    args = parser_of("sweep").parse_args(["--compare", "runs/a", "runs/b", "--out", "o", "data.root=/d"])
+    assert (args.compare, args.out, args.overrides) == (["runs/a", "runs/b"], "o", ["data.root=/d"])
+
+
+# ---------------------------------------------------------------- docs/commands.md and --help agree
+
+COMMANDS_MD = ROOT / "docs" / "commands.md"
+
+
+def cells(row: str) -> list[str]:
+    """A markdown table row's cells (an escaped \\| stays inside its cell), without backticks."""
+    return [c.strip().replace("`", "").replace("\\|", "|") for c in re.split(r"(?<!\\)\|", row)[1:-1]]
+
+
+def documented_options() -> dict[str, dict[str, str]]:
+    """commands.md's table of each command (under ### `NAME`): option -> its "required" cell."""
+    tables = {}
+    for name, section in re.findall(r"^### `([\w-]+)`\n(.*?)(?=^#|\Z)", COMMANDS_MD.read_text(encoding="utf-8"),
+                                    flags=re.M | re.S):
+        rows = [cells(line) for line in section.splitlines() if line.startswith("| `")]
+        tables[name] = {row[0].split()[0]: row[1] for row in rows if row[0].startswith("--")}
+    return tables
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_commands_md_lists_every_option_of_help_and_what_it_requires(command):
+    parser = parser_of(command)
+    documented = documented_options()[command]
+    assert sorted(documented) == sorted(parser.option_names())  # nothing missing, nothing extra (older ones hidden)
+    in_group = {a for g in parser._mutually_exclusive_groups if g.required for a in g._group_actions}
+    for action in parser._actions:
+        if action.option_strings and action.option_strings[0] in documented:
+            said = documented[action.option_strings[0]]
+            if action.required:
+                assert said == "yes", action.option_strings
+            elif action in in_group:
+                assert said.startswith("this or "), action.option_strings
+            else:
+                assert said == "" or said.startswith("with "), action.option_strings  # with: needed beside another
+
+
+def test_commands_md_names_the_commands_that_take_each_shared_option():
+    text = COMMANDS_MD.read_text(encoding="utf-8")
+    shared = text.partition("## Options every command spells the same way")[2].partition("\n\n")[2]
+    rows = [cells(line) for line in shared.split("\n\n")[0].splitlines() if line.startswith("| `--")]
+    assert len(rows) >= 8
+    for option, _, commands in rows:
+        name = option.split()[0]
+        takes = {c for c in COMMANDS if name in parser_of(c).option_names()}
+        assert {c.strip() for c in commands.split(",")} == takes, name
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_help_names_a_pt_file_only_as_an_older_ones(command):
+    shown = " ".join(parser_of(command).format_help().split())
+    for found in re.finditer(r"\.pt\b", shown):
+        assert "older" in shown[max(0, found.start() - 12):found.start()], shown[found.start() - 60:found.end()]
 
 
 # ---------------------------------------------------------------- what --checkpoint names
@@ -201,6 +301,24 @@ def test_sentences_given_as_arguments(tiny_checkpoint, translator, capsysbinary,
     assert code == 0 and out.decode().splitlines() == translator.translate(["Eine Frau.", "Kinder spielen."])
     code, _, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", run_dir, "--input", "de.txt", "Ein")
     assert code == 2 and b"not both" in err
+
+
+def test_each_quoted_argument_is_one_sentence_and_one_line(tiny_checkpoint, translator, capsysbinary, monkeypatch):
+    sentences = ["Ein Mann fährt Fahrrad.", "Zwei Kinder spielen."]
+    code, out, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", str(tiny_checkpoint), *sentences)
+    lines = out.decode().splitlines()
+    assert code == 0 and len(lines) == 2 and lines == translator.translate(sentences), err
+
+
+def test_words_without_quotes_next_to_each_other_are_one_sentence():
+    from annotated_transformer.cli.translate import build_parser, sentences_of
+
+    assert sentences_of(["Ein", "Mann", "fährt."]) == ["Ein Mann fährt."]
+    assert sentences_of(["Ein Mann fährt.", "Hund", "und", "Katze", "Eine Frau."]) == [
+        "Ein Mann fährt.", "Hund und Katze", "Eine Frau."]
+    assert sentences_of([]) == []
+    text = next(a for a in build_parser("translate")._actions if a.dest == "text")
+    assert "quote each one" in text.help and "words without quotes" in text.help
 
 
 def test_a_file_in_a_file_out_and_a_bad_line_later(tiny_checkpoint, translator, tmp_path, capsysbinary, monkeypatch):

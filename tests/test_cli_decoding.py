@@ -15,6 +15,7 @@ from annotated_transformer.decode.incremental import greedy_search
 from annotated_transformer.decoding import greedy_decode
 from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
 from annotated_transformer.extensions.builder import build_model
+from annotated_transformer.deploy.text_translator import TruncationWarning
 from annotated_transformer.deploy.translator import set_token_reduction
 
 SENTENCES = [
@@ -105,8 +106,22 @@ def test_translate_reads_a_file_and_beam(tiny_checkpoint, translator, tmp_path, 
     code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--input", src, "--beam", "3",
                                    "--device", "cpu")
     assert code == 0, stderr.decode()
-    beam = translator.translate(SENTENCES[:4], beam_size=3)
+    beam = translator.translate(SENTENCES[:4], beam=3)
     assert stdout.decode("utf-8").splitlines() == beam
+
+
+def test_translate_n_best_prints_each_hypothesis_with_its_score(tiny_checkpoint, translator, command):
+    sentences = ["Ein Mann fährt Fahrrad.", "Eine Frau."]
+    code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "--beam", "3",
+                                   "--n-best", "2", stdin="\n".join(sentences).encode() + b"\n")
+    assert code == 0, stderr.decode()
+    expected = translator.translate(sentences, beam=3, n_best=2)
+    assert [line.split("\t") for line in stdout.decode().splitlines()] == [
+        [str(number), f"{h.score:.4f}", h.text] for number, found in enumerate(expected, 1) for h in found]
+    assert [len(found) for found in expected] == [2, 2]
+    code, _, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--n-best", "2", "Ein Mann.")
+    assert code == 2 and stderr.decode() == ("error: --n-best 2 needs a beam at least as wide: add --beam 2 (the beam "
+                                             "is 1)\n")
 
 
 def test_translate_prunes_or_merges_tokens_as_the_translator_does(tiny_checkpoint, command):
@@ -129,7 +144,8 @@ def test_translate_truncates_a_long_line_with_a_warning(tiny_checkpoint, transla
     stdin = f"Ein Mann.\n{long_line}\nEine Frau.\n".encode()
     code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", stdin=stdin)
     assert code == 0, stderr.decode()
-    assert stdout.decode().splitlines() == translator.translate(["Ein Mann.", long_line, "Eine Frau."])
+    with pytest.warns(TruncationWarning, match="^1 of 3 sentences was longer"):  # the API's, not on the command line
+        assert stdout.decode().splitlines() == translator.translate(["Ein Mann.", long_line, "Eine Frau."])
     warnings = stderr.decode().strip().splitlines()
     assert len(warnings) == 1
     assert "line 2" in warnings[0] and "truncated" in warnings[0] and str(limit) in warnings[0]

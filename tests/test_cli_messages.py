@@ -178,8 +178,7 @@ def test_a_sweep_grid_key_suggests_the_key_meant(command, tmp_path):
     (("translate", "--checkpoint", "r", "--beam-size", "5"), "unknown option --beam-size (did you mean --beam?)"),
     (("export", "--checkpoint", "r", "--out", "o", "--quantise", "int8"),
      "unknown option --quantise (did you mean --quantize?)"),
-    (("visualize", "--checkpoint", "r", "--sentense", "Ein Mann."),
-     "unknown option --sentense (did you mean --sentence?)"),
+    (("visualize", "--checkpoint", "r", "--fromats", "png"), "unknown option --fromats (did you mean --formats?)"),
     (("average-checkpoints", "a.pt", "--outdir", "avg"), "unknown option --outdir (did you mean --out?)"),
     (("translate", "--checkpoint", "r", "--epochs", "2"),  # translate takes no overrides: no override suggested
      "unknown option --epochs; scripts/translate.py --help lists the options"),
@@ -195,6 +194,12 @@ def test_argparse_mistakes_are_one_line_too(command):
                                                                 "(scripts/translate.py --help lists the options)")
     assert one_error(command, "export", "--out", "o") == ("the following arguments are required: --checkpoint "
                                                           "(scripts/export.py --help lists the options)")
+    assert one_error(command, "visualize", "--checkpoint", "r", "--layers", "1,x", "Ein") == (
+        "argument --layers: 'x' is not a whole number (the list is written A,B,C) (scripts/visualize.py --help lists "
+        "the options)")
+    assert one_error(command, "sweep", "--config", "copy", "--seed-list", "1,,2") == (
+        "argument --seed-list: '1,,2' has an empty item; write the list as A,B,C (scripts/sweep.py --help lists the "
+        "options)")
 
 
 def test_an_unknown_command_suggests_the_nearest(capsys):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 from annotated_transformer.fast import cpu_linear
 from annotated_transformer.attention import MultiHeadedAttention
 from annotated_transformer.fast.cpu_linear import ENV, MIN_MACS, OneDNNLinear, onednn_available, onednn_linears
+from annotated_transformer.fast.plan import speed_up_decoding
 from annotated_transformer.decode.inference import translate_ids
 from annotated_transformer.model import make_model
 
@@ -101,15 +100,15 @@ def test_decoding_with_onednn_gives_the_same_translations(monkeypatch):
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
 
 
-@pytest.mark.parametrize("fused, calls_fused_kernel", [(None, False), (True, True), (False, False)])
-def test_attention_kernel_auto_is_explicit_on_the_cpu(monkeypatch, fused, calls_fused_kernel):
+@pytest.mark.parametrize("kernel, calls_fused_kernel", [("auto", False), ("fused", True), ("explicit", False)])
+def test_attention_kernel_auto_is_explicit_on_the_cpu(monkeypatch, kernel, calls_fused_kernel):
+    """model.attention_kernel through the decoding plan on the CPU: auto and explicit keep the paper's explicit
+    equation 1 (faster here), fused swaps in PyTorch's kernel; the same outputs either way."""
     torch.manual_seed(0)
-    attn = MultiHeadedAttention(4, 32, dropout=0.1, fused=fused)
+    attn = MultiHeadedAttention(4, 32, dropout=0.1)
     x, mask = torch.randn(2, 5, 32), torch.ones(2, 1, 5, dtype=torch.bool)
     attn.eval()
-    fused_kernel = copy.deepcopy(attn)
-    fused_kernel.fused = True
-    expected = fused_kernel(x, x, x, mask)  # PyTorch's kernel, before the counting patch
+    expected = attn(x, x, x, mask)  # the explicit product, before the counting patch
     calls = []
     real = F.scaled_dot_product_attention
 
@@ -118,12 +117,13 @@ def test_attention_kernel_auto_is_explicit_on_the_cpu(monkeypatch, fused, calls_
         return real(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
-    for mode in (attn.train, attn.eval):
-        mode()
-        attn(x, x, x, mask).sum()
-    assert bool(calls) == calls_fused_kernel
-    attn.eval()
-    torch.testing.assert_close(attn(x, x, x, mask), expected, rtol=1e-5, atol=1e-6)
+    with speed_up_decoding(attn, torch.device("cpu"), attention_kernel=kernel):
+        for mode in (attn.train, attn.eval):
+            mode()
+            attn(x, x, x, mask).sum()
+        got = attn(x, x, x, mask)
+    assert bool(calls) == calls_fused_kernel and type(attn) is MultiHeadedAttention
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 @needs_onednn

@@ -302,7 +302,7 @@ def test_to_bf16_keeps_the_log_probs_close(tiny_checkpoint, multi30k_data, monke
     assert 0 < diff.mean() < 0.1  # rounded to bf16 (not the same numbers), and close
     sentences = SENTENCES[:1] + SENTENCES[2:]
     for beam in (1, 3):  # beam search ranks bf16 logits in fp32
-        outputs = half.translate(sentences, beam_size=beam)
+        outputs = half.translate(sentences, beam=beam)
         assert len(outputs) == len(sentences) and all(isinstance(o, str) and o for o in outputs)
 
 

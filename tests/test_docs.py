@@ -77,3 +77,21 @@ def test_the_readme_links_the_notebook():
 def test_a_retired_config_still_loads_as_the_history_says(path):
     cfg = load_config(str(path))
     assert cfg.name == path.stem  # so its run directory is runs/<name>, as the history's commands expect
+
+
+# A model file's name with the suffix runs wrote before model files: best.pt, avg.pt, epoch_07.pt, epoch_NN.pt.
+PT_MODEL_FILE = re.compile(r"\b(?:best|avg|epoch_(?:\d+|NN|\*))\.pt\b")
+
+
+def test_no_page_names_a_pt_model_file_except_as_an_older_runs():
+    """Runs write best.safetensors (avg, epoch_NN too); a .pt name is only for the files of older versions, in a
+    sentence that says so (last.pt, which resuming reads, stays a .pt file)."""
+    files = [*sorted((ROOT / "configs").glob("*.yaml")), *sorted((ROOT / "examples").rglob("*.*")),
+             ROOT / NOTEBOOK, ROOT / "README.md", *user_pages()]
+    found = []
+    for path in files:
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        for sentence in re.split(r"(?<=[.;:])\s", text):
+            if PT_MODEL_FILE.search(sentence) and not re.search(r"\b(older|earlier)\b", sentence):
+                found.append(f"{path.relative_to(ROOT)}: {PT_MODEL_FILE.search(sentence).group()} in {sentence!r}")
+    assert found == [], "name the model file (best.safetensors), or say the .pt file is an older version's"

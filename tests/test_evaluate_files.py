@@ -72,6 +72,31 @@ def test_hypotheses_go_to_eval_in_the_run_and_are_never_overwritten_unasked(tiny
     assert hyps.read_text(encoding="utf-8") == translations
 
 
+def test_batch_size_sets_how_many_sentences_evaluate_decodes_together(tiny_checkpoint, multi30k_dir, tmp_path,
+                                                                       command, monkeypatch):
+    import inspect
+
+    from annotated_transformer.checkpoints import load_checkpoint
+    from annotated_transformer.deploy.translator import Translator
+
+    seen = []
+    decode = Translator.translate_ids
+
+    def spy(*args, **kwargs):
+        seen.append(inspect.signature(decode).bind(*args, **kwargs).arguments["batch_size"])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(Translator, "translate_ids", spy)
+    src, ref = write_pair(tmp_path, "mine", multi30k_dir, 3)
+    code, _, err = command("evaluate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "--input", src, "--ref", ref,
+                           "--beam", "1", "--batch-size", "2", "--out", tmp_path / "h.txt")
+    assert code == 0, err.decode()
+    assert load_checkpoint(tiny_checkpoint)["config"]["decode"]["batch_size"] != 2  # so 2 is --batch-size's
+    assert seen == [2] and len((tmp_path / "h.txt").read_text(encoding="utf-8").splitlines()) == 3
+    assert one_error(command, "--checkpoint", "nowhere", "--batch-size", "0") == \
+        "--batch-size must be at least 1, got 0"
+
+
 def test_an_existing_out_file_is_refused_for_a_split_too(tiny_checkpoint, tmp_path, command):
     out = tmp_path / "h.txt"
     out.write_text("kept\n", encoding="utf-8")

@@ -221,17 +221,17 @@ def test_the_penalty_trains_the_guided_heads_only_and_is_off_at_weight_0():
     guide = objective(model, guide_weight=1.0, guide_layers=[1], guide_heads=[0, 2], guide_decay_steps=100)
     attn = model.decoder.layers
     hook = attn[1].src_attn.hooks[0]
-    assert isinstance(hook, ProbsForLoss) and attn[0].src_attn.hooks == []  # the rest keep the fused kernel
-    assert hook.needs_probs(attn[1].src_attn)  # in training: explicit attention, probabilities with their gradient
+    assert isinstance(hook, ProbsForLoss) and attn[0].src_attn.hooks == []  # the rest ask for no probabilities
+    assert hook.needs_probs(attn[1].src_attn)  # in training: probabilities with their gradient, under any kernel
     guided = _loss_and_grads(model, b, guide, 0)
     assert guide.figures()["guide_penalty"] > 0 and guided[0] > plain[0]
     assert not guided[1][0].equal(plain[1][0])
     decayed = _loss_and_grads(model, b, guide, 100)  # the weight has fallen to 0
-    assert torch.allclose(decayed[0], plain[0], atol=1e-6)  # explicit attention vs the fused kernel: rounding only
+    assert torch.allclose(decayed[0], plain[0], atol=1e-6)  # weight 0: the plain loss, to rounding
     assert load_config("copy.yaml", ["guided_attention.weight=0"]).extensions_on("objective") == []  # off at 0
     model.eval()
     model(b.src, b.tgt, b.src_mask, b.tgt_mask)
-    assert hook.probs is None and not hook.needs_probs(attn[1].src_attn)  # evaluation and decoding stay fused
+    assert hook.probs is None and not hook.needs_probs(attn[1].src_attn)  # evaluation and decoding ask for none
 
 
 def test_the_penalty_reads_probabilities_before_dropout():
@@ -377,7 +377,7 @@ def test_pruning_in_the_model_shortens_the_memory_and_decodes_alike_cached_and_n
     groups = merged_groups(model, [0, 5, 6, 7, 8, 9, 10, 11, 1], ratio=0.5, mode="prune")
     assert all(len(g) == 1 for g in groups) and 0 < len(groups) < 9  # survivors alone, the pruned in no group
     with_token_merging(model, 0.0)
-    assert not any(layer.self_attn.hooks for layer in base.encoder.layers)  # the fused kernel again
+    assert not any(layer.self_attn.hooks for layer in base.encoder.layers)  # no hook left
 
 
 @pytest.mark.parametrize("prune", [False, True])

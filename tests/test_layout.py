@@ -4,6 +4,7 @@ modules import only lower layers; the README's reading order names core files wi
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -43,7 +44,9 @@ def test_layout_doc_matches_the_tree():
 
 
 # Lower layers never import higher ones; data and model, on one layer, never import each other.
-# Layers 0-3 are the core (what `import annotated_transformer` loads); the harness and the tools sit above.
+# Layers 0-3 hold the core (what `import annotated_transformer` loads: CORE_HELPERS and the README's reading order,
+# below) and what is loaded on first use beside it (config and the extensions, fast/, the data loaders); the harness
+# and the tools sit above.
 LAYERS = {
     "runtime": 0,  # errors, files, device, model_flops: what every part runs on
     "masks": 0,
@@ -62,6 +65,7 @@ LAYERS = {
     "lab.product_benchmark": 5,
     "harness.checkpointer": 6,
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,
+    "deploy.attention": 5,
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
     "harness.progress": 7, "harness.run_end": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7,
     "lab.extension_benchmark": 7, "lab.shape_benchmark": 7, "lab.step_profile": 7, "lab.seed_statistics": 7,
@@ -153,26 +157,68 @@ def test_the_harness_imports_neither_the_lab_nor_deploy():
     assert wrong == []
 
 
-@pytest.mark.slow
+# What `import annotated_transformer` loads of the package besides the README's reading order: the packages around
+# its files, and autocast. Config (and with it every extension), fast/, decode/, the data loaders, the harness,
+# deploy/ and lab/ load when first asked for.
+CORE_HELPERS = {"annotated_transformer", "annotated_transformer.runtime", "annotated_transformer.runtime.precision",
+                "annotated_transformer.runtime.lazy", "annotated_transformer.data"}
+NOT_CORE = tuple(f"annotated_transformer.{name}" for name in (
+    "fast", "decode", "extensions", "harness", "lab", "deploy", "config", "data.loader", "data.buckets",
+    "data.translation_data", "data.cache", "data.text", "data.vocab", "data.tokenizers", "data.multi30k",
+    "data.own_files", "data.copy_loader", "data.notebook_pipeline", "runtime.device"))
+
+# In a fresh process: what the package import loads, then each reading-order file, then the names loaded on use.
+IMPORTS = """
+import json, sys, threading, torch
+ours = lambda: sorted(m for m in sys.modules if m.split('.')[0] == 'annotated_transformer')
+HEAVY = {'tqdm', 'torchdata', 'sacrebleu', 'spacy', 'altair', 'vl_convert', 'pynvml', 'sentencepiece'}
+heavy = lambda: {m.split('.')[0] for m in sys.modules} & HEAVY
+before = heavy()
+import annotated_transformer as at
+seen = {'package': ours(), 'heavy': sorted(heavy() - before), 'threads': threading.active_count()}
+for name in json.loads(sys.argv[1]):
+    __import__(name)
+seen['reading_order'] = ours()
+import annotated_transformer.data as data
+seen['on_use'] = [at.Config.__module__, at.load_config.__module__, at.beam_search.__module__,
+                  at.decode_batch.__module__, at.train_worker.__module__, data.load_translation_data.__module__]
+import annotated_transformer.visualization as viz
+charts = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'altair', 'vl_convert'})
+seen['charts'] = charts()
+viz.mask_chart
+seen['after_a_chart'] = charts()
+print(json.dumps(seen))
+"""
+
+
+def reading_order_modules() -> list[str]:
+    """The README's reading-order files inside the package, as module names."""
+    rows, _ = reading_order()
+    paths = [row[1].strip().strip("`") for row in rows]
+    return [p.removesuffix(".py").replace("/", ".") for p in paths if p.startswith("annotated_transformer/")]
+
+
+@pytest.mark.slow  # a fresh process (importing torch alone takes 1.5 s)
 def test_importing_the_package_loads_the_core_only():
-    """Nothing heavy beyond what `import torch` loads itself (torch 2.15 brings tqdm and pynvml), and no thread; the
-    visualization package loads altair on its first chart, and vl-convert only to save a PNG."""
-    code = ("import sys, threading, torch; "
-            "heavy = lambda: {m for m in sys.modules if m.split('.')[0] in ('tqdm', 'torchdata', 'sacrebleu', "
-            "'spacy', 'altair', 'vl_convert', 'pynvml', 'sentencepiece') or m.startswith(("
-            "'annotated_transformer.harness', 'annotated_transformer.deploy', 'annotated_transformer.lab', "
-            "'annotated_transformer.data.notebook_pipeline'))}; "
-            "before = heavy(); import annotated_transformer as at; "
-            "print(sorted(heavy() - before)); print(threading.active_count()); at.make_model; at.run_epoch; "
-            "assert at.train_worker.__module__ == 'annotated_transformer.harness.trainer'; "
-            "print('annotated_transformer.harness.trainer' in sys.modules); "
-            "import annotated_transformer.visualization as viz; "
-            "charts = lambda: sorted({m.split('.')[0] for m in sys.modules} & {'altair', 'vl_convert'}); "
-            "print(charts()); viz.mask_chart; print(charts())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    loaded, threads, lazy, before_a_chart, after_a_chart = out.stdout.splitlines()
-    assert loaded == "[]" and threads == "1" and lazy == "True"
-    assert before_a_chart == "[]" and after_a_chart == "['altair']"
+    """The README's claim: `import annotated_transformer` loads its reading order and CORE_HELPERS, nothing else of
+    the package, and importing any file of the reading order then loads nothing more (in a fresh process a file's
+    import runs the package's first, so this is what each file alone loads). Nothing heavy beyond what `import
+    torch` loads itself (torch 2.15 brings tqdm and pynvml), and no thread. Config, the decoders beyond the
+    notebook's, train_worker and the data loaders load their modules on first use; the visualization package
+    loads altair on its first chart, and vl-convert only to save a PNG."""
+    modules = reading_order_modules()
+    out = subprocess.run([sys.executable, "-c", IMPORTS, json.dumps(modules)], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert [m for m in seen["package"] if m.startswith(NOT_CORE)] == []
+    assert set(seen["package"]) == set(modules) | CORE_HELPERS
+    assert seen["reading_order"] == seen["package"]
+    assert seen["heavy"] == [] and seen["threads"] == 1
+    assert seen["on_use"] == ["annotated_transformer.config.schema", "annotated_transformer.config.loading",
+                              "annotated_transformer.decode.beam_search", "annotated_transformer.decode.inference",
+                              "annotated_transformer.harness.trainer", "annotated_transformer.data.translation_data"]
+    assert seen["charts"] == [] and seen["after_a_chart"] == ["altair"]
 
 
 def reading_order() -> tuple[list[list[str]], str]:

@@ -15,6 +15,7 @@ from annotated_transformer.harness import progress
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.harness.progress import (format_duration, quicker_config, run_length, seconds_left,
                                                     slow_run_warning, time_left)
+from annotated_transformer.harness.resume import RunCounters
 from annotated_transformer.harness.run_end import translate_command
 from annotated_transformer.harness.trainer import train_worker
 from annotated_transformer.loop import TrainState
@@ -46,13 +47,14 @@ def test_durations_read_in_seconds_minutes_or_hours():
 
 def test_the_epoch_line_field_says_how_long_the_rest_takes():
     t = load_config("copy", ["train.epochs=10"]).train
-    s = TrainState(step=100, epoch=1, wall_seconds=50.0)
-    assert time_left(s, t, total_steps=1000) == "about 7.5 min left"
-    s.epoch, s.step = 10, 1000
-    assert time_left(s, t, total_steps=1000) == "training done"
+    s, c = TrainState(step=100), RunCounters(epoch=1, wall_seconds=50.0)
+    assert time_left(s, c, t, total_steps=1000) == "about 7.5 min left"
+    c.epoch, s.step = 10, 1000
+    assert time_left(s, c, t, total_steps=1000) == "training done"
     target = load_config("tiny", ["train.target_bleu=30", "train.stop_at_target=true", "train.bleu_every=1",
                                   "train.epochs=10", "train.max_steps=0"]).train
-    assert time_left(TrainState(step=100, epoch=1, wall_seconds=50.0), target, 1000) == "at most 7.5 min left"
+    assert time_left(TrainState(step=100), RunCounters(epoch=1, wall_seconds=50.0), target, 1000) == (
+        "at most 7.5 min left")
 
 
 def test_the_warning_fires_above_the_threshold_only(monkeypatch):

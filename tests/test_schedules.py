@@ -53,14 +53,16 @@ def test_scheduler_resumes_exactly_from_its_state_dict():
 
 def small_training(lr_on_device: bool, schedule: str):
     """A tiny model, its fused Adam and a schedule of 4 warm-up steps in a run of 10, as training builds them."""
-    from annotated_transformer import LabelSmoothing, make_model
-    from annotated_transformer.fast import FusedLossCompute, speed_up
+    from annotated_transformer import make_model
+    from annotated_transformer.fast import speed_up_training
+    from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 
     torch.manual_seed(0)
-    model = speed_up(make_model(12, 12, N=1, d_model=16, d_ff=32, h=2, dropout=0.0))
-    opt = build_optimizer(model, fused=True)
+    model = make_model(12, 12, N=1, d_model=16, d_ff=32, h=2, dropout=0.0)
+    _, loss_compute, opt = speed_up_training(model, SimpleLossCompute(model.generator, LabelSmoothing(12, 2, 0.1)),
+                                             build_optimizer(model))
     sched = build_scheduler(opt, 16, 1.0, 4, schedule, total_steps=10, lr_on_device=lr_on_device)
-    return model, FusedLossCompute(model.generator, LabelSmoothing(12, 2, 0.1)), opt, sched
+    return model, loss_compute, opt, sched
 
 
 def copy_batches(n: int):

@@ -22,13 +22,14 @@ from annotated_transformer import checkpoints
 from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
-from annotated_transformer.harness.resume import RunState, StopSignal
+from annotated_transformer.harness.resume import RunCounters, RunState, StopSignal
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
 from annotated_transformer.harness.loss_meter import LossMeter
 from annotated_transformer.harness.schedules import build_scheduler
 from annotated_transformer.harness.train_loop import LoopHooks, train_loop
-from annotated_transformer.fast import FusedLossCompute, fused_adam_pays, speed_up
+from annotated_transformer.fast import FusedLossCompute, compile_model, fused_adam_pays, speed_up_training
 from annotated_transformer.fast.loss import smoothed_cross_entropy
+from annotated_transformer.loss import SimpleLossCompute
 from annotated_transformer.optim import build_optimizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,9 @@ def tiny_model_and_batches(n: int = 4, V: int = 12, seed: int = 0):
         t[:, 0] = 0
         batches.append(Batch(t, t.clone(), pad=2))
     # With the speed training installs (fast/): the step these tests check is the one training runs.
-    return speed_up(model), FusedLossCompute(model.generator, LabelSmoothing(V, 2, 0.1)), batches
+    _, loss_compute, _ = speed_up_training(model, SimpleLossCompute(model.generator, LabelSmoothing(V, 2, 0.1)),
+                                           build_optimizer(model))
+    return model, loss_compute, batches
 
 
 def all_tensors(obj):
@@ -226,7 +229,7 @@ def test_accumulation_under_ddp_with_compile_all_reduces_once_per_step(tmp_path,
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         model, loss_compute, batches = tiny_model_and_batches(n=4)
-        wrapped = wrap_model(model, DistInfo(world_size=2), torch.device("cpu"), compile=True)
+        wrapped = wrap_model(compile_model(model, True), DistInfo(world_size=2), torch.device("cpu"))
         calls = []
 
         def counting_hook(state, bucket):
@@ -345,7 +348,7 @@ def cuda_training(captured: bool, info: DistInfo = DistInfo()):
     loss_compute = FusedLossCompute(model.generator, loss_compute.criterion)
     opt = build_optimizer(model, fused=fused_adam_pays(model))
     sched = build_scheduler(opt, 16, 1.0, 10, lr_on_device=captured)
-    wrapped = wrap_model(model, info, torch.device("cuda", 0), "captured" if captured else False)
+    wrapped = wrap_model(compile_model(model, "captured" if captured else False), info, torch.device("cuda", 0))
     return wrapped, loss_compute, [b.to("cuda") for b in batches], opt, sched
 
 
@@ -485,6 +488,28 @@ def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, t
                    "scheduler, rng); resume from the run's last.pt, or start a new run\n")
     with pytest.raises(CheckpointError, match=r"^last\.pt is not a resumable checkpoint \(no train_state, optimizer"):
         RunState(TrainState(), *([None] * 4), LossMeter()).load_state_dict({"model": {}})
+
+
+# last.pt's train_state as written while TrainState also held the run's epochs, clocks and best score
+FLAT_TRAIN_STATE = {"step": 40, "micro_step": 80, "samples": 900, "tokens": 12000, "epoch": 2, "best_metric": 1.25,
+                    "best_epoch": 2, "train_seconds": 30.5, "wall_seconds": 41.0, "target_epoch": None,
+                    "target_seconds": None, "flops": 3e12, "target_flops": None}
+
+
+def test_a_last_pt_from_before_the_run_counters_left_train_state_resumes_every_counter():
+    """TrainState keeps what the loop counts, the harness's RunCounters the rest; last.pt's train_state stays one
+    flat dict, so a file written when TrainState held all 13 resumes with each of them, and is written as it was."""
+    def run_state() -> RunState:
+        model = torch.nn.Linear(2, 2)
+        optimizer = build_optimizer(model)
+        return RunState(TrainState(), model, optimizer, build_scheduler(optimizer, 16, 1.0, 4), None, LossMeter())
+
+    resumed = run_state()
+    resumed.load_state_dict({**run_state().state_dict(), "train_state": dict(FLAT_TRAIN_STATE)})
+    assert resumed.train_state == TrainState(step=40, micro_step=80, samples=900, tokens=12000)
+    assert resumed.counters == RunCounters(epoch=2, best_metric=1.25, best_epoch=2, train_seconds=30.5,
+                                           wall_seconds=41.0, flops=3e12)
+    assert list(resumed.state_dict()["train_state"].items()) == list(FLAT_TRAIN_STATE.items())  # the same dict
 
 
 def test_a_resumed_log_window_times_only_the_steps_of_this_process(monkeypatch):

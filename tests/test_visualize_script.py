@@ -229,7 +229,7 @@ def test_subword_labels_drop_the_word_marker():
 def test_a_merging_model_labels_each_map_with_the_tokens_it_shows(prune):
     from annotated_transformer.extensions.token_merging import with_token_merging
     from annotated_transformer.data.text import TextPipeline
-    from annotated_transformer.visualization import sentence_attention
+    from annotated_transformer.visualization import sentence_attention, sentence_grid
 
     text = TextPipeline.for_words([s.split() for s in GERMAN], [s.split() for s in ENGLISH], src_lang="de",
                                   tgt_lang="en", min_freq=1)
@@ -247,13 +247,14 @@ def test_a_merging_model_labels_each_map_with_the_tokens_it_shows(prune):
         assert parts == merged and [t for t in sa.src_tokens if t in parts] == parts
     else:  # every source token is in exactly one label
         assert sorted(parts) == sorted(sa.src_tokens) and any("+" in label for label in merged)
-    spec = sa.grid(0, "src").to_dict()
+    spec = sentence_grid(sa, 0, "src").to_dict()
     assert axis_labels(spec["concat"][0]["encoding"]["x"]) == merged
 
 
 def test_word_labels_name_unknown_words_and_follow_truncation():
     from annotated_transformer.data.text import TextPipeline
-    from annotated_transformer.visualization import sentence_attention
+    from annotated_transformer.deploy.text_translator import TruncationWarning
+    from annotated_transformer.visualization import sentence_attention, sentence_grid
 
     text = TextPipeline.for_words([s.split() for s in GERMAN], [s.split() for s in ENGLISH], src_lang="de",
                                   tgt_lang="en", min_freq=1, max_sentence_len=6)
@@ -262,12 +263,13 @@ def test_word_labels_name_unknown_words_and_follow_truncation():
     check_alignment(sa)
     assert sa.src_tokens == ["<s>", "ein", "Zebra (unk)", "läuft", "</s>"] and not sa.truncated
     assert sa.translation == text.ids_to_text(sa.tgt_ids, "tgt")
-    # Longer than max_sentence_len = 6: cut to <s> + 4 words + </s>, as the model saw it.
-    sa = sentence_attention(translator, "ein Hund läuft im Park am Strand")
+    # Longer than max_sentence_len = 6: cut to <s> + 4 words + </s>, as the model saw it, with a warning.
+    with pytest.warns(TruncationWarning, match="^1 of 1 sentence was longer than the model's limit of 6 tokens"):
+        sa = sentence_attention(translator, "ein Hund läuft im Park am Strand")
     check_alignment(sa)
     assert sa.truncated and sa.src_tokens == ["<s>", "ein", "Hund", "läuft", "im", "</s>"]
     # The grid of each kind draws every head with these labels; layer 2 of 2 is index 1.
-    spec = sa.grid(1, "src").to_dict()
+    spec = sentence_grid(sa, 1, "src").to_dict()
     assert spec["title"]["text"] == "Decoder-source attention, layer 2 of 2" and len(spec["concat"]) == 2
     assert axis_labels(spec["concat"][0]["encoding"]["x"]) == sa.src_tokens
     assert axis_labels(spec["concat"][0]["encoding"]["y"]) == sa.tgt_tokens

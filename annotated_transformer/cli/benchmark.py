@@ -27,21 +27,20 @@ from ..runtime.errors import ConfigError
 from .options import CommandParser, add_checkpoint, add_device, add_limit, add_out, add_overwrite
 
 
-def int_list(text: str) -> list[int]:
-    """'1,2,3' -> [1, 2, 3]."""
-    return [int(x) for x in text.split(",") if x]
-
-
 def build_parser(prog: str | None) -> CommandParser:
     """The benchmark's options: what to time, on which weights, and the tables instead of the default one."""
     parser = config_parser("Benchmark training and decoding: fast path vs the notebook's pipeline.", prog,
                            CommandParser, takes_overrides=True)
-    parser.add_argument("--steps", type=int, default=None, help="timed training steps per side (median reported; "
-                        "default 10); --products: timed calls of each product; --gpu: timed steps a mode and batch "
-                        "size (default 30)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed training steps first; --products: untimed calls")
-    add_checkpoint(parser, required=False, help="trained weights for the decoding figures: a run directory or a .pt "
-                   "file (without it decoding runs on untrained weights of the config's model)")
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="timed training steps per side (median reported; default 10); --products: timed calls "
+                             "of each product; --gpu: timed steps a mode and batch size (default 30)")
+    # Named for what it is: train.warmup, on the same command line, is the learning rate's warm-up.
+    parser.add_argument("--warmup-steps", type=int, default=2, metavar="N",
+                        help="untimed training steps before the timed ones (default 2); --products: untimed calls")
+    parser.add_old_spelling("--warmup", "--warmup-steps")
+    add_checkpoint(parser, required=False, help="trained weights for the decoding figures: a run directory or a "
+                   "model file (.safetensors; or an older .pt); without it decoding runs on untrained weights of "
+                   "the config's model")
     parser.add_argument("--one-sentence", type=int, default=100, metavar="N",
                         help="test sentences (evenly spread) given to the slow one-sentence decoder")
     add_limit(parser, "decode only the first N test sentences (default: all 1,000)")
@@ -51,8 +50,10 @@ def build_parser(prog: str | None) -> CommandParser:
     parser.add_argument("--shape-sweep", action="store_true", help="also time the fast path over batch sizes and "
                         "lengths (not scripts/sweep.py, which trains)")
     parser.add_old_spelling("--sweep", "--shape-sweep")
-    parser.add_argument("--sweep-tokens", type=int_list, default=[1024, 4096, 16384], metavar="A,B,...")
-    parser.add_argument("--sweep-lengths", type=int_list, default=[8, 16, 32, 64, 128], metavar="A,B,...")
+    parser.add_list("--sweep-tokens", item=int, default=[1024, 4096, 16384], metavar="N,N,...",
+                    help="--shape-sweep: the batch sizes in tokens (default 1024,4096,16384)")
+    parser.add_list("--sweep-lengths", item=int, default=[8, 16, 32, 64, 128], metavar="N,N,...",
+                    help="--shape-sweep: the sentence lengths (default 8,16,32,64,128)")
     add_out(parser, "folder for benchmark.json (and the shape-sweep chart), or for the chosen table's JSON; a file "
                     "of that name already there is refused unless --overwrite", old=())
     add_overwrite(parser, "replace the files of an earlier benchmark in --out")
@@ -72,18 +73,19 @@ def build_parser(prog: str | None) -> CommandParser:
                         "config's batch size and at 16k tokens (tokens/s, ms/step, MFU, GPU busy share), the train "
                         "command for --train-seconds (epochs, validation time, the whole run's estimate, val BLEU), "
                         "then greedy val decoding; gpu_check.json in --out (docs/gpu.md)")
-    parser.add_argument("--modes", default=None, metavar="A,B", help="--gpu: the step modes to time (eager, compiled, "
-                        "captured, graphed; default: all four on a GPU, eager and compiled on a CPU)")
+    parser.add_list("--modes", default=None, metavar="MODE,MODE,...", help="--gpu: the step modes to time (eager, "
+                    "compiled, captured, graphed; default: all four on a GPU, eager and compiled on a CPU)")
     parser.add_argument("--train-seconds", type=float, default=150.0, metavar="S",
                         help="--gpu: seconds of the timed training run (0: none; default 150)")
     parser.add_argument("--all", action="store_true", help="instead: the whole speed picture for --checkpoint, side "
                         "by side: training eager vs compiled (tokens/s, MFU, compilation) and our decoders against "
                         "CTranslate2 float32/int8 (sent/s, batch-1 latency, BLEU), medians of --rounds interleaved "
                         "rounds")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds: --extensions' of --steps steps per arm "
-                        "(default 5), --all's interleaved rounds (default 3), --engines' (default 1)")
-    parser.add_argument("--arms", default=None, help="--extensions: a comma-separated subset of the arms "
-                        "(e.g. 'token pruning r=0.25'); plain is always measured")
+    parser.add_argument("--rounds", type=int, default=None, metavar="N",
+                        help="rounds: --extensions' of --steps steps per arm (default 5), --all's interleaved rounds "
+                             "(default 3), --engines' (default 1)")
+    parser.add_list("--arms", default=None, metavar="ARM,ARM,...", help="--extensions: a subset of the arms "
+                    "(e.g. 'token pruning r=0.25,token cutoff 0.1'); plain is always measured")
     return parser
 
 
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return time_products(args, cfg, log)
     from ..lab.benchmark import format_summary, run_benchmark
 
-    result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup, checkpoint=args.checkpoint,
+    result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup_steps, checkpoint=args.checkpoint,
                            one_sentence_limit=args.one_sentence, decode_limit=args.limit, train=not args.skip_train,
                            decode=not args.skip_decode, sweep_tokens=args.sweep_tokens if args.shape_sweep else None,
                            sweep_lengths=args.sweep_lengths if args.shape_sweep else None, out_dir=args.out, log=log)
@@ -184,8 +186,7 @@ def check_gpu(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--gpu: the GPU check's table, gpu_check.json in --out (written after each part)."""
     from ..lab.gpu_check import format_gpu_check, gpu_check
 
-    modes = args.modes.split(",") if args.modes else None
-    result = gpu_check(cfg, args.overrides, steps=args.steps, warmup=args.warmup, modes=modes,
+    result = gpu_check(cfg, args.overrides, steps=args.steps, warmup=args.warmup_steps, modes=args.modes,
                        train_seconds=args.train_seconds, out_dir=args.out, log=log)
     print(json.dumps(result) if args.json else format_gpu_check(result))
     return 0
@@ -197,10 +198,11 @@ def speed_report(args: argparse.Namespace, cfg: Any, log: Any) -> int:
 
     if not args.checkpoint:
         raise ConfigError("--all compares decoders on trained weights: pass --checkpoint runs/NAME")
-    if args.steps < 1 or args.warmup < 1:
-        raise ConfigError(f"--all needs --steps and --warmup of at least 1 (got {args.steps}, {args.warmup})")
+    if args.steps < 1 or args.warmup_steps < 1:
+        raise ConfigError(f"--all needs --steps and --warmup-steps of at least 1 (got {args.steps}, "
+                          f"{args.warmup_steps})")
     result = measure_speed_report(cfg, args.checkpoint, rounds=args.rounds or 3, steps=args.steps,
-                                  warmup=args.warmup, limit=args.limit or 500, log=log)
+                                  warmup=args.warmup_steps, limit=args.limit or 500, log=log)
     write_json(args.out, "speed_report.json", result)
     print(json.dumps(result) if args.json else format_speed_report(result))
     return 0
@@ -210,7 +212,7 @@ def profile_step(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--profile: the step's time by kind of work, profile.json in --out."""
     from ..lab.step_profile import format_profile, profile_in_fresh_process
 
-    result = profile_in_fresh_process(cfg, steps=args.steps, warmup=args.warmup, log=log)
+    result = profile_in_fresh_process(cfg, steps=args.steps, warmup=args.warmup_steps, log=log)
     write_json(args.out, "profile.json", result)
     print(json.dumps(result) if args.json else format_profile(result))
     return 0
@@ -220,10 +222,10 @@ def time_products(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--products: the linear layers' products against the peak, products.json in --out."""
     from ..lab.product_benchmark import format_products, measure_products
 
-    if args.steps < 1 or args.warmup < 0:
-        raise ConfigError(f"--steps must be at least 1 and --warmup at least 0 (got {args.steps}, {args.warmup}); "
-                          "--products calls each product that often")
-    result = measure_products(cfg, repeats=args.steps, warmup=args.warmup, log=log)
+    if args.steps < 1 or args.warmup_steps < 0:
+        raise ConfigError(f"--steps must be at least 1 and --warmup-steps at least 0 (got {args.steps}, "
+                          f"{args.warmup_steps}); --products calls each product that often")
+    result = measure_products(cfg, repeats=args.steps, warmup=args.warmup_steps, log=log)
     write_json(args.out, "products.json", result)
     print(json.dumps(result) if args.json else format_products(result))
     return 0
@@ -233,7 +235,7 @@ def compare_extensions(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--extensions: the cost table of the extension switches, extensions.json in --out."""
     from ..lab.extension_benchmark import format_extensions, measure_extensions, select_arms
 
-    arms = select_arms(args.arms.split(",") if args.arms else None)
+    arms = select_arms(args.arms)
     result = measure_extensions(cfg, arms, steps=args.steps, rounds=args.rounds or 5, sentences=args.limit or 256,
                                 log=log)
     write_json(args.out, "extensions.json", result)

@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 from ..runtime.errors import UserError
-from .options import (CommandParser, add_checkpoint, add_data_root, add_decoding, add_device, add_limit, add_out,
-                      add_overwrite, add_quantize, check_out_file, data_root)
+from .options import (CommandParser, add_batch_size, add_checkpoint, add_data_root, add_decoding, add_device,
+                      add_limit, add_out, add_overwrite, add_quantize, check_out_file, data_root)
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
@@ -23,6 +23,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--ref", default=None, metavar="REF",
                         help="the reference translations of --input, one a line, as many lines as --input")
     add_decoding(parser)
+    add_batch_size(parser)
     add_out(parser, "where to write the hypotheses (default: beside the checkpoint, NAME.SPLIT.beamK.txt; with "
                     "--input, eval/INPUT.beamK.txt in the checkpoint's folder); an existing file is refused "
                     "unless --overwrite")
@@ -46,6 +47,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     files = given_files(args, root)
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be at least 1, got {args.limit}; leave it out to score every sentence")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.out is not None:  # before the model loads; the default file is checked once its name is known
         check_out_file(args.out, args.overwrite, {"--input": args.input, "--ref": args.ref,
                                                   "--checkpoint": args.checkpoint})
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     source = str(Path(folder) / "model.bin") if folder is not None else str(translator.checkpoint)
     score_translator(translator, source, args.split or "test", beam=args.beam, alpha=args.alpha, output=args.out,
                      show=args.show, as_json=args.json, data_root=root, limit=args.limit, files=files,
-                     overwrite=args.overwrite)
+                     overwrite=args.overwrite, batch_size=args.batch_size)
     return 0
 
 

@@ -33,7 +33,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    """Export a run's (or a .pt file's) weights with their vocabulary and decoding settings."""
+    """Export a run's (or a model file's) weights with their vocabulary and decoding settings."""
     args = build_parser(prog).parse_args(argv)
     from ..deploy.ct2_export import check_export_out, export_ctranslate2
     from ..deploy.translator import Translator, torch_checkpoint

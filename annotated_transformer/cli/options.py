@@ -1,8 +1,13 @@
 """The options every command spells the same way (--checkpoint, --out, --overwrite, --quantize, --limit,
---device, --beam), and `CommandParser`, the parser every command uses: its mistakes are one line each.
+--device, --beam, --batch-size), and `CommandParser`, the parser every command uses: its mistakes are one line each.
 
-Older spellings (--model, --output, --quantization, --sentences, export's --force) still parse: `CommandParser`
-reads them under the new name before parsing, so --help and the usage lines teach one vocabulary.
+Older spellings (--model, --output, --quantization, --sentences, export's --force, the benchmark's --warmup) still
+parse: `CommandParser` reads them under the new name before parsing, so --help and the usage lines teach one
+vocabulary.
+
+A list is one word, its items separated by commas (`--layers 1,3`, `--seed-list 1,2,3`): one word cannot swallow
+the sentence or the overrides that follow it. The older space-separated spelling (`--layers 1 3`) still parses: the
+words after the option that are items of its list are read as one comma-separated word (`CommandParser.add_list`).
 
 Every command that writes a file follows one rule (`check_out_file`): it never writes over what it reads, and it
 replaces an existing output only with --overwrite, atomically (a killed command leaves the old file whole).
@@ -14,7 +19,7 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,6 +42,7 @@ class CommandParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, takes_overrides: bool | frozenset[str] = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.old_spellings: dict[str, str] = {}
+        self.lists: dict[str, CommaList] = {}  # list option -> its type (add_list)
         self.given: list[str] = []  # the arguments parse_args was given, for error()
         # Which dotted overrides the command takes: all (True), none (False) or these keys.
         self.takes_overrides = takes_overrides
@@ -45,15 +51,43 @@ class CommandParser(argparse.ArgumentParser):
         """Read the option `old` as `new` (left out of --help and the usage line)."""
         self.old_spellings[old] = new
 
+    def add_list(self, *flags: str, item: Callable[[str], Any] = str, choices: Sequence[str] | None = None,
+                 group: Any = None, **kwargs: Any) -> None:
+        """An option whose value is a list written A,B,C (`comma_list`), in `group` if given; the older A B C is
+        read as A,B,C."""
+        kind = CommaList(item, choices)
+        (group or self).add_argument(*flags, type=kind, **kwargs)
+        for flag in flags:
+            self.lists[flag] = kind
+
     def renamed(self, args: Sequence[str]) -> list[str]:
-        """`args` with old option spellings replaced by their new names (up to a `--`)."""
-        out = []
-        for i, arg in enumerate(args):
+        """`args` with old option spellings replaced by their new names, and a list given as separate words
+        (`--layers 1 3`) joined into the one word it is today (`--layers 1,3`); up to a `--`."""
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            arg = args[i]
             if arg == "--":
                 return out + list(args[i:])
             name, eq, value = arg.partition("=")
             out.append(self.old_spellings[name] + eq + value if name in self.old_spellings else arg)
+            i += 1
+            kind = self.lists.get(self.full_name(out[-1]))
+            if kind is not None and i < len(args) and not args[i].startswith("-"):
+                words = [args[i]]  # its value, then the words after it that are items of the list too
+                while i + len(words) < len(args) and kind.takes(args[i + len(words)]):
+                    words.append(args[i + len(words)])
+                out.append(",".join(words))
+                i += len(words)
         return out
+
+    def full_name(self, option: str) -> str:
+        """The option `option` names: itself, or the one option it is the start of (argparse's abbreviation)."""
+        names = self._option_string_actions
+        if option in names or not option.startswith("--") or not self.allow_abbrev:
+            return option
+        longer = [n for n in names if n.startswith(option)]
+        return longer[0] if len(longer) == 1 else option
 
     def parse_known_args(self, args: Sequence[str] | None = None,
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -135,6 +169,41 @@ class CommandParser(argparse.ArgumentParser):
         return closest_key(name, keys) if nearest or "." in name else None
 
 
+class CommaList:
+    """The type of a list option: 'A,B,C' -> [item('A'), item('B'), item('C')], each one of `choices` if given; a
+    bad item is argparse's one line, naming it."""
+
+    def __init__(self, item: Callable[[str], Any] = str, choices: Sequence[str] | None = None) -> None:
+        self.item, self.choices = item, choices
+
+    def __call__(self, text: str) -> list[Any]:
+        """The list `text` writes."""
+        parts = [part.strip() for part in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"{text!r} has an empty item; write the list as A,B,C")
+        what = {int: "a whole number", float: "a number"}.get(self.item, "a value")
+        values = []
+        for part in parts:
+            try:
+                values.append(self.item(part))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{part!r} is not {what} (the list is written A,B,C)") from None
+            if self.choices is not None and values[-1] not in self.choices:
+                raise argparse.ArgumentTypeError(f"{part!r} is not one of {', '.join(self.choices)}")
+        return values
+
+    def takes(self, word: str) -> bool:
+        """Whether `word`, after the option's value, is one more item of the list written with spaces (the older
+        spelling), not the next option, a dotted override (key=value) or the words of a sentence."""
+        if word.startswith("-") or ("=" in word and self.choices is None):
+            return False
+        try:
+            self(word)
+        except argparse.ArgumentTypeError:
+            return False
+        return True
+
+
 def add_checkpoint(parser: CommandParser, required: bool = True, help: str = CHECKPOINT_HELP) -> None:
     """--checkpoint PATH (old spelling: --model, which named an exported folder)."""
     parser.add_argument("--checkpoint", required=required, default=None, metavar="PATH", help=help)
@@ -212,16 +281,22 @@ def add_beam(parser: CommandParser) -> None:
 def add_decoding(parser: CommandParser) -> None:
     """--beam, --alpha and the token-reduction ratios: how translate and evaluate decode."""
     add_beam(parser)
-    parser.add_argument("--alpha", type=float, default=None,
+    parser.add_argument("--alpha", type=float, default=None, metavar="A",
                         help="length-penalty exponent for beam search (default: the checkpoint's decode.alpha)")
-    parser.add_argument("--engine", default=None, choices=["torch", "ctranslate2"],
-                        help="which decoder (default: follows from --checkpoint: ctranslate2 for an exported folder)")
+    # Older: the engine follows from --checkpoint (an exported folder is CTranslate2's); given, it must agree.
+    parser.add_argument("--engine", default=None, choices=["torch", "ctranslate2"], help=argparse.SUPPRESS)
     parser.add_argument("--merge-ratio", type=float, default=None, metavar="R",
                         help="token merging at inference: merge this fraction of each source sentence's tokens in "
                              "every merging encoder layer (0-0.5; default: as the checkpoint was trained)")
     parser.add_argument("--prune-ratio", type=float, default=None, metavar="R",
                         help="token pruning at inference: drop this fraction of each source sentence's tokens, the "
                              "least attended, in every merging encoder layer (0-0.5)")
+
+
+def add_batch_size(parser: CommandParser) -> None:
+    """--batch-size N: how many sentences translate and evaluate decode together."""
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N",
+                        help="sentences decoded together (default: the checkpoint's decode.batch_size)")
 
 
 def add_data_root(parser: CommandParser) -> None:

@@ -18,14 +18,18 @@ def build_parser(prog: str | None = None) -> CommandParser:
                            "a chart of val BLEU against training minutes.", takes_overrides=True)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--config", metavar="NAME", help="the config every run starts from")
-    what.add_argument("--compare", nargs="+", metavar="SWEEP_DIR", default=None,
-                      help="train nothing: one report (into --out) of the runs already in these sweep folders")
-    parser.add_argument("--target-bleu", type=float, default=None, help="with --compare: the target line to draw")
-    parser.add_argument("--grid", default=None, help="YAML: dotted keys to lists of values (default: the config alone)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per setting: 1..N (default 3)")
-    parser.add_argument("--seed-list", default=None, help="explicit seeds, comma-separated (instead of --seeds)")
+    parser.add_list("--compare", group=what, default=None, metavar="SWEEP_DIR,SWEEP_DIR,...",
+                    help="train nothing: one report (into --out) of the runs already in these sweep folders")
+    parser.add_argument("--target-bleu", type=float, default=None, metavar="BLEU",
+                        help="with --compare: the target line to draw")
+    parser.add_argument("--grid", default=None, metavar="FILE",
+                        help="YAML: dotted keys to lists of values (default: the config alone)")
+    parser.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds per setting: 1..N (default 3)")
+    parser.add_list("--seed-list", item=int, default=None, metavar="N,N,...",
+                    help="explicit seeds (instead of --seeds), e.g. 1,2,3")
     add_out(parser, "sweep folder (default: runs/sweep_<config>)", old=())
-    parser.add_argument("--parallel", type=int, default=1, help="runs at once; the CPU threads are split (default 1)")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="runs at once; the CPU threads are split (default 1)")
     parser.add_argument("--score-test", action="store_true",
                         help="score test for every finished run (do it once, for the settings chosen on val)")
     add_data_root(parser)
@@ -47,10 +51,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return 0
     if args.seeds < 1 or args.parallel < 1:
         raise ConfigError("--seeds and --parallel must be at least 1")
-    try:
-        seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(1, args.seeds + 1))
-    except ValueError:
-        raise ConfigError(f"--seed-list must be integers separated by commas, got {args.seed_list!r}") from None
+    seeds = args.seed_list or list(range(1, args.seeds + 1))
     # --data-root DIR is the override data.root=DIR (given first: a dotted override wins, as in train).
     overrides = (*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides)
     root = overridden(overrides, "data.root")  # the runs' data, for their test scores too

@@ -1,7 +1,10 @@
 """`translate --checkpoint PATH [TEXT]`: source-language text in, target-language text out, as people use a translator.
 
     translate --checkpoint runs/cpu_15min                              # a terminal: a prompt, an answer per line
-    translate --checkpoint runs/cpu_15min "Ein Mann fährt Fahrrad."     # or --sentence "...": translate, exit
+    translate --checkpoint runs/cpu_15min "Ein Mann fährt Fahrrad."     # translate, exit
+    translate --checkpoint runs/cpu_15min "Ein Mann fährt." "Zwei Kinder spielen."   # a line out per quoted sentence
+    translate --checkpoint runs/cpu_15min Ein Mann fährt.                # words without quotes: one sentence
+    translate --checkpoint runs/cpu_15min --beam 5 --n-best 3 "Ein Mann fährt."   # NUMBER<TAB>SCORE<TAB>TEXT lines
     translate --checkpoint runs/cpu_15min --input de.txt --out en.txt --beam 5   # again: add --overwrite
     cat de.txt | translate --checkpoint exported/cpu_45min > en.txt    # a pipe streams: a line out per line in
 
@@ -19,14 +22,15 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from ..runtime.errors import DataError, UserError
-from .options import (CommandParser, add_checkpoint, add_decoding, add_device, add_out, add_overwrite, add_quantize,
-                      check_out_file)
+from .options import (CommandParser, add_batch_size, add_checkpoint, add_decoding, add_device, add_out, add_overwrite,
+                      add_quantize, check_out_file)
 
 LANGUAGES = {"de": "German", "en": "English"}
 _END = object()  # the reader thread's last item
@@ -37,29 +41,52 @@ def build_parser(prog: str | None) -> CommandParser:
     parser = CommandParser(prog=prog, description="Translate sentences with a trained model: typed at a prompt, "
                            "given on the command line, or one per line from a file or a pipe.")
     add_checkpoint(parser)
-    parser.add_argument("text", nargs="*", help="a sentence to translate (the words are joined with spaces)")
-    parser.add_argument("--sentence", action="append", metavar="TEXT", help="a sentence to translate (repeatable)")
+    parser.add_argument("text", nargs="*", help="sentences to translate: quote each one (\"Ein Mann fährt.\" "
+                        "\"Zwei Kinder spielen.\" gives two lines); words without quotes next to each other are one "
+                        "sentence (Ein Mann fährt. is one)")
+    parser.add_argument("--sentence", action="append", metavar="TEXT", help=argparse.SUPPRESS)  # older spelling
     parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line ('-' for "
                         "standard input; a pipe is read without it)")
     add_out(parser, "write the translations to this file (default: standard output); an existing file is refused "
                     "unless --overwrite", old=())
     add_overwrite(parser, "replace an existing --out file (never the --input file)")
     add_decoding(parser)
-    parser.add_argument("--batch-size", type=int, default=None, help="sentences decoded together (default: the "
-                        "checkpoint's decode.batch_size)")
+    add_batch_size(parser)
+    parser.add_argument("--n-best", type=int, default=None, metavar="N",
+                        help="the N best translations of each sentence (N at most the beam), a line each: the "
+                             "sentence's number, the score (the log-probability divided by the length penalty, "
+                             "as the beam ranks them) and the translation, separated by tabs")
     add_device(parser)
     add_quantize(parser)
     return parser
 
 
+def sentences_of(arguments: Sequence[str]) -> list[str]:
+    """The sentences given as arguments: one that holds a space (it was quoted) is a sentence of its own; words
+    without spaces next to each other are joined into one (`translate Ein Mann fährt.` is one sentence)."""
+    sentences: list[str] = []
+    words: list[str] = []
+    for argument in arguments:
+        if len(argument.split()) > 1:
+            if words:
+                sentences.append(" ".join(words))
+                words = []
+            sentences.append(argument)
+        else:
+            words.append(argument)
+    return sentences + ([" ".join(words)] if words else [])
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Load the model, then translate what was given, typed or piped."""
     args = build_parser(prog).parse_args(argv)
-    given = [*(args.sentence or []), *([" ".join(args.text)] if args.text else [])]
+    given = [*(args.sentence or []), *sentences_of(args.text)]
     if given and args.input is not None:
         raise UserError("give sentences (as arguments or --sentence) or --input FILE, not both")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.n_best is not None and args.n_best < 1:
+        raise UserError(f"--n-best must be at least 1, got {args.n_best}")
     if args.out is not None:  # before the model loads: a refused output should cost nothing
         check_out_file(args.out, args.overwrite, {"--input": args.input, "--checkpoint": args.checkpoint})
     interactive = not given and args.input is None and sys.stdin.isatty()
@@ -68,9 +95,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             print("loading the model ...", file=sys.stderr, flush=True)
         translator = load(args)
         batch = args.batch_size or translator.config.decode.batch_size
+        beam = args.beam or translator.config.decode.beam_size
+        if args.n_best is not None and args.n_best > beam:
+            raise UserError(f"--n-best {args.n_best} needs a beam at least as wide: add --beam {args.n_best} (the "
+                            f"beam is {beam})")
 
-        def decode(lines: list[str]) -> list[str]:
-            return translator.translate(lines, beam_size=args.beam, alpha=args.alpha, batch_size=batch)
+        def decode(lines: list[str]) -> list[Any]:
+            return translator.translate(lines, beam=beam, alpha=args.alpha, batch_size=batch, n_best=args.n_best)
 
         def work(out: IO[str]) -> None:
             if given:
@@ -83,7 +114,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     write_translations(translator, decode, lines, number, out)
                     number += len(lines)
 
-        with quiet_broken_pipe():
+        from ..deploy.text_translator import TruncationWarning
+
+        with quiet_broken_pipe(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", TruncationWarning)  # write_translations names each cut line instead
             write_output(args.out, work)
     return 0
 
@@ -109,18 +143,23 @@ def describe(translator: Any, args: argparse.Namespace) -> str:
     return f"{where}: {size}{cfg.data.src_lang}->{cfg.data.tgt_lang}, {how}"
 
 
-def write_translations(translator: Any, decode: Callable[[list[str]], list[str]], lines: list[str], first: int,
+def write_translations(translator: Any, decode: Callable[[list[str]], list[Any]], lines: list[str], first: int,
                        out: IO[str]) -> None:
-    """Translate `lines` (numbered from `first` in warnings) and write one output line each, flushed."""
+    """Translate `lines` (numbered from `first`) and write one output line each, flushed; with --n-best, a line
+    NUMBER<TAB>SCORE<TAB>TRANSLATION for each hypothesis."""
     for number, line in enumerate(lines, first):
         if line.strip() and translator.source_ids(line)[1]:
             print(f"warning: line {number} is longer than the model's limit of {translator.text.max_sentence_len} "
                   "tokens and was truncated", file=sys.stderr)
-    out.write("".join(t + "\n" for t in decode(lines)))
+    for number, result in enumerate(decode(lines), first):
+        if isinstance(result, str):
+            out.write(result + "\n")
+        else:  # the n best, best first
+            out.write("".join(f"{number}\t{h.score:.4f}\t{h.text}\n" for h in result))
     out.flush()
 
 
-def prompt(translator: Any, decode: Callable[[list[str]], list[str]], out: IO[str], description: str) -> None:
+def prompt(translator: Any, decode: Callable[[list[str]], list[Any]], out: IO[str], description: str) -> None:
     """Answer each typed line until Ctrl-D (or Ctrl-C) at the prompt."""
     try:
         import readline  # noqa: F401  (imported for its effect: line editing and history in input())

@@ -1,12 +1,13 @@
 """`visualize --checkpoint PATH --out DIR "SENTENCE"`: what a trained model attends to on one sentence.
 
-The sentence is given as translate takes it: as arguments (the words joined with spaces), or with
---sentence "...". Open DIR/index.html: every chart as a PNG, with links to the interactive HTML
+The sentence is given as arguments, the words joined with spaces (older spelling: --sentence "...").
+Open DIR/index.html: every chart as a PNG, with links to the interactive HTML
 versions (they share DIR/vega.js, the charts' JavaScript, and open without internet).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ..runtime.errors import UserError
@@ -21,15 +22,15 @@ def build_parser(prog: str | None = None) -> CommandParser:
     add_checkpoint(parser, help="a run directory (the weights its final scores used) or a model file")
     parser.add_argument("text", nargs="*", help="the source-language sentence to chart (the words are joined with "
                         "spaces)")
-    parser.add_argument("--sentence", metavar="TEXT", help="the sentence, as one argument (instead of the words)")
-    parser.add_argument("--layers", type=int, nargs="+", metavar="N",
-                        help="layer numbers to chart, from 1 as in the chart titles (default: every layer)")
+    parser.add_argument("--sentence", metavar="TEXT", help=argparse.SUPPRESS)  # older: the sentence as one argument
+    parser.add_list("--layers", item=int, metavar="N,N,...",
+                    help="layer numbers to chart, from 1 as in the chart titles (default: every layer)")
     add_beam(parser)
     add_out(parser, "output folder (default: viz); a chart already there is refused unless --overwrite", default="viz",
             old=())
     add_overwrite(parser, "replace the charts of an earlier visualize in --out (other files there are left alone)")
-    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS),
-                        help="file formats to write (default: html png)")
+    parser.add_list("--formats", choices=FORMATS, default=list(FORMATS), metavar="FORMAT,FORMAT,...",
+                    help=f"file formats to write: {', '.join(FORMATS)} (default: {','.join(FORMATS)})")
     add_device(parser)
     return parser
 

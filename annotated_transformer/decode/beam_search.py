@@ -55,6 +55,9 @@ def top_indices(scores: Tensor, c: int) -> Tensor:
     return cols.gather(1, picked.topk(c, dim=-1).indices)
 
 
+Hypotheses = list[tuple[list[int], float]]  # one sentence's finished hypotheses, best first: (ids, final score)
+
+
 @torch.no_grad()
 def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,
                 start_symbol: int, end_symbol: int, beam_size: int = 4, alpha: float = 0.6,
@@ -93,6 +96,29 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: i
     reads each sentence's hypotheses as one group of queries (`query_grid.QueryGrid`), so
     hypotheses move without copying the memory.
     """
+    return _search(model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha, pad_symbol)[0]
+
+
+@torch.no_grad()
+def beam_search_n_best(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,
+                       start_symbol: int, end_symbol: int, beam_size: int = 4, alpha: float = 0.6,
+                       n_best: int = 2) -> list[Hypotheses]:
+    """Each sentence's `n_best` (at most beam_size) best finished hypotheses of `beam_search`, best first.
+
+    A hypothesis is (ids, score): the start symbol and its tokens (the end symbol kept, if it has one),
+    and its final score sum log p(Y) / lp(|Y|). The first of each list is `beam_search`'s answer. A
+    sentence's search stops when no live hypothesis can beat its n-th best finished one (the same
+    exact bound as beam_search's, against the n-th best rather than the best).
+    """
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
+    return _search(model, src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha, None, n_best)[1]
+
+
+def _search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor, start_symbol: int,
+            end_symbol: int, beam_size: int, alpha: float, pad_symbol: int | None,
+            n_best: int | None = None) -> tuple[Tensor, list[Hypotheses]]:
+    """`beam_search`'s search and output; with `n_best`, also each sentence's n best hypotheses (else [])."""
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
     k = beam_size
@@ -102,9 +128,11 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: i
     fill = end_symbol if pad_symbol is None else pad_symbol
     out = torch.full((B, max(L, 1)), fill, dtype=torch.long, device=device)
     out[:, 0] = start_symbol
+    found: list[Hypotheses] = [[] for _ in range(B)] if n_best else []  # every finished hypothesis, by sentence
     if L <= 1:
-        return out[:, :1]
+        return out[:, :1], [[([start_symbol], 0.0)] for _ in found]
     best = torch.full((B,), float("-inf"), device=device)  # (B,) fp32: final score of the best finished
+    nth = torch.full((B, n_best), float("-inf"), device=device) if n_best else None  # (B, n) n best final scores
     best_len = torch.zeros(B, dtype=torch.long, device=device)  # (B,) its generated length
     lp = length_penalty(torch.arange(L + 1, device=device), alpha)  # (L+1,) lp of every |Y| up to L
     beams = _start_beams(model, src, src_mask, limits, k, start_symbol)
@@ -117,13 +145,18 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: i
             at_limit = (limits.index_select(0, beams.sent) <= t + 1).unsqueeze(1)  # (b, 1)
             ended = kept & ((token == end_symbol) | at_limit)  # (b, k)
             _keep_best_finished(beams, val, parent, token, ended, t, lp[t], out, best, best_len)
+            if nth is not None:
+                _record_finished(beams, val, parent, token, ended, lp[t], found, nth)
             beams.budget = beams.budget - ended.sum(dim=1)
             live = kept & ~ended  # (b, k)
-            go_on = _can_still_improve(beams, live, val, best, limits, lp, t)  # (b,)
+            # Stop when nothing live can beat the best finished hypothesis (the n-th best, for n-best lists).
+            go_on = _can_still_improve(beams, live, val, best if nth is None else nth[:, -1], limits, lp, t)
             if not bool(go_on.any()):
                 break
             beams = _advance(beams, live & go_on.unsqueeze(1), go_on, val, parent, token, cache)
-    return out[:, : int(best_len.max()) + 1]
+    # sorted() is stable: among equal scores the hypothesis finished first comes first, as beam_search's answer.
+    n_best_lists = [sorted(f, key=lambda h: -h[1])[:n_best] or [([start_symbol], 0.0)] for f in found]
+    return out[:, : int(best_len.max()) + 1], n_best_lists
 
 
 @dataclass
@@ -197,9 +230,22 @@ def _keep_best_finished(beams: _Beams, val: Tensor, parent: Tensor, token: Tenso
         best_len[orig] = t
 
 
+def _record_finished(beams: _Beams, val: Tensor, parent: Tensor, token: Tensor, ended: Tensor, lp_t: Tensor,
+                     found: list[Hypotheses], nth: Tensor) -> None:
+    """Append every hypothesis finished at this step to its sentence's list in `found` (best-ranked first), and
+    merge their final scores into `nth` (B, n), each sentence's n best so far."""
+    final = torch.where(ended, val / lp_t, float("-inf"))  # (b, k): as `_keep_best_finished` scores them
+    merged = torch.cat([nth.index_select(0, beams.sent), final], dim=1)  # (b, n + k)
+    nth[beams.sent] = merged.topk(nth.size(1), dim=1).values
+    w, r = ended.nonzero(as_tuple=True)  # (m,) each: by working sentence, then rank
+    seqs = torch.cat([beams.seq.index_select(0, parent[w, r]), token[w, r].unsqueeze(1)], dim=1)  # (m, t + 1)
+    for sent, ids, score in zip(beams.sent[w].tolist(), seqs.tolist(), final[w, r].tolist()):
+        found[sent].append((ids, score))
+
+
 def _can_still_improve(beams: _Beams, live: Tensor, val: Tensor, best: Tensor, limits: Tensor, lp: Tensor,
                        t: int) -> Tensor:
-    """(b,) True where some live hypothesis could still beat the sentence's best finished one."""
+    """(b,) True where some live hypothesis could still beat the sentence's `best` (B,) finished score."""
     live_best = torch.where(live, val, float("-inf")).amax(dim=1)  # (b,)
     lim = limits.index_select(0, beams.sent)  # (b,)
     reachable_lp = torch.maximum(lp[t + 1], lp[lim - 1])  # (b,) lp is monotone in |Y|: an end is the max

@@ -11,6 +11,7 @@ the last row of `model.decode` over the whole prefix (tests/test_greedy.py). `gr
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..attention import MultiHeadedAttention
@@ -66,11 +67,13 @@ def decode_step(model: EncoderDecoder, memory: Tensor, src_mask: Tensor, tgt: Te
 
 @torch.no_grad()
 def greedy_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len: int | Tensor,
-                  start_symbol: int, end_symbol: int | None = None, pad_symbol: int | None = None) -> Tensor:
+                  start_symbol: int, end_symbol: int | None = None, pad_symbol: int | None = None,
+                  return_scores: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """`greedy_decode`'s search and output, one cached `decode_step` a position.
 
     Sentences that finish are dropped from the working batch, so they cost nothing afterwards.
-    Returns (B, L) ids with L <= max(max_len), token for token what `greedy_decode` returns.
+    Returns (B, L) ids with L <= max(max_len), token for token what `greedy_decode` returns; with
+    `return_scores`, also each sentence's sum of log-probabilities of its tokens, (B,) fp32.
     """
     B, device = src.size(0), src.device
     limits = length_limits(max_len, B, device)
@@ -78,8 +81,9 @@ def greedy_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     fill = end_symbol if pad_symbol is None else pad_symbol
     out = torch.full((B, max(L, 1)), fill if fill is not None else start_symbol, dtype=torch.long, device=device)
     out[:, 0] = start_symbol
+    scores = torch.zeros(B, device=device) if return_scores else None  # (B,) fp32
     if L <= 1:
-        return out[:, :1]
+        return (out[:, :1], scores) if scores is not None else out[:, :1]
     active = (limits > 1).nonzero().squeeze(1)  # original row of each sentence still decoding
     if len(active) < B:  # a limit of 1 means the start symbol alone: never decode for those rows
         src, src_mask = src[active], src_mask[active]
@@ -89,9 +93,12 @@ def greedy_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
     t = 0
     for t in range(1, L):
         x = decode_step(model, memory, src_mask, tokens, cache)  # (b, 1, d)
-        # argmax of the logits equals argmax of the log-softmax: skip the normalisation.
-        next_word = model.generator.logits(x[:, -1]).argmax(dim=-1)  # (b,)
+        # argmax of the logits equals argmax of the log-softmax: skip the normalisation (unless scores are asked for).
+        logits = model.generator.logits(x[:, -1])  # (b, V)
+        next_word = logits.argmax(dim=-1)  # (b,)
         out[active, t] = next_word
+        if scores is not None:
+            scores[active] += F.log_softmax(logits.float(), dim=-1).gather(1, next_word.unsqueeze(1)).squeeze(1)
         done = limits[active] <= t + 1
         if end_symbol is not None:
             done |= next_word == end_symbol
@@ -103,4 +110,4 @@ def greedy_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
             memory, src_mask = memory[keep], src_mask[keep]
             cache.index_select(keep)
         tokens = next_word.unsqueeze(1)  # (b, 1)
-    return out[:, : t + 1]
+    return (out[:, : t + 1], scores) if scores is not None else out[:, : t + 1]

@@ -3,6 +3,7 @@
     from annotated_transformer import Translator
     tr = Translator.load("exported/cpu_45min", beam=5)    # a CT2Translator, as CT2Translator.from_dir gives
     tr.translate("Ein Mann fährt Fahrrad.")
+    tr.translate("Ein Mann fährt Fahrrad.", n_best=3)   # num_hypotheses=3, return_scores=True: Hypothesis objects
 
 `Translator`'s interface and rules, from their shared `TextTranslator`: a sentence is encoded by the
 run's own text pipeline (so truncation and unknown tokens are ours), handed to the engine as our
@@ -10,8 +11,10 @@ vocabulary's tokens, and the engine's tokens are detokenised by the pipeline aga
 give empty outputs; outputs keep the input order.
 
 One difference in beam search: the engine divides a hypothesis' log-probability by |Y|^alpha,
-ours by ((5 + |Y|) / 6)^alpha (GNMT), so beam outputs may differ slightly; greedy search is the
-same computation.
+ours by ((5 + |Y|) / 6)^alpha (GNMT), so beam outputs may differ slightly and n-best scores do
+(greedy's too, unless alpha is 0); greedy search is the same computation. The engine keeps no
+attention maps of every layer and head: `attention` is one line saying to load the model this
+folder was exported from.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import torch
 
 from ..config import Config, config_from_dict, read_yaml
-from ..runtime.errors import ExportError, excerpt
+from ..runtime.errors import ConfigError, ExportError, excerpt
 from .ct2_export import CONFIG_FILE, TEXT_FOLDER, import_ctranslate2
 from .text_translator import TextTranslator
 
@@ -58,14 +61,31 @@ class CT2Translator(TextTranslator):
 
     def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
         """CTranslate2's greedy or beam search on source ids; output ids without <s> and </s>."""
-        itos, tgt_vocab, dec = self.text.src_vocab.itos, self.text.tgt_vocab, self.config.decode
+        results = self._search(sources, beam_size, alpha, batch_size, n_best=1, scores=False)
+        return [self.text.tgt_vocab.lookup_indices(r.hypotheses[0]) for r in results]
+
+    def n_best_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int,
+                   n_best: int) -> list[list[tuple[list[int], float]]]:
+        """The engine's `n_best` hypotheses of each source with its scores (num_hypotheses, return_scores)."""
+        results = self._search(sources, beam_size, alpha, batch_size, n_best=n_best, scores=True)
+        return [[(self.text.tgt_vocab.lookup_indices(h), score) for h, score in zip(r.hypotheses, r.scores)]
+                for r in results]
+
+    def attention(self, sentence: str, *, beam: int | None = None, alpha: float | None = None) -> Any:
+        """Not with CTranslate2: one ConfigError line (Translator.attention needs the PyTorch model)."""
+        raise ConfigError(f"attention maps need the PyTorch model, which the exported folder {self.folder} does not "
+                          "hold; load the run directory or model file it was exported from")
+
+    def _search(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int, n_best: int,
+                scores: bool) -> list[Any]:
+        """The engine's TranslationResult of each source: `n_best` hypotheses each, with their scores if asked."""
+        itos, dec = self.text.src_vocab.itos, self.config.decode
         # Our ids -> our tokens: the engine sees exactly the (truncated, <unk>-mapped) source we would.
         tokens = [[itos[i] for i in ids[1:-1]] for ids in sources]
         # Our limit: source length (with <s> and </s>) + max_len_a positions, counting the start symbol,
         # within the positional table; the engine counts generated tokens only (and one limit per call).
         limit = min(max(map(len, sources)) + dec.max_len_a, self.config.model.max_positions) - 1
-        results = self.engine.translate_batch(
+        return self.engine.translate_batch(
             tokens, beam_size=beam_size, length_penalty=alpha, max_batch_size=batch_size, max_decoding_length=limit,
-            min_decoding_length=0, max_input_length=0, num_hypotheses=1,
+            min_decoding_length=0, max_input_length=0, num_hypotheses=n_best, return_scores=scores,
         )
-        return [tgt_vocab.lookup_indices(r.hypotheses[0]) for r in results]

@@ -4,6 +4,8 @@
     tr = Translator.load("runs/base", beam=5)          # what a command's --checkpoint takes
     tr.translate("Ein Mann fährt Fahrrad.")             # a str gives a str
     tr.translate(["Ein Mann.", "Eine Frau."])           # a list (or tuple) of str gives a list
+    tr.translate("Ein Mann.", beam=5, n_best=3)         # the 3 best translations: Hypothesis(text, score, tokens)
+    tr.attention("Ein Mann.")                           # every attention map of the translation (SentenceAttention)
 
 Sentences are encoded with the run's own TextPipeline (saved with the weights), sorted by
 length so each batch holds sentences of similar length, decoded with the cached batched
@@ -25,13 +27,14 @@ import torch
 from ..config import Config, config_from_dict
 from ..decode.inference import translate_ids
 from ..runtime.device import configure_backends, keep_freed_memory, native_bf16, select_device
-from ..runtime.errors import CheckpointError, ConfigError, excerpt
+from ..runtime.errors import CheckpointError, ConfigError, DataError, excerpt
 from ..checkpoints import load_checkpoint, model_file
 from ..harness.run_dir import RunDir, read_metrics
 from ..extensions.builder import build_model
 from ..extensions.local_attention import LocalAttentionModel
 from ..extensions.token_merging import with_token_merging
 from ..model import EncoderDecoder
+from .attention import SentenceAttention, sentence_attention
 from .ct2_translator import CT2Translator
 from .text_translator import TextTranslator, checked_alpha, checked_count
 
@@ -195,10 +198,41 @@ class Translator(TextTranslator):
 
     def translate_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int) -> list[list[int]]:
         """Our batched greedy or beam search on source ids; output ids without <s> and </s>."""
+        return self._search(sources, beam_size, alpha, batch_size)
+
+    def n_best_ids(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int,
+                   n_best: int) -> list[list[tuple[list[int], float]]]:
+        """Our search's `n_best` hypotheses of each source, best first, with their scores (`decode_n_best`)."""
+        return self._search(sources, beam_size, alpha, batch_size, n_best)
+
+    def attention(self, sentence: str, *, beam: int | None = None, alpha: float | None = None) -> SentenceAttention:
+        """The model's attention on one sentence and the translation it makes: source and target tokens, and every
+        map of every layer and head (encoder self-, decoder self- and encoder-decoder attention).
+
+        The sentence is translated as `translate` does (beam and alpha: the same options), then the
+        model reads the source and <s> + its translation once more, teacher-forced, keeping every map:
+        `.attention["encoder"]`, `["self"]` and `["src"]` are lists of one (heads, queries, keys)
+        tensor a layer, whose rows sum to 1, labelled by `.src_tokens` and `.tgt_tokens`. A sentence
+        longer than the model's limit is cut (`.truncated`), with a TruncationWarning.
+        `visualization.sentence_grid` draws them.
+        """
+        if not isinstance(sentence, str):
+            raise TypeError(f"attention() takes one sentence, a str, got {type(sentence).__name__}")
+        if not sentence.strip():
+            raise DataError("the sentence is empty; give the source-language text to translate")
+        beam, alpha, _ = self.decode_settings(beam, alpha)
+        [src_ids], [truncated] = self.encode([sentence], stacklevel=2)
+        [out_ids] = self.translate_ids([src_ids], beam, alpha, 1)
+        return sentence_attention(self.model, self.text, sentence, src_ids, out_ids, truncated)
+
+    def _search(self, sources: list[list[int]], beam_size: int, alpha: float, batch_size: int,
+                n_best: int | None = None) -> list:
+        """`decode.translate_ids` with this translator's model, vocabulary, device and settings."""
         text, dec = self.text, self.config.decode
         return translate_ids(self.model, sources, pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=self.device,
                              beam_size=beam_size, alpha=alpha, max_len_a=dec.max_len_a, batch_size=batch_size,
-                             amp_dtype=self.amp_dtype)
+                             amp_dtype=self.amp_dtype, attention_kernel=self.config.model.attention_kernel,
+                             n_best=n_best)
 
     def quantize_int8(self) -> Translator:
         """PyTorch's dynamic int8 quantisation of every nn.Linear (int8 weights, activations quantised per call).

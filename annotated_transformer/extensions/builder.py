@@ -4,11 +4,12 @@ registration's `kind` and `install`, sections.KINDS); this module calls the `ins
 config switches on, kind by kind, in the extensions' order, and imports none of them.
 
     model = build_model(cfg, src_vocab, tgt_vocab)   # make_model, then the model extensions that are on
+    training = build_training(cfg, src_vocab, tgt_vocab, pad, device)   # the notebook's parts, then the speed plan
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from torch import nn
 from ..config import Config
 from ..data.loader import Resegment
 from ..runtime.device import resolve_amp_dtype
-from ..fast import FusedLossCompute, fused_adam_pays, speed_up
+from ..fast.plan import speed_up_training
 from ..loop import Objective
 from ..loss import LabelSmoothing, SimpleLossCompute
 from ..model import EncoderDecoder, make_model
@@ -27,9 +28,7 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
     """`make_model` with the `model` section's fields, then the model extensions the config switches on."""
     m = cfg.model
     model = make_model(src_vocab, tgt_vocab, N=m.N, d_model=m.d_model, d_ff=m.d_ff, h=m.h, dropout=m.dropout,
-                       norm_first=m.norm_first, tie_embeddings=m.tie_embeddings,
-                       fused_attention={"auto": None, "fused": True, "explicit": False}[m.attention_kernel],
-                       max_positions=m.max_positions,
+                       norm_first=m.norm_first, tie_embeddings=m.tie_embeddings, max_positions=m.max_positions,
                        layer_norm_eps=m.layer_norm_eps, N_dec=m.N_dec or None,
                        attention_dropout=m.attention_dropout, activation_dropout=m.activation_dropout)
     for extension in cfg.extensions_on("model"):  # a subclass on the same weights each
@@ -37,21 +36,33 @@ def build_model(cfg: Config, src_vocab: int, tgt_vocab: int) -> EncoderDecoder:
     return model
 
 
-def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device
-                   ) -> tuple[EncoderDecoder, SimpleLossCompute, Objective | None, torch.optim.Optimizer,
-                              torch.dtype | None]:
-    """Model (on `device`), loss, training objective (None: teacher forcing), optimizer and autocast dtype.
+class Training(NamedTuple):
+    """What a training run steps: `build_training`'s parts."""
 
-    The model, loss and optimizer are the notebook's with `fast/`'s speed installed on them (same results).
-    The schedule needs the loader's length, so the Trainer builds it."""
+    model: EncoderDecoder  # on its device, the speed plan installed on it (what checkpoints save and decoding runs)
+    loss_compute: SimpleLossCompute
+    objective: Objective | None  # None: teacher forcing
+    optimizer: torch.optim.Optimizer
+    amp_dtype: torch.dtype | None  # autocast's, None: fp32
+    step_model: nn.Module  # what the training step calls: `model`, or compiled as train.compile says
+
+
+def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device) -> Training:
+    """Model (on `device`), loss, training objective, optimizer, autocast dtype and the module the step calls.
+
+    The notebook's model, loss and optimizer, then the speed plan on them (`fast.speed_up_training`, unless
+    train.fast=false): the one place training's speed is installed. The schedule needs the loader's length, so
+    the Trainer builds it."""
     t = cfg.train
-    model = speed_up(build_model(cfg, src_vocab, tgt_vocab).to(device))
-    loss_compute = FusedLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
+    model = build_model(cfg, src_vocab, tgt_vocab).to(device)
+    loss_compute = SimpleLossCompute(model.generator, LabelSmoothing(tgt_vocab, pad, t.label_smoothing))
     objective = None  # validate() lets only objectives that combine be on together: each wraps the one before
     for extension in cfg.extensions_on("objective"):
         objective = extension.install(cfg, model, pad, objective)
-    optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps, fused=fused_adam_pays(model))
-    return model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device)
+    optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    step_model, loss_compute, optimizer = speed_up_training(
+        model, loss_compute, optimizer, fast=t.fast, attention_kernel=cfg.model.attention_kernel, compile=t.compile)
+    return Training(model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device), step_model)
 
 
 def build_ema(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:

@@ -1,6 +1,6 @@
-"""nn.Dropout with a cheaper random mask on the CPU (`FastDropout`), installed on a built model by `fast.speed_up`.
+"""nn.Dropout with a cheaper random mask on the CPU (`FastDropout`), installed on a built model by the speed plan.
 
-The model's classes use PyTorch's nn.Dropout, as the notebook does; `speed_up` turns each of them into a
+The model's classes use PyTorch's nn.Dropout, as the notebook does; `plan.speed_up_training` turns each into a
 FastDropout in place (same parameters, same state_dict, the same behaviour on every device but the CPU in
 training mode). docs/performance.md has the measurements behind it.
 """

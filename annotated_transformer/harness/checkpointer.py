@@ -61,7 +61,7 @@ class Checkpointer:
         step = self.saved_step = self.run_state.train_state.step
         if self.info.is_main:
             self.run.truncate_metrics(step)
-        log(f"resumed {self.run.last}: epoch {self.run_state.train_state.epoch}, step {step}")
+        log(f"resumed {self.run.last}: epoch {self.run_state.counters.epoch}, step {step}")
         if last.get("ema") is not None and self.run_state.ema is None:
             log(f"{self.run.last} holds a weight average that ema.decay=0 drops: from here on validation scores the "
                 "raw weights (the best model file so far holds the average); resume with its ema.decay to keep it")

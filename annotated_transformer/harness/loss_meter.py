@@ -103,11 +103,12 @@ class LossMeter:
 
 
 def log_window(meter: LossMeter, state: TrainState, optimizer: torch.optim.Optimizer, log: Log | None,
-                on_log: Callable[[dict[str, float]], None] | None, progress: Any, log_every: int) -> None:
-    """Read the window's figures (one sync), stop on a non-finite loss, report them."""
+                on_log: Callable[[dict[str, float]], None] | None, progress: Any, log_every: int,
+                epoch: int = 0) -> None:
+    """Read the window's figures (one sync), stop on a non-finite loss (in `epoch`, from 0), report them."""
     window = meter.read_window()
     if not window.pop("finite"):
-        raise diverged(state, "the loss or the gradient norm", window["loss"], state.step - log_every)
+        raise diverged(state, epoch, "the loss or the gradient norm", window["loss"], state.step - log_every)
     figures = {"step": state.step, **window, "lr": float(optimizer.param_groups[0]["lr"])}  # a float or a device tensor
     if log is not None:
         log(f"step {state.step:6d} | loss {figures['loss']:7.4f} | {figures['tokens_per_s']:9.0f} tok/s | "
@@ -119,11 +120,12 @@ def log_window(meter: LossMeter, state: TrainState, optimizer: torch.optim.Optim
         on_log(figures)
 
 
-def diverged(state: TrainState, what: str, value: float, after_step: int) -> TrainingDiverged:
-    """The error for a value that stopped being finite: which value, between which steps, and what to change."""
+def diverged(state: TrainState, epoch: int, what: str, value: float, after_step: int) -> TrainingDiverged:
+    """The error for a value that stopped being finite: which value, between which steps of `epoch` (from 0), and
+    what to change."""
     return TrainingDiverged(
         f"training diverged: {what} became {value} between steps {after_step + 1} and {state.step} "
-        f"(epoch {state.epoch + 1}); nothing was saved from these weights. Lower train.lr_factor or set "
+        f"(epoch {epoch + 1}); nothing was saved from these weights. Lower train.lr_factor or set "
         "train.clip_grad_norm (e.g. 1.0)")
 
 

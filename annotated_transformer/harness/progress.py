@@ -16,6 +16,7 @@ from ..loop import TrainState
 from .distributed import DistInfo
 from .malloc import malloc_in_use
 from .metrics import Metrics
+from .resume import RunCounters
 from .run_dir import RunDir
 
 
@@ -24,6 +25,7 @@ class RunningRun(Protocol):
 
     cfg: Config
     train_state: TrainState
+    counters: RunCounters
     info: DistInfo
     run: RunDir
     metrics: Metrics
@@ -61,16 +63,16 @@ def malloc_label(device: torch.device) -> str:
     return f" | malloc {malloc_in_use()}" if device.type == "cpu" else ""
 
 
-def epoch_line(record: dict[str, Any], s: TrainState, t: TrainConfig, total_steps: int) -> str:
+def epoch_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int) -> str:
     """An epoch's log line: losses, val BLEU, the epoch's seconds, both clocks, the target when reached, and the
     time the rest of the run will take (`time_left`)."""
     bleu = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
-    reached = (f" | target {t.target_bleu:g} reached at epoch {s.target_epoch} ({s.target_seconds / 60:.1f} min)"
-               if s.target_epoch is not None else "")
+    reached = (f" | target {t.target_bleu:g} reached at epoch {c.target_epoch} ({c.target_seconds / 60:.1f} min)"
+               if c.target_epoch is not None else "")
     return (f"epoch {record['epoch']}/{t.epochs} | step {s.step} | train loss {record['train_loss']:.4f} | "
             f"val loss {record['val_loss']:.4f}{bleu} | {record['seconds']:.1f} s | clocks: training "
-            f"{s.train_seconds / 60:.1f} min, epochs {s.wall_seconds / 60:.1f} min{reached} | "
-            f"{time_left(s, t, total_steps)}")
+            f"{c.train_seconds / 60:.1f} min, epochs {c.wall_seconds / 60:.1f} min{reached} | "
+            f"{time_left(s, c, t, total_steps)}")
 
 
 # --------------------------------------------------------------------------- how long a run will take
@@ -103,12 +105,12 @@ def seconds_left(steps_done: int, total_steps: int, seconds: float, steps_timed:
     return max(total_steps - steps_done, 0) * seconds / timed
 
 
-def time_left(s: TrainState, t: TrainConfig, total_steps: int) -> str:
+def time_left(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int) -> str:
     """The end of an epoch line: 'about 12 min left' at the wall time per step of the epochs so far (training,
     validation, BLEU), 'at most ...' when the run may stop at train.target_bleu, or 'training done'."""
-    if t.finished(s.epoch, s.step, s.target_epoch is not None):
+    if t.finished(c.epoch, s.step, c.target_epoch is not None):
         return "training done"
-    left = seconds_left(s.step, total_steps, s.wall_seconds)
+    left = seconds_left(s.step, total_steps, c.wall_seconds)
     if left is None:
         return "time left unknown"
     return f"{'at most' if t.stop_at_target else 'about'} {format_duration(left)} left"
@@ -156,14 +158,14 @@ def speed_warning(tr: RunningRun, at_epoch_end: bool) -> str | None:
     """The early warning from the optimizer steps this process has timed since `fit` began (start-up and the
     compile step left out): during the first epoch once SPEED_AFTER_STEPS steps or SPEED_AFTER_SECONDS seconds are
     timed (training alone), at its end with its validation. None: quick enough, or not timed enough yet."""
-    s, t = tr.train_state, tr.cfg.train
+    s, c, t = tr.train_state, tr.counters, tr.cfg.train
     step0, train0, wall0, tokens0 = tr.speed_mark
-    train = s.train_seconds - train0 + (0.0 if at_epoch_end else time.perf_counter() - tr.step_clock)
+    train = c.train_seconds - train0 + (0.0 if at_epoch_end else time.perf_counter() - tr.step_clock)
     steps = s.step - step0 - (1 if t.compile else 0)  # a compiled model's first step compiles, untimed
     early = not at_epoch_end and steps < SPEED_AFTER_STEPS and train < SPEED_AFTER_SECONDS
     if early or steps < (1 if at_epoch_end else SPEED_MIN_STEPS):
         return None
-    seconds = s.wall_seconds - wall0 - (tr.metrics.compile_seconds or 0.0) if at_epoch_end else train
+    seconds = c.wall_seconds - wall0 - (tr.metrics.compile_seconds or 0.0) if at_epoch_end else train
     return slow_run_warning(seconds_left(s.step, tr.total_steps, seconds, steps),
                             device=device_label(tr.device, tr.info.world_size),
                             length=run_length(t, tr.total_steps),

@@ -1,4 +1,5 @@
-"""Everything a resume needs: the run state behind last.pt, every rank's random state, the signals that stop a run."""
+"""Everything a resume needs: the run state behind last.pt (the run's counters among it), every rank's random state,
+the signals that stop a run."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import random
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,10 +48,33 @@ RESUMABLE_KEYS = ("train_state", "model", "optimizer", "scheduler", "rng")
 
 
 @dataclass
+class RunCounters:
+    """A run's epochs, clocks and best score: what the harness counts beside the loop's `TrainState`.
+
+    Checkpoints hold both in one flat `train_state` dict (`RunState.state_dict`), as they did when
+    TrainState held all of them, so older last.pt files resume as they are.
+    """
+
+    epoch: int = 0  # epochs completed
+    best_metric: float | None = None  # best validation score so far (BLEU or loss)
+    best_epoch: int = 0  # the epoch that scored it
+    train_seconds: float = 0.0  # time spent in optimizer steps (data included; compile warm-up, eval, saving not)
+    wall_seconds: float = 0.0  # time spent in epochs: training, validation, BLEU and queueing checkpoints
+    target_epoch: int | None = None  # the first epoch whose validation BLEU reached train.target_bleu
+    target_seconds: float | None = None  # train_seconds at the end of that epoch
+    flops: float = 0.0  # model FLOPs of the optimizer steps so far, all ranks (model_flops.train_step_flops)
+    target_flops: float | None = None  # flops at the end of the epoch that reached train.target_bleu
+
+    # The same plain-dict round trip as TrainState's: each takes its own keys from the one flat dict.
+    state_dict = TrainState.state_dict
+    load_state_dict = TrainState.load_state_dict
+
+
+@dataclass
 class RunState:
     """Everything `last.pt` holds to continue a run exactly, behind one state_dict() / load_state_dict().
 
-    The counters, the model, the optimizer, the schedule, every rank's random-number state and,
+    The loop's and the run's counters, the model, the optimizer, the schedule, every rank's random-number state and,
     for a run stopped inside an epoch, the data loader's position and the epoch's loss sums; with
     `ema.decay` on, the weight average.
     """
@@ -63,6 +87,7 @@ class RunState:
     meter: LossMeter
     rank: int = 0
     ema: WeightAverage | None = None  # with ema.decay > 0 the weight average is resumed too
+    counters: RunCounters = field(default_factory=RunCounters)
 
     def cut_short(self, max_steps: int) -> bool:
         """`max_steps` ended training inside an epoch: that epoch stays unfinished (no epoch file, a mid-epoch
@@ -75,7 +100,9 @@ class RunState:
         if world_size() > 1:
             rngs = [None] * world_size()
             dist.all_gather_object(rngs, _rng_state())
-        return {"train_state": self.train_state.state_dict(), "model": unwrap_model(self.model).state_dict(),
+        # one flat train_state dict: the loop's counters, then the run's
+        return {"train_state": {**self.train_state.state_dict(), **self.counters.state_dict()},
+                "model": unwrap_model(self.model).state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "loader": self.loader.state_dict() if mid_epoch else None,
                 "meter": self.meter.state_dict() if mid_epoch else None,
@@ -105,7 +132,8 @@ class RunState:
         self.scheduler.load_state_dict(payload["scheduler"])  # the step count; the rate function stays ours
         for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
             set_rate(group, base * fn(self.scheduler.last_epoch))  # the next step's rate under today's schedule
-        self.train_state.load_state_dict(payload["train_state"])
+        self.train_state.load_state_dict(payload["train_state"])  # each takes its own keys of the one dict
+        self.counters.load_state_dict(payload["train_state"])
         if self.ema is not None and payload.get("ema") is not None:
             self.ema.load_state_dict(payload["ema"])
         elif self.ema is not None:  # a run started without ema.decay: the average starts from the restored weights

@@ -17,6 +17,7 @@ from ..loop import Log, TrainState
 from .checkpointer import Checkpointer
 from .distributed import DistInfo
 from .metrics import Metrics
+from .resume import RunCounters
 from .run_dir import RunDir
 
 
@@ -25,6 +26,7 @@ class EndingRun(Protocol):
 
     cfg: Config
     train_state: TrainState
+    counters: RunCounters
     info: DistInfo
     run: RunDir
     checkpoints: Checkpointer
@@ -39,17 +41,17 @@ class EndingRun(Protocol):
 
 def finish(tr: EndingRun) -> dict[str, Any]:
     """Charts; the best (or averaged) weights scored; the run's figures as a dict and a last log line."""
-    t, s = tr.cfg.train, tr.train_state
+    t, s, c = tr.cfg.train, tr.train_state, tr.counters
     if tr.info.is_main:
         write_charts(tr.run, tr.log)
     found_best = tr.checkpoints.load_model_file(tr.model, tr.run.best)  # the file read (perhaps an older best.pt)
     averaged = tr.checkpoints.average_last(t.average_last, tr.log)
-    results: dict[str, Any] = {"best_epoch": s.best_epoch, "best_metric": s.best_metric, "steps": s.step,
-                               "train_seconds": s.train_seconds, "wall_seconds": s.wall_seconds, "train_flops": s.flops}
+    results: dict[str, Any] = {"best_epoch": c.best_epoch, "best_metric": c.best_metric, "steps": s.step,
+                               "train_seconds": c.train_seconds, "wall_seconds": c.wall_seconds, "train_flops": c.flops}
     if t.target_bleu:
-        results.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds,
-                       target_flops=s.target_flops)
-    chosen = f"{found_best.name} (epoch {s.best_epoch})" if found_best else "the final weights"
+        results.update(target_bleu=t.target_bleu, target_epoch=c.target_epoch, target_seconds=c.target_seconds,
+                       target_flops=c.target_flops)
+    chosen = f"{found_best.name} (epoch {c.best_epoch})" if found_best else "the final weights"
     chosen_file = found_best or tr.run.last
     if tr.task.name == "copy":
         k = tr.task.score(tr.model, tr.device)["exact_copies"]
@@ -60,10 +62,10 @@ def finish(tr: EndingRun) -> dict[str, Any]:
     results["seconds"] = time.perf_counter() - tr.t_start
     target = ""
     if t.target_bleu:
-        target = (f"; val BLEU {t.target_bleu:g} reached at epoch {s.target_epoch} after "
-                  f"{s.target_seconds / 60:.1f} min of training" if s.target_epoch is not None else
+        target = (f"; val BLEU {t.target_bleu:g} reached at epoch {c.target_epoch} after "
+                  f"{c.target_seconds / 60:.1f} min of training" if c.target_epoch is not None else
                   f"; val BLEU {t.target_bleu:g} not reached")
-    tr.log(f"done in {results['seconds']:.1f} s ({s.train_seconds / 60:.1f} min of training steps){target}; "
+    tr.log(f"done in {results['seconds']:.1f} s ({c.train_seconds / 60:.1f} min of training steps){target}; "
            f"run directory {tr.run.path}")
     if tr.task.name != "copy":  # the last line: how to use the model the run chose
         tr.log(f"translate with it: {translate_command(chosen_file)}")
@@ -110,12 +112,12 @@ def final_scores(tr: EndingRun, results: dict[str, Any], chosen: str, chosen_fil
             val, chosen, chosen_file = val_avg, averaged.name, averaged
         else:
             tr.model.load_state_dict(kept)
-    s = tr.train_state
-    record: dict[str, Any] = {"kind": "final", "step": s.step, "checkpoint": chosen,
+    c = tr.counters
+    record: dict[str, Any] = {"kind": "final", "step": tr.train_state.step, "checkpoint": chosen,
                               "checkpoint_file": chosen_file.name, "val_bleu": val["bleu"],
-                              "bleu_signature": val["bleu_signature"], "train_seconds": s.train_seconds,
-                              "train_flops": s.flops, "target_epoch": s.target_epoch,
-                              "target_seconds": s.target_seconds, "target_flops": s.target_flops}
+                              "bleu_signature": val["bleu_signature"], "train_seconds": c.train_seconds,
+                              "train_flops": c.flops, "target_epoch": c.target_epoch,
+                              "target_seconds": c.target_seconds, "target_flops": c.target_flops}
     shown = val
     if score_test:
         shown = test = score(tr.model, tr.device, "test", amp_dtype=tr.amp_dtype)

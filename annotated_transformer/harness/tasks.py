@@ -135,7 +135,7 @@ class TranslationTask:
         outs = translate_ids(model, [sp.src[i] for i in mine], pad=text.pad_id, bos=text.bos_id,
                              eos=text.eos_id, device=device, beam_size=beam_size, alpha=dec.alpha,
                              max_len_a=dec.max_len_a, batch_size=dec.batch_size, amp_dtype=amp_dtype,
-                             static=static)
+                             static=static, attention_kernel=self.cfg.model.attention_kernel, fast=self.cfg.train.fast)
         local = [(i, text.ids_to_text(ids, "tgt")) for i, ids in zip(mine, outs)]
         if self.info.distributed and dist.is_initialized():
             gathered: list[Any] = [None] * self.info.world_size

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..data.batch import Batch
-from ..runtime.device import amp_context
+from ..runtime.precision import amp_context
 from ..loop import Log, Objective, TrainState, batch_groups, train_step
 from ..loss import SimpleLossCompute
 from .loss_meter import LossMeter, diverged, log_window, world_size
@@ -36,13 +36,14 @@ def train_loop(data_iter: Iterable[Batch], model: nn.Module, loss_compute: Simpl
                optimizer: torch.optim.Optimizer, scheduler: Any, state: TrainState, *, accum_iter: int = 1,
                device: torch.device | str | None = None, amp_dtype: torch.dtype | None = None,
                clip_grad_norm: float = 0.0, max_steps: int = 0, log_every: int = 50, hooks: LoopHooks | None = None,
-               meter: LossMeter | None = None, objective: Objective | None = None) -> float:
+               meter: LossMeter | None = None, objective: Objective | None = None, epoch: int = 0) -> float:
     """One epoch of `train_step`s over `data_iter` (`accum_iter` micro-batches each); the mean loss per token.
 
     Every `log_every` steps the window's loss, tokens/s and learning rate go to the hooks, and a
     non-finite loss raises `TrainingDiverged`; `max_steps` > 0 stops when `state.step` reaches it;
     `meter` carries the loss sums of an epoch resumed mid-way; `objective` replaces the teacher-forced
-    loss (see `train_step`). The loss is summed over ranks and divided by the tokens of all ranks.
+    loss (see `train_step`); `epoch` (from 0) is named in the divergence error. The loss is summed over ranks and
+    divided by the tokens of all ranks.
     """
     hooks = hooks if hooks is not None else LoopHooks()
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -62,12 +63,12 @@ def train_loop(data_iter: Iterable[Batch], model: nn.Module, loss_compute: Simpl
         if hooks.progress is not None:
             hooks.progress.update(1)
         if state.step % log_every == 0:
-            log_window(meter, state, optimizer, hooks.log, hooks.on_log, hooks.progress, log_every)
+            log_window(meter, state, optimizer, hooks.log, hooks.on_log, hooks.progress, log_every, epoch)
         if (max_steps and state.step >= max_steps) or (hooks.should_stop is not None and hooks.should_stop()):
             break
     loss = meter.read_epoch()
     if not math.isfinite(loss):
-        raise diverged(state, "the epoch's loss", loss, state.step - state.step % log_every)
+        raise diverged(state, epoch, "the epoch's loss", loss, state.step - state.step % log_every)
     return loss
 
 

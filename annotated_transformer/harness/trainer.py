@@ -27,7 +27,6 @@ from ..config import Config, config_to_dict
 from ..runtime.errors import DistributedError, TrainingDiverged
 from ..decode.static import validation_step
 from ..extensions.builder import build_ema, build_training
-from ..fast import compile_model
 from ..loop import TrainState
 from .loss_meter import LossMeter
 from .train_loop import LoopHooks, evaluate_loss, train_loop
@@ -46,16 +45,16 @@ from .tasks import build_task, task_fingerprint
 from .tensorboard_log import summary_writer_class
 
 
-def wrap_model(model: nn.Module, info: DistInfo, device: torch.device, compile: bool | str) -> nn.Module:
-    """The module the training step calls: compiled (or captured) inside, DDP outside (`fast.compile_model`).
+def wrap_model(step_model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
+    """The module the training step calls: DDP around `build_training`'s step model (compiled or not) when
+    distributed.
 
     DDP must be the outer wrapper: `train_step` finds it with isinstance to skip the gradient
     all-reduce (`no_sync`) on all but the last micro-batch; torch.compile(DDP(...)) would hide it.
     """
-    wrapped = compile_model(model, compile)
     if info.distributed:
-        wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None)
-    return wrapped
+        return DDP(step_model, device_ids=[device.index] if device.type == "cuda" else None)
+    return step_model
 
 
 class Trainer:
@@ -85,8 +84,8 @@ class Trainer:
             check_same_tokenizer((last or {}).get("text"), text_state, self.run.last)
         if info.is_main and self.task.text is not None:
             self.run.save_text(self.task.text)
-        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype = build_training(
-            cfg, self.task.src_vocab_size, self.task.tgt_vocab_size, self.task.pad, device)
+        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype, step_model = build_training(
+            cfg, self.task.src_vocab_size, self.task.tgt_vocab_size, self.task.pad, device)  # with the speed plan
         if info.rank:  # dropout draws differ between ranks; the weights above were drawn alike on every rank
             torch.manual_seed(cfg.train.seed + info.rank)
         self.ema = build_ema(cfg, self.model, self.optimizer)  # None unless ema.decay > 0
@@ -100,14 +99,14 @@ class Trainer:
         self.val_step = validation_step(cfg.train.compile) if self.loader.static_shapes else None
         self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank, self.ema)
-        self.train_state = self.run_state.train_state
+        self.train_state, self.counters = self.run_state.train_state, self.run_state.counters
         data = getattr(getattr(self.task, "data", None), "stats", {}).get("fingerprint")
         # what every checkpoint file carries; the data's fingerprint is what a resume compares first
         common = {"config": config_to_dict(cfg), "text": text_state,
                   "data": None if data is None else {**data, "tokenizer": tokenizer_hash(text_state)}}
         self.checkpoints = Checkpointer(self.run, self.run_state, info, common)
         self.mid_epoch = self.checkpoints.resume(last, self.log) if start_mode == "resume" else False
-        self.train_model = wrap_model(self.model, info, device, cfg.train.compile)
+        self.train_model = wrap_model(step_model, info, device)
         self.stopper = StopSignal()
         self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
         self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
@@ -118,27 +117,27 @@ class Trainer:
 
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
-        s = self.train_state
-        return self.cfg.train.finished(s.epoch, s.step, s.target_epoch is not None)
+        c = self.counters
+        return self.cfg.train.finished(c.epoch, self.train_state.step, c.target_epoch is not None)
 
     def fit(self) -> dict[str, Any]:
         """Train epoch by epoch until done; a signal saves last.pt and stops; then finish."""
         m = self.model
         self.log(start_line(self))
-        s = self.train_state
-        self.speed_mark = (s.step, s.train_seconds, s.wall_seconds, s.tokens)
+        s, c = self.train_state, self.counters
+        self.speed_mark = (s.step, c.train_seconds, c.wall_seconds, s.tokens)
         self.stopper.install()
         self.metrics.started({"step": self.train_state.step, "params": m.num_parameters(), "device": str(self.device),
                               "world_size": self.info.world_size, "threads": torch.get_num_threads(),
                               "precision": str(self.amp_dtype or "fp32")})
         try:
             while not self.done():
-                epoch, t_epoch = self.train_state.epoch, time.perf_counter()
+                epoch, t_epoch = self.counters.epoch, time.perf_counter()
                 train_loss = self.train_epoch()
                 if not self.stopping and self.info.distributed:  # a signal since the last comparison
                     self.stopping = self.stopper.stop_now(True, self.info.rank, force=True)
                 if self.stopping:
-                    self.train_state.wall_seconds += time.perf_counter() - t_epoch
+                    self.counters.wall_seconds += time.perf_counter() - t_epoch
                     return self.stop(epoch)
                 record = self.validate(epoch, train_loss, time.perf_counter() - t_epoch)
                 self.save(record, t_epoch)
@@ -156,16 +155,16 @@ class Trainer:
         """One epoch (or the rest of a resumed one) of `train_step`; returns its mean training loss."""
         t, t_data = self.cfg.train, 0.0
         if not self.mid_epoch:
-            self.loader.set_epoch(self.train_state.epoch)
+            self.loader.set_epoch(self.counters.epoch)
             self.run_state.meter = LossMeter(self.device)
             t_data = getattr(self.loader, "resegment_seconds", 0.0)  # resegmenting is training time too
             note = getattr(getattr(self.loader, "resegment", None), "epoch_note", "")  # a resegmentation's word
             if note and self.info.is_main:
-                self.log(f"epoch {self.train_state.epoch + 1}: {note}")
+                self.log(f"epoch {self.counters.epoch + 1}: {note}")
         self.mid_epoch, self.stopping = False, False
         first_batch = self.loader.taken  # 0, or where a resumed epoch continues
         steps = -(-len(self.loader) // t.accum_steps)  # the last group may be short
-        bar = tqdm(total=steps, desc=f"epoch {self.train_state.epoch + 1}", leave=False, dynamic_ncols=True,
+        bar = tqdm(total=steps, desc=f"epoch {self.counters.epoch + 1}", leave=False, dynamic_ncols=True,
                    disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
         self.metrics.new_epoch()
         self.step_clock = time.perf_counter()
@@ -178,9 +177,9 @@ class Trainer:
                 clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
                 hooks=LoopHooks(log=self.log if self.info.is_main else None, on_log=self._on_log,
                                 should_stop=self._should_stop, progress=None if bar.disable else bar),
-                meter=self.run_state.meter, objective=self.objective)
-        self.train_state.train_seconds += time.perf_counter() - self.step_clock + t_data
-        self.train_state.flops += self.compute(first_batch, max(first_batch, self.loader.taken))
+                meter=self.run_state.meter, objective=self.objective, epoch=self.counters.epoch)
+        self.counters.train_seconds += time.perf_counter() - self.step_clock + t_data
+        self.counters.flops += self.compute(first_batch, max(first_batch, self.loader.taken))
         return loss
 
     def compute(self, start: int, stop: int) -> float:
@@ -207,7 +206,7 @@ class Trainer:
         """A log line's figures (with the objective's, when one is on) go to the metrics; a long run says so."""
         if self.objective is not None:
             figures = {**figures, **self.objective.figures()}
-        self.metrics.on_log(figures, self.train_state.epoch + 1)
+        self.metrics.on_log(figures, self.counters.epoch + 1)
         self._warn_if_slow(at_epoch_end=False)
 
     def _warn_if_slow(self, at_epoch_end: bool) -> None:
@@ -238,24 +237,24 @@ class Trainer:
 
     def validate(self, epoch: int, train_loss: float, seconds: float) -> dict[str, Any]:
         """Validation loss (and BLEU when due) after `epoch`; the epoch's metrics record with its clocks."""
-        t, s, t_eval = self.cfg.train, self.train_state, time.perf_counter()
+        t, c, t_eval = self.cfg.train, self.counters, time.perf_counter()
         if not self.run_state.cut_short(t.max_steps):
-            s.epoch = epoch + 1
+            c.epoch = epoch + 1
         with self.evaluated_weights():
             val_loss = evaluate_loss(self.val_batches, self.model, self.loss_compute, device=self.device,
                                      amp_dtype=self.amp_dtype)
             scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype,
                                      static=self.val_step) if self._bleu_due(epoch) else None
-        record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": s.step, "train_loss": train_loss,
-                                  "val_loss": val_loss, "seconds": seconds}
+        record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": self.train_state.step,
+                                  "train_loss": train_loss, "val_loss": val_loss, "seconds": seconds}
         if scored is not None:
             record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
-            if t.target_bleu and s.target_epoch is None and scored["bleu"] >= t.target_bleu:
-                s.target_epoch, s.target_seconds, s.target_flops = epoch + 1, s.train_seconds, s.flops
-        record.update(train_seconds=s.train_seconds, train_flops=s.flops, eval_seconds=time.perf_counter() - t_eval)
-        if s.target_epoch is not None:
-            record.update(target_bleu=t.target_bleu, target_epoch=s.target_epoch, target_seconds=s.target_seconds,
-                          target_flops=s.target_flops)
+            if t.target_bleu and c.target_epoch is None and scored["bleu"] >= t.target_bleu:
+                c.target_epoch, c.target_seconds, c.target_flops = epoch + 1, c.train_seconds, c.flops
+        record.update(train_seconds=c.train_seconds, train_flops=c.flops, eval_seconds=time.perf_counter() - t_eval)
+        if c.target_epoch is not None:
+            record.update(target_bleu=t.target_bleu, target_epoch=c.target_epoch, target_seconds=c.target_seconds,
+                          target_flops=c.target_flops)
         return {**record, **self.metrics.epoch_figures()}
 
     def _bleu_due(self, epoch: int) -> bool:
@@ -269,23 +268,23 @@ class Trainer:
 
     def save(self, record: dict[str, Any], t_epoch: float) -> None:
         """After an epoch: the best model file when validation improved, epoch_NN, last.pt; log the record."""
-        t, s, epoch = self.cfg.train, self.train_state, record["epoch"]
+        t, c, epoch = self.cfg.train, self.counters, record["epoch"]
         t_save = time.perf_counter()
         metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
-        improved = improves(metric, s.best_metric, t.best_metric)
+        improved = improves(metric, c.best_metric, t.best_metric)
         if improved:
-            s.best_metric, s.best_epoch = float(metric), epoch
+            c.best_metric, c.best_epoch = float(metric), epoch
         cut_short = self.run_state.cut_short(t.max_steps)
         targets = ([self.run.best] if improved else []) + ([] if cut_short else [self.run.epoch(epoch)])
-        s.wall_seconds += t_save - t_epoch  # before the checkpoint, so last.pt holds it
-        record["wall_seconds"] = s.wall_seconds
+        c.wall_seconds += t_save - t_epoch  # before the checkpoint, so last.pt holds it
+        record["wall_seconds"] = c.wall_seconds
         self.checkpoints.save(mid_epoch=cut_short, weights_to=targets)
         if self.info.is_main:  # copying the weights and waiting for the previous write, not the write itself
             self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
         if self.info.is_main and t.keep_last_epochs and not cut_short:
             self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
         self._warn_if_slow(at_epoch_end=True)
-        self.log(epoch_line(record, s, t, self.total_steps) + self.metrics.gpu_line())
+        self.log(epoch_line(record, self.train_state, c, t, self.total_steps) + self.metrics.gpu_line())
 
     def finish(self) -> dict[str, Any]:
         """Charts, final scores and example translations (run_end.finish): the run's result, which --quiet shows."""

@@ -1,17 +1,19 @@
 """The work behind scripts/benchmark.py: our fast path against the notebook-style pipeline, one run.
 
 Training (same model size, same machine, back to back, each side in its own fresh process so
-peak memory is its own):
+peak memory is its own). Both sides build their model, loss and optimizer as training does
+(`build_training`) and differ in the data pipeline, the precision and the speed plan's switch, `train.fast`:
 
 * notebook: the notebook's pipeline. Raw sentence pairs in batches of 32, spaCy tokenisation and
-  padding to 72 inside the DataLoader's collate for every batch, fp32, explicit softmax attention
-  (`model.attention_kernel=explicit`), PyTorch's own nn.Dropout and default Adam implementation, and the loss
-  on log-probabilities (log-softmax, then label smoothing).
+  padding to 72 inside the DataLoader's collate for every batch, fp32, and `train.fast=false`: explicit
+  softmax attention, PyTorch's own nn.Dropout and default Adam implementation, and the loss on
+  log-probabilities (log-softmax, then label smoothing).
 * fast: this project's path. Tokenised once and cached, length-bucketed batches of about
-  `data.batch_tokens` tokens, attention as `model.attention_kernel` says (auto: PyTorch's fused
-  kernel on GPUs, the explicit product on CPUs, where it is faster), bf16 autocast where the hardware
-  has native bf16 (CUDA GPUs with bf16, CPUs with AVX512-BF16 or AMX), and what `fast/` installs: fused
-  Adam, the cheaper CPU dropout mask, the loss fused with the log-softmax; optional torch.compile.
+  `data.batch_tokens` tokens, bf16 autocast where the hardware has native bf16 (CUDA GPUs with bf16,
+  CPUs with AVX512-BF16 or AMX), and `train.fast=true`: what the speed plan (`fast.speed_up_training`)
+  installs: attention as `model.attention_kernel` says (auto: PyTorch's fused kernel on GPUs, the
+  explicit product on CPUs, where it is faster), fused Adam, the cheaper CPU dropout mask, the loss fused
+  with the log-softmax, and torch.compile as `train.compile` says.
 
 Both sides run the real `run_epoch`, one optimizer step per call, timed from asking the loader for
 a batch to the end of the optimizer step (the device synchronised). Throughput counts target
@@ -60,37 +62,25 @@ from .hardware import (
 
 
 def _training_side(side: str, cfg: Config, data: Any, device: torch.device) -> dict[str, Any]:
-    """One side's model, loader, loss, optimizer and precision: the notebook's ('notebook') or ours ('fast')."""
+    """One side's loader and `build_training`'s parts, with its schedule: the notebook's ('notebook': fp32 and
+    train.fast=false) or ours ('fast': the config's precision and the speed plan)."""
     from ..data.notebook_pipeline import notebook_dataloader
-    from ..fast import FusedLossCompute, compile_model, fused_adam_pays, speed_up
-    from ..loss import LabelSmoothing, SimpleLossCompute
-    from ..extensions.builder import build_model
+    from ..extensions.builder import build_training
     from ..harness.schedules import build_scheduler
-    from ..optim import build_optimizer
 
     text = data.text
-    notebook = side == "notebook"
-    if notebook:
-        run_cfg = replace(cfg, model=replace(cfg.model, attention_kernel="explicit"))
-        amp_dtype = None
+    if side == "notebook":
+        run_cfg = replace(cfg, model=replace(cfg.model, attention_kernel="explicit"),
+                          train=replace(cfg.train, fast=False, compile=False, precision="fp32"))
         loader = notebook_dataloader(data.splits["train"].pairs(), text, seed=cfg.train.seed)
     else:
         run_cfg = cfg
-        amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
         loader = data.train_loader(cfg.train.seed, pin_memory=device.type == "cuda")
-    model = build_model(run_cfg, len(text.src_vocab), len(text.tgt_vocab)).to(device)
-    if not notebook:
-        speed_up(model)
-    criterion = LabelSmoothing(len(text.tgt_vocab), text.pad_id, cfg.train.label_smoothing)
-    optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps,
-                                fused=not notebook and fused_adam_pays(model))
-    scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
-                                lr_on_device=not notebook and cfg.train.compile == "captured")  # as training has it
-    train_model = compile_model(model, False if notebook else cfg.train.compile)
-    # The notebook side keeps its order: log-softmax, then the divergence on log-probabilities.
-    loss_compute = (SimpleLossCompute if notebook else FusedLossCompute)(model.generator, criterion)
-    return dict(side_cfg=run_cfg, amp_dtype=amp_dtype, loader=loader, model=model, train_model=train_model,
-                loss_compute=loss_compute, optimizer=optimizer, scheduler=scheduler)
+    parts = build_training(run_cfg, len(text.src_vocab), len(text.tgt_vocab), text.pad_id, device)
+    t = run_cfg.train
+    scheduler = build_scheduler(parts.optimizer, cfg.model.d_model, t.lr_factor, t.warmup,
+                                lr_on_device=t.compile == "captured")  # as training has it
+    return dict(parts._asdict(), side_cfg=run_cfg, loader=loader, train_model=parts.step_model, scheduler=scheduler)
 
 
 def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
@@ -122,7 +112,7 @@ def measure_training(side: str, cfg_dict: dict[str, Any], steps: int, warmup: in
             batch = next(it)
         p["train_model"].train()
         loss_sum, _ = train_step([batch.to(device, non_blocking=True)], p["train_model"], p["loss_compute"],
-                                 p["optimizer"], p["scheduler"], amp_dtype=amp_dtype)
+                                 p["optimizer"], p["scheduler"], amp_dtype=amp_dtype, objective=p["objective"], step=i)
         loss = loss_sum.item() / max(batch.ntokens, 1)  # a host sync, as a training loop's log line makes
         synchronize(device)
         dt = time.perf_counter() - t0
@@ -185,15 +175,15 @@ def measure_decoding(cfg: Config, checkpoint: str | None, device: torch.device, 
     sources = sources[:limit] if limit else sources
     amp_dtype = decode_amp_dtype(device)  # what Translator, evaluate.py and translate.py use
     common = dict(pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=device, max_len_a=dcfg.max_len_a,
-                  batch_size=dcfg.batch_size, amp_dtype=amp_dtype)
+                  batch_size=dcfg.batch_size, amp_dtype=amp_dtype, attention_kernel=run_cfg.model.attention_kernel)
 
     translate_ids(model, sources[:8], **common)  # warm-up (kernel selection, allocator)
     greedy, t_greedy = _timed(device, lambda: translate_ids(model, sources, **common))
     _, t_beam = _timed(device, lambda: translate_ids(model, sources, beam_size=beam, alpha=dcfg.alpha, **common))
     stride = max(1, len(sources) // max(one_sentence_limit, 1))
     subset = list(range(0, len(sources), stride))[:one_sentence_limit]
-    single, t_single = _timed(device, lambda: _one_by_one(model, run_cfg, text, [sources[i] for i in subset],
-                                                          dcfg.max_len_a, device))
+    single, t_single = _timed(device, lambda: _one_by_one(model, text, [sources[i] for i in subset], dcfg.max_len_a,
+                                                          device))
     agree = sum(single[j] == greedy[i] for j, i in enumerate(subset)) / len(subset)
     return {
         "sentences": len(sources), "one_sentence_sentences": len(subset),
@@ -216,22 +206,18 @@ def _timed(device: torch.device, fn: Any) -> tuple[Any, float]:
 
 
 @torch.no_grad()
-def _one_by_one(model: Any, run_cfg: Any, text: Any, sources: list[list[int]], max_len_a: int,
+def _one_by_one(model: Any, text: Any, sources: list[list[int]], max_len_a: int,
                 device: torch.device) -> list[list[int]]:
-    """The notebook's decoder on `model`'s weights: explicit attention, fp32, one sentence at a time, the whole
-    prefix every step."""
+    """The notebook's decoder on `model` as built (no speed plan: explicit attention), fp32, one sentence at a
+    time, the whole prefix every step."""
     from ..decode.inference import longest_target, strip_special
     from ..decoding import greedy_decode
-    from ..extensions.builder import build_model
 
-    explicit = replace(run_cfg, model=replace(run_cfg.model, attention_kernel="explicit"))
-    ref_model = build_model(explicit, len(text.src_vocab), len(text.tgt_vocab)).to(device).eval()
-    ref_model.load_state_dict(model.state_dict())
     outs = []
     for ids in sources:
         src = torch.tensor([ids], device=device)
         max_len = min(len(ids) + max_len_a, longest_target(model))
-        out = greedy_decode(ref_model, src, padding_mask(src, text.pad_id), max_len,
+        out = greedy_decode(model, src, padding_mask(src, text.pad_id), max_len,
                             text.bos_id, text.eos_id, text.pad_id)
         outs.append(strip_special(out[0].tolist(), text.bos_id, text.eos_id, text.pad_id))
     return outs
@@ -264,7 +250,7 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
                   out_dir: str | None = None, log: Log = print) -> dict[str, Any]:
     """Everything scripts/benchmark.py reports, as one dict (see the module docstring)."""
     if steps < 1 or warmup < 0:
-        raise ConfigError(f"--steps must be at least 1 and --warmup at least 0 (got {steps}, {warmup})")
+        raise ConfigError(f"--steps must be at least 1 and --warmup-steps at least 0 (got {steps}, {warmup})")
     if cfg.data.dataset != "multi30k":
         raise ConfigError(f"the benchmark needs a Multi30k config, {cfg.name} has data.dataset={cfg.data.dataset}")
     device = select_device(cfg.train.device)

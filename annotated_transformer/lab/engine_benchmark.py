@@ -52,16 +52,16 @@ def measure_engine(engine: str, checkpoint: str, folders: dict[str, str], source
     tr = _load(engine, checkpoint, folders, threads)
     tr.translate(sources[:16])  # warm-up: kernel choice, allocator, the engine's first-call costs
     t0 = time.perf_counter()
-    greedy = tr.translate(sources, beam_size=1)
+    greedy = tr.translate(sources, beam=1)
     t_greedy = time.perf_counter() - t0
     t0 = time.perf_counter()
-    tr.translate(sources, beam_size=beam)
+    tr.translate(sources, beam=beam)
     t_beam = time.perf_counter() - t0
     stride = max(1, len(sources) // max(latency_sentences, 1))
     latencies = []
     for s in sources[::stride][:latency_sentences]:
         t0 = time.perf_counter()
-        tr.translate([s], beam_size=1)
+        tr.translate([s], beam=1)
         latencies.append(time.perf_counter() - t0)
     return {"engine": engine, "threads": threads, "greedy_per_s": len(sources) / t_greedy,
             f"beam{beam}_per_s": len(sources) / t_beam, "latency_ms": 1000 * statistics.median(latencies),

@@ -59,8 +59,8 @@ class _Arm:
 
     def __init__(self, cfg: Config, vocab: tuple[int, int], pad: int, device: torch.device) -> None:
         torch.manual_seed(cfg.train.seed)
-        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype = build_training(
-            cfg, *vocab, pad, device)
+        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype, _ = build_training(
+            cfg, *vocab, pad, device)  # the eager model: the extensions' cost, not the compiler's
         self.ema = build_ema(cfg, self.model, self.optimizer)  # its optimizer hook is what is timed
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
         self.step = 0

@@ -238,7 +238,8 @@ def time_decoding(cfg: Config, data: Any, device: torch.device, modes: list[str]
     def decode(mode: str) -> list[list[int]]:
         return translate_ids(model, sources, pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=device,
                              max_len_a=dec.max_len_a, batch_size=dec.batch_size, static=steps[mode],
-                             amp_dtype=resolve_amp_dtype(cfg.train.precision, device))
+                             amp_dtype=resolve_amp_dtype(cfg.train.precision, device),
+                             attention_kernel=cfg.model.attention_kernel)
 
     reference = decode("dynamic") if modes and "dynamic" not in modes else None  # what every mode must give
     rows: dict[str, Any] = {}

@@ -12,23 +12,18 @@ from ..config import Config
 from ..data.batch import Batch
 from ..runtime.device import select_device, synchronize
 from ..loop import Log, train_step
-from ..loss import LabelSmoothing
-from ..extensions.builder import build_model
-from ..fast import FusedLossCompute, fused_adam_pays, speed_up
+from ..extensions.builder import build_training
 from ..harness.schedules import build_scheduler
-from ..optim import build_optimizer
 
 
 def shape_sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps: int, log: Log = print) -> list[dict]:
-    """Fast-path training cost over batch sizes (real bucketed batches) and sentence lengths (synthetic)."""
+    """Fast-path training cost over batch sizes (real bucketed batches) and sentence lengths (synthetic): the
+    parts training builds (`build_training`, the speed plan on as train.fast says), the model uncompiled."""
     device = select_device(cfg.train.device)
-    amp_dtype = torch.bfloat16 if cfg.train.precision == "bf16" else None
     V = 8000
     torch.manual_seed(cfg.train.seed)
-    model = speed_up(build_model(cfg, V, V).to(device))
-    optimizer = build_optimizer(model, tuple(cfg.train.adam_betas), cfg.train.adam_eps, fused=fused_adam_pays(model))
-    scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
-    loss_compute = FusedLossCompute(model.generator, LabelSmoothing(V, 2, cfg.train.label_smoothing))
+    p = build_training(cfg, V, V, 2, device)
+    scheduler = build_scheduler(p.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
     rows = []
     for tokens in batch_tokens:
         for length in lengths:
@@ -41,7 +36,8 @@ def shape_sweep(cfg: Config, batch_tokens: list[int], lengths: list[int], steps:
             for i in range(steps + 1):
                 synchronize(device)
                 t0 = time.perf_counter()
-                train_step([batch.to(device)], model, loss_compute, optimizer, scheduler, amp_dtype=amp_dtype)
+                train_step([batch.to(device)], p.model, p.loss_compute, p.optimizer, scheduler, amp_dtype=p.amp_dtype,
+                           objective=p.objective, step=i)
                 synchronize(device)
                 if i:
                     times.append(time.perf_counter() - t0)

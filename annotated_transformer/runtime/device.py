@@ -13,12 +13,12 @@ import os
 import platform
 import sys
 from collections import Counter
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
 from .errors import ConfigError
+from .precision import amp_context  # noqa: F401 - autocast lives in precision.py; decode/ and lab/ import it from here
 
 # The oldest driver branch that runs any build of a CUDA major version (CUDA's minor version
 # compatibility: every 12.x build runs on a 525 driver, every 13.x build on a 580 driver).
@@ -254,13 +254,6 @@ def resolve_amp_dtype(precision: str, device: torch.device) -> torch.dtype | Non
             raise ConfigError("train.precision=bf16 but this GPU has no bf16 support; use train.precision=fp32")
         return torch.bfloat16
     return torch.bfloat16 if native_bf16(device) else None
-
-
-def amp_context(device: torch.device, dtype: torch.dtype | None):
-    """bf16 autocast on `device`, or a no-op for full precision."""
-    if dtype is None or dtype == torch.float32:
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def synchronize(device: torch.device) -> None:

@@ -4,7 +4,7 @@ One module per thing drawn:
 
     teaching         the notebook's teaching charts: subsequent mask, positional encoding,
                      learning-rate schedules, label smoothing and its loss penalty
-    attention        attention maps of a sentence: translate it, keep every map, one chart per head
+    attention        attention maps of a sentence (Translator.attention) drawn, one chart per head
     training_curves  loss, learning rate and BLEU of a run, from its metrics.jsonl
     rendering        offline HTML (the Vega JavaScript inlined, or shared by a folder) and PNG, as files and in Jupyter
     sentence_page    scripts/visualize.py's work: every chart of one sentence in a folder, with index.html
@@ -29,7 +29,7 @@ _EXPORTS = {
                  "mask_chart", "positional_encoding_chart", "teaching_charts"),
     "attention": ("ATTENTION_KINDS", "AttentionKind", "SPM_SPACE", "SentenceAttention", "attention_chart",
                   "attention_charts", "attention_grid", "attention_maps_grid", "collect_attention", "display_token",
-                  "keep_attention", "layer_indices", "sentence_attention"),
+                  "keep_attention", "layer_indices", "sentence_attention", "sentence_grid"),
     "training_curves": ("training_curves_chart",),
     "rendering": ("FORMATS", "SCRIPT_FILE", "chart_html", "chart_png", "enable_notebook_charts", "png_size",
                   "save_chart", "write_script"),
@@ -44,7 +44,8 @@ __all__ = [
     "attention_maps_grid", "chart_html", "chart_png", "collect_attention", "display_token", "enable_notebook_charts",
     "keep_attention", "label_smoothing_chart", "layer_indices", "loss_penalty_chart", "lr_schedule_chart", "mask_chart",
     "png_size",
-    "positional_encoding_chart", "save_chart", "sentence_attention", "teaching_charts", "training_curves_chart",
+    "positional_encoding_chart", "save_chart", "sentence_attention", "sentence_grid", "teaching_charts",
+    "training_curves_chart",
     "visualize_checkpoint", "visualize_sentence", "write_index", "write_script",
 ]
 
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
         keep_attention,
         layer_indices,
         sentence_attention,
+        sentence_grid,
     )
     from .heatmap import CELL_PX
     from .rendering import (

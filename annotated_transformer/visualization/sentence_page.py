@@ -13,7 +13,9 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from warnings import catch_warnings, simplefilter
 
+from ..deploy.text_translator import TruncationWarning
 from ..deploy.translator import Translator
 from ..runtime.errors import UserError
 from ..runtime.files import atomic_write, refuse_to_replace
@@ -55,7 +57,9 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a folder; choose another output folder")
     layers = layer_indices(layer_numbers, len(translator.model.encoder.layers))  # before any work is done
-    sa = sentence_attention(translator, sentence, beam_size)
+    with catch_warnings():  # a cut sentence is `attention.truncated` in the result, for the caller to say
+        simplefilter("ignore", TruncationWarning)
+        sa = sentence_attention(translator, sentence, beam_size)
 
     charts = [*attention_charts(sa, layers), *teaching_charts()]
     warnings = []
