@@ -9,6 +9,8 @@ first asked for: `Config` and `load_config` from config/ (which loads every exte
 kinds) from runtime/errors.py.
 """
 
+from typing import TYPE_CHECKING
+
 from .data.batch import Batch
 from .data.copy_task import data_gen
 from .decoding import greedy_decode
@@ -34,6 +36,16 @@ from .model import (
 from .optim import rate
 from .loop import TrainState, run_epoch, train_step
 from .runtime.lazy import lazy_names
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors (nothing is imported at run time)
+    from .config import Config, load_config
+    from .decode.beam_search import beam_search
+    from .decode.inference import decode_batch
+    from .deploy.attention import SentenceAttention
+    from .deploy.text_translator import Hypothesis, TruncationWarning
+    from .deploy.translator import Translator
+    from .harness.trainer import Trainer, train_worker
+    from .runtime.errors import CheckpointError, ConfigError, DataError, ExportError, RunDirError, UserError
 
 # Names beyond the core, whose modules pull in the extensions, fast/, the data loaders or the harness (tqdm, the
 # checkpoint writer, NVML, ...): loaded on first use (PEP 562).

@@ -69,7 +69,7 @@ from torch import nn
 from .config import MODEL_EXTENSIONS, Config, apply_dict
 from .loop import unwrap_model
 from .runtime.errors import CheckpointError, ConfigError, excerpt
-from .runtime.files import atomic_write, refuse_to_replace, run_dir_error, writing
+from .runtime.files import atomic_write, refuse_to_replace, run_dir_error, same_file, writing
 
 CHECKPOINT_FORMAT = "annotated-transformer/1"
 MODEL_FORMAT = "annotated-transformer/model/1"  # one NAME.safetensors: weights, config and vocabulary
@@ -631,7 +631,7 @@ def average_into(paths: Sequence[str | Path], out: str | Path, overwrite: bool =
     target = _named(out.with_suffix("") if out.suffix == ".pt" else out)
     if target.is_dir():
         raise ConfigError(f"--out {target} is a folder; give the path of the model file to write")
-    if any(_same_file(model_file(p), target) for p in paths):
+    if any(same_file(model_file(p), target) for p in paths):
         raise ConfigError(f"--out {target} is one of the checkpoints to average: writing it would destroy what is "
                           "being read, even with --overwrite; choose another --out")
     refuse_to_replace(target, overwrite)
@@ -639,14 +639,6 @@ def average_into(paths: Sequence[str | Path], out: str | Path, overwrite: bool =
     with writing(target, run=run):
         save_model_file(averaged, target)
     return target
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one existing file (a link or another spelling of the path included)."""
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _same_text(a: Any, b: Any) -> bool:

@@ -317,6 +317,9 @@ def test_words_without_quotes_next_to_each_other_are_one_sentence():
     assert sentences_of(["Ein Mann fährt.", "Hund", "und", "Katze", "Eine Frau."]) == [
         "Ein Mann fährt.", "Hund und Katze", "Eine Frau."]
     assert sentences_of([]) == []
+    # the shell drops the quotes of one-word sentences: a word that ends a sentence ends the run of words
+    assert sentences_of(["Hallo.", "Danke!"]) == ["Hallo.", "Danke!"]
+    assert sentences_of(["Ein", "Hund.", "Eine", "Katze"]) == ["Ein Hund.", "Eine Katze"]
     text = next(a for a in build_parser("translate")._actions if a.dest == "text")
     assert "quote each one" in text.help and "words without quotes" in text.help
 

@@ -257,3 +257,15 @@ def test_the_papers_classes_name_no_extension():
     for path in ("attention.py", "model.py"):
         text = ROOT.joinpath("annotated_transformer", path).read_text(encoding="utf-8").lower()
         assert [n for n in names if n in text] == [], path
+
+
+def test_every_public_name_resolves_and_the_two_counters_share_no_field():
+    """Each name of the package's __all__ comes from its module (the lazy ones on first use), and the loop's
+    TrainState and the harness's RunCounters, saved as one flat dict in last.pt, never name the same field."""
+    from dataclasses import fields
+
+    import annotated_transformer
+    from annotated_transformer.harness.resume import RunCounters
+
+    assert [name for name in annotated_transformer.__all__ if not hasattr(annotated_transformer, name)] == []
+    assert {f.name for f in fields(annotated_transformer.TrainState)} & {f.name for f in fields(RunCounters)} == set()

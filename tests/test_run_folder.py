@@ -50,8 +50,13 @@ def thesis(tmp_path: Path) -> Path:
     """A user's folder: thesis.tex and a subfolder of figures."""
     folder = tmp_path / "my_thesis"
     (folder / "figures").mkdir(parents=True)
+    (folder / "vocab").mkdir()
     (folder / "thesis.tex").write_text("\\documentclass{article}\n")
     (folder / "figures" / "plot.pdf").write_bytes(b"%PDF-1.4\n")
+    # named like what training writes, or like its temporaries: still the user's
+    (folder / ".lock").write_text("my own lock notes\n")
+    (folder / ".train.log.backup.tmp").write_text("an old log\n")
+    (folder / "vocab" / ".words.txt.mydraft.tmp").write_text("a draft\n")
     return folder
 
 
@@ -64,7 +69,9 @@ def test_a_users_folder_is_refused_in_one_line_and_left_as_it_was(thesis, capsys
     assert len(lines) == 1 and f"{thesis} holds files this project did not write" in lines[0], err
     assert "thesis.tex" in lines[0] and "choose a new train.out_dir" in lines[0]
     assert "overwrite" not in lines[0]  # never the advice to delete a user's files
-    assert tree(thesis) == before and sorted(p.name for p in thesis.iterdir()) == ["figures", "thesis.tex"]
+    assert tree(thesis) == before
+    names = sorted(p.name for p in thesis.iterdir())
+    assert names == [".lock", ".train.log.backup.tmp", "figures", "thesis.tex", "vocab"]
 
 
 def test_a_folder_of_runs_is_never_cleared(tmp_path, capsys, no_charts):
@@ -204,7 +211,7 @@ def test_a_resume_on_edited_training_files_is_refused_before_anything_is_written
     assert code == 2
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert "its training data changed since it was written (" in lines[0] and str(corpus) in lines[0]
+    assert "its data files changed since it was written (" in lines[0] and str(corpus) in lines[0]
     assert f"train.{src} has other contents" in lines[0] and f"train.{tgt} has other contents" in lines[0]
     assert "resume with the same files again, or start a new run with another train.out_dir" in lines[0]
     assert "process" not in lines[0]  # not the data position's message about processes
@@ -280,6 +287,14 @@ def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys,
         return write(payload, path)
 
     monkeypatch.setattr(checkpoints, "write_checkpoint", full_disk)
+    queue = checkpoints.CheckpointWriter.save
+
+    def queue_and_settle(self, *jobs):  # the failed write is over before step 13: the test races no thread
+        queue(self, *jobs)
+        if any(payload["train_state"]["step"] == 12 for payload, _ in jobs):
+            self._thread.join()
+
+    monkeypatch.setattr(checkpoints.CheckpointWriter, "save", queue_and_settle)
     out = tmp_path / "run"
     code, _, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6")
     assert code == 2
@@ -292,8 +307,9 @@ def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys,
         assert "Permission denied" in lines[0]
         assert f"the last good checkpoint is {out / 'last.pt'} (step 6)" in lines[0]
     steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "step" in r]
-    assert 12 < max(steps) < 18  # a step or two of epoch 3, not the whole epoch
+    assert max(steps) == 13  # the first step after the failure, not the end of epoch 3 (step 18)
     monkeypatch.setattr(checkpoints, "write_checkpoint", write)
+    monkeypatch.setattr(checkpoints.CheckpointWriter, "save", queue)
     code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6")
     assert code == 0 and "resumed" in stdout and "step 6" in stdout, err
 
@@ -302,8 +318,11 @@ def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys,
     (lambda p: {**p, "config": [1, 2]}, "its config is not a mapping"),
     (lambda p: {**p, "train_state": "x"}, "its train_state is not a mapping"),
     (lambda p: {**p, "train_state": {**p["train_state"], "step": "3"}}, "its epoch and step are not whole numbers"),
-    (lambda p: {**p, "data": [1]}, "its data fingerprint is not a mapping"),
-], ids=["config a list", "train_state a string", "step a string", "data a list"])
+    (lambda p: {**p, "data": [1]}, "its data fingerprint is not one this project writes"),
+    (lambda p: {**p, "data": {"settings": {"data": [1]}}}, "its data fingerprint is not one this project writes"),
+    (lambda p: {**p, "data": {"settings": {"data": {"train.de": 3}}}},
+     "its data fingerprint is not one this project writes"),
+], ids=["config a list", "train_state a string", "step a string", "data a list", "files a list", "sha a number"])
 def test_a_crafted_last_pt_is_one_line_and_changes_nothing(tmp_path, capsys, no_charts, craft, message):
     from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
 

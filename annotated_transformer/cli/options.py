@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..runtime.errors import fail
+from ..runtime.files import refuse_to_replace, same_file
 
 CHECKPOINT_HELP = ("a run directory (the weights its final scores used), a model file written by training or "
                    "averaging (.safetensors; or an older .pt), or a folder written by the export "
@@ -228,24 +228,15 @@ def check_out_file(out: str | Path, overwrite: bool, inputs: dict[str, str | Pat
     """The rule for a command's --out FILE, checked before any work: never one of the files the command reads
     (`inputs`: option -> path), not even with --overwrite; never a folder; an existing file only with --overwrite."""
     from ..runtime.errors import UserError
-    from ..runtime.files import refuse_to_replace
 
     path = Path(out)
     for option, given in inputs.items():
-        if given is not None and str(given) != "-" and _same_file(path, Path(given)):
+        if given is not None and str(given) != "-" and same_file(path, Path(given)):
             raise UserError(f"--out {out} is the {option} file, which the command reads: it is never replaced, not "
                             "even with --overwrite; choose another --out")
     if path.is_dir():
         raise UserError(f"--out {out} is a folder; give the path of the file to write")
     refuse_to_replace(path, overwrite)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    """Whether two paths name one existing file (a link or another spelling of the path included)."""
-    try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def add_quantize(parser: CommandParser, help: str = QUANTIZE_HELP, aliases: dict[str, str] | None = None) -> None:

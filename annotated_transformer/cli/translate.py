@@ -43,7 +43,7 @@ def build_parser(prog: str | None) -> CommandParser:
     add_checkpoint(parser)
     parser.add_argument("text", nargs="*", help="sentences to translate: quote each one (\"Ein Mann fährt.\" "
                         "\"Zwei Kinder spielen.\" gives two lines); words without quotes next to each other are one "
-                        "sentence (Ein Mann fährt. is one)")
+                        "sentence up to a word ending in . ! ? or … (Ein Mann fährt. is one; Hallo. Danke. are two)")
     parser.add_argument("--sentence", action="append", metavar="TEXT", help=argparse.SUPPRESS)  # older spelling
     parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line ('-' for "
                         "standard input; a pipe is read without it)")
@@ -61,9 +61,14 @@ def build_parser(prog: str | None) -> CommandParser:
     return parser
 
 
+# What ends a sentence: a word given after one of these starts the next sentence.
+SENTENCE_ENDS = (".", "!", "?", "…", '."', '!"', '?"')
+
+
 def sentences_of(arguments: Sequence[str]) -> list[str]:
     """The sentences given as arguments: one that holds a space (it was quoted) is a sentence of its own; words
-    without spaces next to each other are joined into one (`translate Ein Mann fährt.` is one sentence)."""
+    without spaces next to each other are joined into one (`translate Ein Mann fährt.` is one sentence) until a
+    word that ends a sentence (`translate Hallo. Danke.` is two)."""
     sentences: list[str] = []
     words: list[str] = []
     for argument in arguments:
@@ -74,6 +79,9 @@ def sentences_of(arguments: Sequence[str]) -> list[str]:
             sentences.append(argument)
         else:
             words.append(argument)
+            if argument.endswith(SENTENCE_ENDS):
+                sentences.append(" ".join(words))
+                words = []
     return sentences + ([" ".join(words)] if words else [])
 
 

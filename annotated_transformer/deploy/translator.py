@@ -232,7 +232,7 @@ class Translator(TextTranslator):
         return translate_ids(self.model, sources, pad=text.pad_id, bos=text.bos_id, eos=text.eos_id, device=self.device,
                              beam_size=beam_size, alpha=alpha, max_len_a=dec.max_len_a, batch_size=batch_size,
                              amp_dtype=self.amp_dtype, attention_kernel=self.config.model.attention_kernel,
-                             n_best=n_best)
+                             fast=self.config.train.fast, n_best=n_best)
 
     def quantize_int8(self) -> Translator:
         """PyTorch's dynamic int8 quantisation of every nn.Linear (int8 weights, activations quantised per call).

@@ -126,7 +126,12 @@ class RunState:
         # The moments come from last.pt; the settings (betas, eps, ...) and the schedule are the ones
         # given now, so a resumed run can change them (the saved param groups would otherwise win).
         settings = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(payload["optimizer"])
+        # PyTorch places each saved `step` by the saved groups' kernel flags: today's flags (train.fast may have
+        # changed) must be in place before the load, or a fused Adam would find its steps on the wrong device.
+        saved = payload["optimizer"]
+        kernel = ("fused", "foreach", "capturable")
+        groups = [{**g, **{k: now[k] for k in kernel if k in now}} for g, now in zip(saved["param_groups"], settings)]
+        self.optimizer.load_state_dict({**saved, "param_groups": groups})
         for group, given in zip(self.optimizer.param_groups, settings):
             group.update(given)
         self.scheduler.load_state_dict(payload["scheduler"])  # the step count; the rate function stays ours

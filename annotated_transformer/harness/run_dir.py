@@ -97,7 +97,8 @@ if hasattr(os, "register_at_fork"):
 
 
 # Data settings that say where files are or how they are read, not what the model learns from.
-NOT_SETTINGS = {"data": {"root", "cache_dir", "num_workers"}}
+NOT_SETTINGS = {"data": {"root", "cache_dir", "num_workers"},
+                "model": {"attention_kernel"}}  # a speed setting (fast/plan.py): the same weights, the same model
 
 
 # Where your own files are: with the files' contents compared at a resume (`check_same_data`), they may move.
@@ -136,12 +137,18 @@ def check_resumable(last: dict[str, Any], path: Path) -> None:
         wrong = "its train_state is not a mapping" if "train_state" in last else "it has no train_state"
     elif not all(isinstance(state.get(k, 0), int) for k in ("epoch", "step")):
         wrong = "its epoch and step are not whole numbers"
-    elif last.get("data") is not None and not (isinstance(last["data"], dict)
-                                               and isinstance(last["data"].get("settings"), dict)):
-        wrong = "its data fingerprint is not a mapping"
+    elif last.get("data") is not None and not _fingerprint_shape(last["data"]):
+        wrong = "its data fingerprint is not one this project writes"
     if wrong:
         raise CheckpointError(f"{path} cannot be resumed: {wrong}; resume from a copy of the run's last.pt, or start a "
                               "new run with another train.out_dir")
+
+
+def _fingerprint_shape(data: Any) -> bool:
+    """Whether a recorded data fingerprint has the shape `data_fingerprint` gives (settings, files' sha256s)."""
+    settings = data.get("settings") if isinstance(data, dict) else None
+    files = settings.get("data") if isinstance(settings, dict) else None
+    return isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
 
 
 def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Path) -> None:
@@ -158,7 +165,7 @@ def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Pat
     ways = ("; resume with the same files again, or start a new run with another train.out_dir")
     if changed:
         what = ", ".join(_file_change(k, old_files, new_files) for k in changed)
-        raise RunDirError(f"cannot resume {path}: its training data changed since it was written ({what} in "
+        raise RunDirError(f"cannot resume {path}: its data files changed since it was written ({what} in "
                           f"{now.get('location')})" + ways)
     settings = sorted(k for k in set(old) | set(new) if k != "data" and old.get(k) != new.get(k))
     if settings:
@@ -258,8 +265,14 @@ def _temporary(name: str) -> str | None:
     return found.group("name") if found else None
 
 
+def _own_temporary(name: str) -> bool:
+    """Whether `name` is a temporary of a file training writes in the run folder (.last.pt.k2j4x9.tmp)."""
+    target = _temporary(name)
+    return target is not None and OWN_NAMES.match(target) is not None
+
+
 class RunDir:
-    """Paths and writers of one run directory."""
+    """One run directory and its one owner: its paths, its lock, the start / resume / clear decision, its writes."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -339,7 +352,7 @@ class RunDir:
         """Names in the folder (all but .lock, the marker and temporaries of killed writes); empty without a folder."""
         if not self.path.is_dir():
             return set()
-        return {p.name for p in self.path.iterdir() if p.name not in (LOCK_FILE, MARKER) and not _temporary(p.name)}
+        return {p.name for p in self.path.iterdir() if p.name not in (LOCK_FILE, MARKER) and not _own_temporary(p.name)}
 
     def run_files(self) -> set[str]:
         """The entries that are a run's own files (`OWN_NAMES`)."""
@@ -458,6 +471,7 @@ class RunDir:
         failure: UserError | None = None
         try:
             if info.is_main:
+                self.refuse_foreign()  # before the lock file is made or anything removed: not a run's folder
                 self.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
                 self.remove_temporaries()
             start_mode, last = self.start_mode(cfg, data)
@@ -525,9 +539,32 @@ class RunDir:
         done = t.finished(state.get("epoch", 0), state.get("step", 0), state.get("target_epoch") is not None)
         return ("finished" if done and t.resume == "auto" else "resume"), last
 
+    def refuse_foreign(self) -> None:
+        """One line, touching nothing, for a folder of someone else's files: a name training never writes, or a .lock
+        training did not write, makes it foreign unless the project made it a run's (`start_mode` judges the rest
+        under the lock)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(self._not_a_folder())
+        if not self.path.is_dir() or self.owned():
+            return
+        # a run's own names (a live or legacy run's, decided under the lock) and its temporaries are not foreign
+        names = {p.name for p in self.path.iterdir() if not _own_temporary(p.name)}
+        foreign = {name for name in names if not OWN_NAMES.match(name)}
+        if foreign or (LOCK_FILE in names and not self._lock_file_is_ours()):
+            raise RunDirError(self._not_a_run())
+
+    def _lock_file_is_ours(self) -> bool:
+        """Whether .lock is one training wrote: empty (made, not yet written) or the JSON of a pid and a host."""
+        try:
+            text = self.lock_file.read_text(encoding="utf-8").strip()
+            return not text or set(json.loads(text)) == {"pid", "host"}
+        except (OSError, ValueError, TypeError):
+            return False
+
     def _not_a_run(self) -> str:
         """The refusal for a folder of someone else's files: never an offer to overwrite them."""
-        names = sorted(self.entries() - self.run_files()) or sorted(self.entries())
+        everything = {p.name for p in self.path.iterdir()} if self.path.is_dir() else set()
+        names = sorted(self.entries() - self.run_files()) or sorted(self.entries()) or sorted(everything)
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         return (f"train.out_dir {self.path} holds files this project did not write ({shown}); training never "
                 "writes into such a folder: choose a new train.out_dir (a folder that does not exist yet, or an "
@@ -541,6 +578,9 @@ class RunDir:
         with writing(self.path, "create the run directory", run=self.path):
             self.path.mkdir(parents=True, exist_ok=True)
             if start_mode == "start" and self.has_run():  # train.overwrite, or a run that died before last.pt
+                if not (cfg.train.overwrite or self.run_files() <= STARTED_FILES):
+                    raise RunDirError(f"run directory {self.path} holds a run; decide with RunDir.open (it continues "
+                                      "the run, or clears it only with train.overwrite=true)")
                 kept = self._clear()
                 if kept and log is not None:
                     log(f"train.overwrite: deleted the earlier run's files in {self.path}, kept what training did "
@@ -554,25 +594,35 @@ class RunDir:
 
     def _clear(self) -> set[str]:
         """Delete the run's own files (`OWN_NAMES`) but .lock and the marker; returns the names it kept."""
+        kept = set()
         for name in self.run_files():
             child = self.path / name
             if child.is_dir() and not child.is_symlink():
+                if any((child / own).exists() for own in (MARKER, LOCK_FILE, "last.pt")):
+                    kept.add(name)  # a run of its own inside (say runs/eval): never deleted with this one
+                    continue
                 shutil.rmtree(child)
             else:
                 child.unlink()
-        return self.entries()
+        return (self.entries() - self.run_files()) | kept
 
     def remove_temporaries(self) -> list[Path]:
         """Delete what killed writes of this project left (.NAME.RANDOM.tmp beside a run file, in the folder and
         in vocab/ and charts/); call it holding the lock, when no writer of this run can be live."""
-        removed = []
+        removed: list[Path] = []
+        if not self.owned() and self.entries():  # never in someone else's folder (refuse_foreign said so already)
+            return removed
         for folder in (self.path, self.vocab, self.charts):
             if not folder.is_dir():
                 continue
             for child in folder.iterdir():
-                if _temporary(child.name) and (folder != self.path or OWN_NAMES.match(_temporary(child.name) or "")):
+                # beside the run's own files, any name; in vocab/ and charts/, which training owns, any temporary
+                if _own_temporary(child.name) or (folder != self.path and _temporary(child.name)):
                     with writing(child, "remove the leftover", run=self.path):
-                        shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+                        if child.is_dir() and not child.is_symlink():
+                            shutil.rmtree(child)
+                        else:
+                            child.unlink()
                     removed.append(child)
         return removed
 

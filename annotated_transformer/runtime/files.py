@@ -68,6 +68,14 @@ def atomic_write(path: str | Path, write: Callable[[Any], object]) -> None:
     _fsync_dir(path.parent)
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one existing file (a link or another spelling of the path included)."""
+    try:
+        return Path(a).exists() and Path(b).exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def refuse_to_replace(path: str | Path, overwrite: bool, what: str = "--out") -> None:
     """The one rule of every command that writes a file: an existing output is replaced only when asked.
 
