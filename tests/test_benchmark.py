@@ -249,6 +249,7 @@ class _RecordProducts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.slow  # over a second on 2 cores: the fast tier stays under a minute
 def test_products_are_the_ones_a_training_step_computes_for_every_linear_layer_of_the_model():
     """benchmark --products times the model's own layer shapes, and autograd's products in autograd's layouts."""
     from torch import nn

@@ -37,7 +37,8 @@ def serve():
     def start(folder: Path):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(folder)))
         server.requests = Counter()
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # a short poll: shutdown() waits up to one poll interval (0.5 s by default) at every teardown
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}/data/task1/raw", server
 

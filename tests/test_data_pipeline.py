@@ -166,7 +166,8 @@ def test_batches_carry_masks(bucket_4096):
 # --------------------------------------------------------------------------- resume
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
+# one worker process: over a second on 2 cores, in the slow tier (the fast tier stays under a minute)
+@pytest.mark.parametrize("num_workers", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_mid_epoch_resume_continues_with_the_next_batch(multi30k_data, num_workers, mid_epoch_resume):
     data = with_data(multi30k_data, batch_tokens=4096, num_workers=num_workers)
     state, second, full = mid_epoch_resume(lambda: data.train_loader(seed=11), epoch=2, taken=17)

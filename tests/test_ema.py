@@ -106,6 +106,7 @@ def test_validation_scores_the_average_and_the_saved_weights_are_it(tmp_path, no
     assert val == pytest.approx(record["val_loss"], rel=1e-6)
 
 
+@pytest.mark.slow  # over a second on 2 cores: the fast tier stays under a minute
 def test_a_run_stopped_mid_epoch_resumes_the_average_exactly(tmp_path, no_charts):
     train_worker(_copy_run(tmp_path / "whole"))
     train_worker(_copy_run(tmp_path / "parts", "train.max_steps=3"))  # stops inside epoch 1

@@ -142,6 +142,7 @@ def test_a_plan_filled_in_the_order_of_its_own_lengths_is_the_plain_plan():
     assert len(plain) == len(alike) and all(np.array_equal(x, y) for x, y in zip(plain, alike))
 
 
+@pytest.mark.slow  # over a second on 2 cores: the fast tier stays under a minute
 def test_the_compute_count_sees_every_sentence_once_an_epoch_at_its_served_length(subwords):
     _, _, _, src, tgt = subwords
     reseg = segmentation(subwords)

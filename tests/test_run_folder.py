@@ -189,7 +189,7 @@ def edit_half(folder: Path, src: str = "xx", tgt: str = "yy", fewer: bool = Fals
     write_split(folder / "train", src, tgt, list(zip(lines[src][:half], lines[tgt][:half])) + others, gz=True)
 
 
-@pytest.mark.parametrize("tokenizer, fewer", [("spm", False), ("spm", True),
+@pytest.mark.parametrize("tokenizer, fewer", [("spm", False), pytest.param("spm", True, marks=pytest.mark.slow),
                                                pytest.param("word", False, marks=pytest.mark.slow)],
                          ids=["spm, same line count", "spm, fewer lines", "word, same line count"])
 def test_a_resume_on_edited_training_files_is_refused_before_anything_is_written(tmp_path, capsys, no_charts,
@@ -225,6 +225,7 @@ def own_args(corpus: Path, cache: Path, src: str = "xx", tgt: str = "yy") -> lis
             f"data.tgt_lang={tgt}", "data.spm_vocab_size=40", f"data.cache_dir={cache}", *SMALL]
 
 
+@pytest.mark.slow  # the fast tier stays under a minute; the fingerprint's own check is fast above
 def test_an_older_last_pt_without_a_fingerprint_is_checked_by_its_tokenizer(tmp_path, capsys, no_charts):
     """A last.pt written before runs recorded their data: its vocabulary is compared with today's before vocab/ is
     written."""
@@ -270,7 +271,7 @@ def test_a_run_folder_check_fires_before_deleting_even_when_called_directly(thes
 # --------------------------------------------------------------------------- writes that fail, fail at once
 
 
-@pytest.mark.parametrize("errname", ["ENOSPC", "EACCES"])
+@pytest.mark.parametrize("errname", ["ENOSPC", pytest.param("EACCES", marks=pytest.mark.slow)])
 def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys, monkeypatch, no_charts, errname):
     """The writer fails on epoch 2's files (a full disk, a permission taken away); the run stops in epoch 3's first
     steps (not at its end), in one line that names the last good checkpoint, which is still whole."""
@@ -319,9 +320,10 @@ def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys,
     (lambda p: {**p, "train_state": "x"}, "its train_state is not a mapping"),
     (lambda p: {**p, "train_state": {**p["train_state"], "step": "3"}}, "its epoch and step are not whole numbers"),
     (lambda p: {**p, "data": [1]}, "its data fingerprint is not one this project writes"),
-    (lambda p: {**p, "data": {"settings": {"data": [1]}}}, "its data fingerprint is not one this project writes"),
-    (lambda p: {**p, "data": {"settings": {"data": {"train.de": 3}}}},
-     "its data fingerprint is not one this project writes"),
+    pytest.param(lambda p: {**p, "data": {"settings": {"data": [1]}}},
+                 "its data fingerprint is not one this project writes", marks=pytest.mark.slow),
+    pytest.param(lambda p: {**p, "data": {"settings": {"data": {"train.de": 3}}}},
+                 "its data fingerprint is not one this project writes", marks=pytest.mark.slow),
 ], ids=["config a list", "train_state a string", "step a string", "data a list", "files a list", "sha a number"])
 def test_a_crafted_last_pt_is_one_line_and_changes_nothing(tmp_path, capsys, no_charts, craft, message):
     from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint

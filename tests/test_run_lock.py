@@ -337,6 +337,7 @@ def test_a_full_disk_under_metrics_or_config_is_one_line(tmp_path, monkeypatch):
         run.log_metrics({"kind": "epoch"})
 
 
+@pytest.mark.slow  # over a second on 2 cores: the fast tier stays under a minute
 def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_resumes(tmp_path, monkeypatch,
                                                                                     train_command):
     out = tmp_path / "run"

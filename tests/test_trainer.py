@@ -467,6 +467,7 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, 
     assert metrics_without_clocks(part / "metrics.jsonl") == metrics_without_clocks(tmp_path / "full" / "metrics.jsonl")
 
 
+@pytest.mark.slow  # over a second on 2 cores: the fast tier stays under a minute
 def test_an_older_last_pt_resumes_and_a_weights_only_file_is_refused(tmp_path, train_command):
     out = tmp_path / "run"
     cfg = ["--config", "copy.yaml", f"train.out_dir={out}", "data.copy_batches=4", *QUIET]
@@ -566,6 +567,7 @@ def test_tensorboard_without_the_package_is_one_clear_line(tmp_path, monkeypatch
 # --------------------------------------------------------------------------- training compute
 
 
+@pytest.mark.slow  # over a second on 2 cores: the fast tier stays under a minute
 def test_metrics_count_the_model_flops_of_every_step_and_r_drop_twice(tmp_path):
     from annotated_transformer.runtime.model_flops import train_step_flops
 

@@ -81,6 +81,7 @@ def test_writes_every_chart_as_offline_html_and_png(cli_run):
     assert "http" not in index  # plain, local links only
 
 
+@pytest.mark.slow  # draws every chart twice: the fast tier stays under a minute
 def test_a_second_visualize_into_the_folder_needs_overwrite(cli_run, tiny_checkpoint, command):
     out = cli_run[3]
     before = {p.name: p.read_bytes() for p in out.iterdir()}
