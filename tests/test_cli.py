@@ -30,7 +30,7 @@ TAKES = {
     "translate": {"--checkpoint", "--out", "--overwrite", "--quantize", "--device", "--beam"},
     "evaluate": SHARED, "export": {"--checkpoint", "--out", "--overwrite", "--quantize"},
     "visualize": {"--checkpoint", "--out", "--overwrite", "--device", "--beam"},
-    "average-checkpoints": {"--out", "--overwrite"}, "sweep": {"--out"},
+    "average-checkpoints": {"--out", "--overwrite"}, "sweep": {"--out", "--overwrite"},
     "benchmark": {"--checkpoint", "--out", "--overwrite", "--limit", "--device"}, "prepare-data": set(),
 }
 

@@ -255,6 +255,20 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
     assert "| `fast: base` | 2/2 | 21.00 +/- 1.41 (n=2)" in table and "| `slow: x=1` | 1/1 | 11.00 (n=1)" in table
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     capsys.readouterr()
+    again = ["--compare", str(tmp_path / "fast"), "--out", str(out)]  # an earlier comparison's report is kept ...
+    with pytest.raises(SystemExit) as refused:
+        run_command("sweep", again, "sweep.py")
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"{out / 'sweep.md'} already exists" in err and err.count("\n") == 1
+    assert "| `slow: x=1` |" in (out / "sweep.md").read_text()
+    with pytest.raises(SystemExit) as replaced:  # ... unless --overwrite
+        run_command("sweep", [*again, "--overwrite"], "sweep.py")
+    assert replaced.value.code == 0 and "| `slow: x=1` |" not in (out / "sweep.md").read_text()
+    with pytest.raises(SystemExit) as own:  # never into a compared folder, whose report it would replace
+        run_command("sweep", ["--compare", str(tmp_path / "fast"), "--out", str(tmp_path / "fast"), "--overwrite"],
+                    "sweep.py")
+    err = capsys.readouterr().err
+    assert own.value.code == 2 and "is one of the --compare folders" in err
     with pytest.raises(SystemExit) as empty:
         run_command("sweep", ["--compare", str(out), "--out", str(tmp_path / "cmp2")], "sweep.py")
     err = capsys.readouterr().err

@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..runtime.errors import ConfigError
-from .options import CommandParser, add_data_root, add_out, overridden
+from ..runtime.errors import ConfigError, UserError
+from ..runtime.files import refuse_to_replace, same_file
+from .options import CommandParser, add_data_root, add_out, add_overwrite, overridden
 
 # How a sweep starts each training: this package's own train command, in the same Python.
 TRAIN_COMMAND = (sys.executable, "-m", "annotated_transformer", "train")
@@ -28,6 +29,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_list("--seed-list", item=int, default=None, metavar="N,N,...",
                     help="explicit seeds (instead of --seeds), e.g. 1,2,3")
     add_out(parser, "sweep folder (default: runs/sweep_<config>)", old=())
+    add_overwrite(parser, "with --compare: replace the report of an earlier comparison in --out (a sweep's own "
+                  "folder is reported anew as its runs finish)")
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
                         help="runs at once; the CPU threads are split (default 1)")
     parser.add_argument("--score-test", action="store_true",
@@ -45,8 +48,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..lab.sweep import read_grid, sweep
 
     if args.compare:
-        for path in compare_sweeps([Path(f) for f in args.compare], Path(args.out or "runs/sweep_compare"),
-                                   args.target_bleu):
+        out = Path(args.out or "runs/sweep_compare")
+        if any(same_file(out, folder) for folder in args.compare):
+            raise UserError(f"--out {out} is one of the --compare folders, whose own report it would replace; "
+                            "choose another --out")
+        refuse_to_replace(out / "sweep.md", args.overwrite)
+        for path in compare_sweeps([Path(f) for f in args.compare], out, args.target_bleu):
             print(path)
         return 0
     if args.seeds < 1 or args.parallel < 1:
