@@ -285,7 +285,14 @@ def test_export_refuses_a_folder_it_did_not_write_even_with_overwrite(tiny_check
     assert one_error(command, "export", "--checkpoint", tiny_checkpoint, "--out", looks_exported, "--force") == (
         f"{looks_exported} holds notes.txt, which export did not write; --overwrite replaces only an earlier export: "
         "move it out of the folder, or choose another --out")
-    assert all(p.read_text() == "keep me" for folder in (mine, looks_exported) for p in folder.iterdir())
+    (looks_exported / "notes.txt").unlink()
+    (looks_exported / "vocab").mkdir()  # an earlier export's vocab/ with the user's notes in it: never deleted
+    (looks_exported / "vocab" / "notes.txt").write_text("keep me")
+    assert one_error(command, "export", "--checkpoint", tiny_checkpoint, "--out", looks_exported, "--overwrite") == (
+        f"{looks_exported} holds vocab/notes.txt, which export did not write; --overwrite replaces only an earlier "
+        "export: move it out of the folder, or choose another --out")
+    assert all(p.read_text() == "keep me" for folder in (mine, looks_exported) for p in folder.rglob("*")
+               if p.is_file())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "mine"]  # nothing beside them either
 
 

@@ -89,11 +89,16 @@ def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts)
     assert (out / MARKER).is_file()
     (out / "notes.txt").write_text("lr 1e-3 was worse\n")
     (out / "old_epoch_01.safetensors.bak").write_bytes(b"mine")
+    (out / "charts").mkdir(exist_ok=True)
+    (out / "charts" / "my_plot.svg").write_bytes(b"<svg/>")  # in a folder training writes, still the user's
+    (out / "eval" / "other").mkdir(parents=True)
+    (out / "eval" / "other" / MARKER).write_text("{}")  # a run of its own inside: never deleted with this one
     code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true", "train.epochs=1")
     assert code == 0, err
     assert (out / "notes.txt").read_text() == "lr 1e-3 was worse\n"
     assert (out / "old_epoch_01.safetensors.bak").read_bytes() == b"mine"
-    assert "kept what training did not write (notes.txt, old_epoch_01.safetensors.bak)" in stdout
+    assert "kept what training did not write (charts, eval, notes.txt, old_epoch_01.safetensors.bak)" in stdout
+    assert (out / "charts" / "my_plot.svg").read_bytes() == b"<svg/>" and (out / "eval" / "other" / MARKER).is_file()
     assert not (out / "epoch_02.safetensors").exists()  # the earlier run's second epoch is gone
     assert (out / "epoch_01.safetensors").is_file()
 
@@ -124,10 +129,15 @@ def test_temporaries_of_killed_writes_are_removed_at_the_next_start(tmp_path, ca
     leftovers[1].write_bytes(b"half a model")
     mine = out / ".notes.txt.k2j4x9ab.tmp"  # named like one, but not for a file training writes
     mine.write_bytes(b"the user's")
+    draft = out / "vocab" / ".words.txt.k2j4x9ab.tmp"  # nor in vocab/, whose files training writes by name
+    draft.parent.mkdir(exist_ok=True)
+    draft.write_bytes(b"the user's")
+    leftovers.append(out / "vocab" / ".text_pipeline.json.q1w2e3r4.tmp")
+    leftovers[-1].write_bytes(b"half a pipeline")
     code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
     assert code == 0 and "resumed" in stdout, err
     assert not leftovers[0].exists() and not leftovers[1].exists()
-    assert mine.read_bytes() == b"the user's"
+    assert mine.read_bytes() == b"the user's" and draft.read_bytes() == b"the user's"
 
 
 class Killed(BaseException):
@@ -163,8 +173,9 @@ def test_a_kill_at_any_write_leaves_a_folder_that_resumes(tmp_path, capsys, monk
             return real_replace(src, dst)
 
         monkeypatch.setattr(files.os, "replace", killing)
-        with pytest.raises((Killed, SystemExit)):
+        with pytest.raises((Killed, SystemExit)) as stopped:
             run_command("train", [*COPY, f"train.out_dir={out}"], "train.py")
+        assert stopped.type is Killed or stopped.value.code != 0  # the run did not finish past the kill
         monkeypatch.setattr(files.os, "replace", real_replace)
         code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
         if code == 2:  # killed while the first epoch's files were written: no last.pt to continue from

@@ -13,6 +13,7 @@ translates on a machine that has never seen the dataset.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +32,8 @@ TEXT_FORMAT = 1
 SIDES = ("src", "tgt")
 MODES = ("word", "spm")
 SETTINGS_FILE = "text_pipeline.json"
+# Every file `write_text_files` writes (one of them a kind of tokenizer's): what a folder of its may lose.
+TEXT_FILES = re.compile(r"^(?:vocab\.(?:src|tgt)\.json|spm\.(?:model|vocab)|text_pipeline\.json)$")
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..config import MODEL_EXTENSIONS, Config
+from ..data.text import TEXT_FILES
 from ..runtime.errors import ExportError
 from ..model import EncoderDecoder, MultiHeadedAttention
 
@@ -188,6 +189,10 @@ EXPORT_NAMES = re.compile(r"""(?x)^(?:
 EVAL_NAMES = re.compile(r"^(?:.+\.beam\d+\.txt|\..+\.beam\d+\.txt\.[A-Za-z0-9_]{6,}\.tmp)$")
 
 
+# The folders of an export and the names in each that export (vocab/) and evaluate (eval/) write.
+INNER = {"eval": EVAL_NAMES, TEXT_FOLDER: TEXT_FILES}
+
+
 def check_export_out(out: str | Path, overwrite: bool) -> None:
     """The rule for export's --out folder: a new one, an empty one, or (only with `overwrite`) an earlier export
     holding nothing but what export and evaluate write; anything else may hold a user's files and is refused."""
@@ -210,17 +215,19 @@ def check_export_out(out: str | Path, overwrite: bool) -> None:
 
 
 def _unknown_entries(folder: Path) -> list[str] | None:
-    """The entries of `folder` that no export wrote (eval/'s counted by name); None when it is no export at all.
+    """The entries of `folder` that no export wrote (eval/'s and vocab/'s counted by name); None when it is no
+    export at all.
     An empty folder is an export with nothing in it: replacing it loses nothing."""
     names = sorted(p.name for p in folder.iterdir())
     if names and not all((folder / n).is_file() for n in ("model.bin", "config.json", CONFIG_FILE)):
         return None
     unknown = [n for n in names if not EXPORT_NAMES.match(n)]
-    evals = folder / "eval"
-    if evals.is_dir() and not evals.is_symlink():
-        unknown += [f"eval/{p.name}" for p in sorted(evals.iterdir()) if not EVAL_NAMES.match(p.name) or p.is_dir()]
-    elif evals.exists() or evals.is_symlink():
-        unknown.append("eval")
+    for name, own in INNER.items():
+        inner = folder / name
+        if inner.is_dir() and not inner.is_symlink():
+            unknown += [f"{name}/{p.name}" for p in sorted(inner.iterdir()) if not own.match(p.name) or p.is_dir()]
+        elif inner.exists() or inner.is_symlink():
+            unknown.append(name)
     return unknown
 
 
@@ -246,14 +253,12 @@ def _remove_export(folder: Path) -> None:
     for entry in folder.iterdir():
         if not EXPORT_NAMES.match(entry.name):
             continue
-        if entry.name == "eval" and entry.is_dir() and not entry.is_symlink():
+        if entry.name in INNER and entry.is_dir() and not entry.is_symlink():  # eval/, vocab/: their files by name
             for p in entry.iterdir():
-                if EVAL_NAMES.match(p.name) and not p.is_dir():
+                if INNER[entry.name].match(p.name) and not p.is_dir():
                     p.unlink(missing_ok=True)
             _rmdir_if_empty(entry)
-        elif entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)  # vocab/: the text pipeline's files, written by text.save
-        else:
+        elif not entry.is_dir() or entry.is_symlink():
             entry.unlink(missing_ok=True)
     _rmdir_if_empty(folder)
 

@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -44,6 +43,7 @@ try:
 except ImportError:  # Windows has no flock: there a second training on a live run's folder goes undetected
     fcntl = None  # type: ignore[assignment]
 
+from ..data.text import TEXT_FILES
 from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, config_yaml
 from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError
 from ..runtime.files import atomic_write, run_dir_error, writing
@@ -67,6 +67,14 @@ OWN_NAMES = re.compile(r"""(?x)^(?:
   | [\w.-]+\.beam\d+\.txt
   | \.annotated-transformer-run | \.lock
 )$""")
+
+# What training (and evaluate) writes inside the run's own folders: the only files deleted from them.
+INSIDE = {
+    "vocab": TEXT_FILES,
+    "charts": re.compile(r"^training_curves\.(?:html|png)$"),
+    "tensorboard": re.compile(r"^events\.out\.tfevents\..+$"),
+    "eval": re.compile(r"^[^.].*\.beam\d+\.txt$"),
+}
 
 # atomic_write's temporary beside NAME (.NAME.RANDOM.tmp): a killed write leaves one behind.
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{6,}\.tmp$")
@@ -593,38 +601,42 @@ class RunDir:
             atomic_write(self.config, lambda f: f.write(config_yaml(cfg).encode("utf-8")))
 
     def _clear(self) -> set[str]:
-        """Delete the run's own files (`OWN_NAMES`) but .lock and the marker; returns the names it kept."""
+        """Delete the run's own files (`OWN_NAMES`; inside its folders, only the files `INSIDE` names) but .lock and
+        the marker; returns the names it kept (a folder of the run's that holds someone else's files among them)."""
         kept = set()
         for name in self.run_files():
             child = self.path / name
             if child.is_dir() and not child.is_symlink():
-                if any((child / own).exists() for own in (MARKER, LOCK_FILE, "last.pt")):
-                    kept.add(name)  # a run of its own inside (say runs/eval): never deleted with this one
-                    continue
-                shutil.rmtree(child)
+                for inner in self._own_files_in(name):
+                    inner.unlink()
+                try:
+                    child.rmdir()
+                except OSError:  # what is left is not the run's: the folder stays, with it
+                    kept.add(name)
             else:
                 child.unlink()
         return (self.entries() - self.run_files()) | kept
 
+    def _own_files_in(self, folder: str) -> list[Path]:
+        """The files training wrote in the run's `folder` (vocab/, charts/, ...: `INSIDE`) and the temporaries of its
+        killed writes there; never a folder, never a name training does not write."""
+        names, path = INSIDE.get(folder), self.path / folder
+        if names is None or not path.is_dir():
+            return []
+        return [child for child in path.iterdir()
+                if (child.is_file() or child.is_symlink()) and names.match(_temporary(child.name) or child.name)]
+
     def remove_temporaries(self) -> list[Path]:
-        """Delete what killed writes of this project left (.NAME.RANDOM.tmp beside a run file, in the folder and
-        in vocab/ and charts/); call it holding the lock, when no writer of this run can be live."""
-        removed: list[Path] = []
+        """Delete what killed writes of this project left (.NAME.RANDOM.tmp beside a file training writes, in the
+        folder and in vocab/ and charts/); call it holding the lock, when no writer of this run can be live."""
         if not self.owned() and self.entries():  # never in someone else's folder (refuse_foreign said so already)
-            return removed
-        for folder in (self.path, self.vocab, self.charts):
-            if not folder.is_dir():
-                continue
-            for child in folder.iterdir():
-                # beside the run's own files, any name; in vocab/ and charts/, which training owns, any temporary
-                if _own_temporary(child.name) or (folder != self.path and _temporary(child.name)):
-                    with writing(child, "remove the leftover", run=self.path):
-                        if child.is_dir() and not child.is_symlink():
-                            shutil.rmtree(child)
-                        else:
-                            child.unlink()
-                    removed.append(child)
-        return removed
+            return []
+        leftovers = [child for child in self.path.iterdir() if _own_temporary(child.name) and child.is_file()]
+        leftovers += [p for name in ("vocab", "charts") for p in self._own_files_in(name) if _temporary(p.name)]
+        for leftover in leftovers:
+            with writing(leftover, "remove the leftover", run=self.path):
+                leftover.unlink()
+        return leftovers
 
     def save_text(self, text: Any) -> None:
         """The run's TextPipeline (vocabularies, SentencePiece model) in vocab/, what translating reads."""
