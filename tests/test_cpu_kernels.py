@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +13,8 @@ from torch.profiler import ProfilerActivity, profile
 from annotated_transformer.fast import cpu_linear
 from annotated_transformer.attention import MultiHeadedAttention
 from annotated_transformer.fast.cpu_linear import ENV, MIN_MACS, OneDNNLinear, onednn_available, onednn_linears
-from annotated_transformer.fast.plan import speed_up_decoding
+from annotated_transformer.fast.attention import FusedAttention
+from annotated_transformer.fast.plan import speed_up_decoding, swap_class
 from annotated_transformer.decode.inference import translate_ids
 from annotated_transformer.model import make_model
 
@@ -108,7 +111,10 @@ def test_attention_kernel_auto_is_explicit_on_the_cpu(monkeypatch, kernel, calls
     attn = MultiHeadedAttention(4, 32, dropout=0.1)
     x, mask = torch.randn(2, 5, 32), torch.ones(2, 1, 5, dtype=torch.bool)
     attn.eval()
-    expected = attn(x, x, x, mask)  # the explicit product, before the counting patch
+    other = copy.deepcopy(attn)  # the other kernel on the same weights: what each path must agree with
+    if not calls_fused_kernel:
+        swap_class(other, MultiHeadedAttention, FusedAttention)
+    expected = other(x, x, x, mask)  # before the counting patch
     calls = []
     real = F.scaled_dot_product_attention
 

@@ -190,6 +190,7 @@ def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_pat
         code, _, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, *extra)
         err = stderr.decode().strip()
         assert code == 2 and len(err.splitlines()) == 1 and "--overwrite" in err, err
+        assert ("already exists" if not extra else "is not a folder written by export") in err, err
         assert sorted(p.name for p in out.iterdir()) == ["mine.txt"] and (out / "mine.txt").read_text() == "keep me"
         assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no temporary folder left behind
 

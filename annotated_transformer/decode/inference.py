@@ -14,7 +14,7 @@ from .incremental import greedy_search, longest_target
 from .static import Step, static_greedy_search, static_rows
 from ..fast.plan import speed_up_decoding
 from ..data.buckets import pad_rows, width_ladder
-from ..runtime.device import amp_context
+from ..runtime.precision import amp_context
 from ..decoding import length_limits
 from ..masks import padding_mask
 from ..model import EncoderDecoder

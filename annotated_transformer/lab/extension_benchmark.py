@@ -23,7 +23,8 @@ import torch
 from ..config import EXTENSIONS, Config, Extension, apply_override, config_from_dict, config_to_dict
 from ..data.buckets import pad_rows
 from ..decode.incremental import greedy_search
-from ..runtime.device import amp_context, select_device
+from ..runtime.device import select_device
+from ..runtime.precision import amp_context
 from ..runtime.errors import ConfigError
 from ..extensions.builder import build_ema, build_training
 from ..loop import Log, train_step

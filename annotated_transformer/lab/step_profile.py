@@ -24,7 +24,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ..config import Config, config_from_dict, config_to_dict
-from ..runtime.device import amp_context, select_device
+from ..runtime.device import select_device
+from ..runtime.precision import amp_context
 from ..extensions.builder import build_training
 from ..harness.malloc import malloc_in_use, training_malloc
 from ..harness.schedules import build_scheduler

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from .errors import ConfigError
-from .precision import amp_context  # noqa: F401 - autocast lives in precision.py; decode/ and lab/ import it from here
 
 # The oldest driver branch that runs any build of a CUDA major version (CUDA's minor version
 # compatibility: every 12.x build runs on a 525 driver, every 13.x build on a 580 driver).
