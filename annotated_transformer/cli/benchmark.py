@@ -158,11 +158,10 @@ def check_out(args: argparse.Namespace) -> None:
 
 def write_json(out: str | None, name: str, result: dict[str, Any]) -> None:
     """`result` as <out>/<name> when --out is given, written atomically."""
-    from ..runtime.files import atomic_write
+    from ..runtime.files import write_json as write
 
     if out:
-        data = (json.dumps(result, indent=1) + "\n").encode("utf-8")
-        atomic_write(Path(out) / name, lambda f: f.write(data))
+        write(Path(out) / name, result)
 
 
 def compare_engines(args: argparse.Namespace, cfg: Any, log: Any) -> int:

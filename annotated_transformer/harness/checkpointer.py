@@ -95,7 +95,7 @@ class Checkpointer:
             self._queued_step = None
             if self.saved_step is None:
                 good = "no checkpoint of this run was written before it"
-            elif str(self.run.last) in str(exc):  # the full-disk line already says to resume from it
+            elif getattr(exc, "resumes_from", None) is not None:  # the full-disk line already says to resume from it
                 good = f"it holds step {self.saved_step}"
             else:
                 good = f"the last good checkpoint is {self.run.last} (step {self.saved_step})"

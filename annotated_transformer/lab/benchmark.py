@@ -30,7 +30,6 @@ step, fp32, explicit attention) against batched cached greedy and beam 5, on the
 from __future__ import annotations
 
 import copy
-import json
 import math
 import statistics
 import sys
@@ -44,7 +43,7 @@ import torch
 from ..config import Config, config_from_dict, config_to_dict
 from ..runtime.device import device_name, native_bf16, select_device, synchronize
 from ..runtime.errors import ConfigError
-from ..runtime.files import atomic_write
+from ..runtime.files import write_json
 from ..harness.malloc import malloc_in_use, training_malloc
 from ..loop import Log
 from ..masks import padding_mask
@@ -301,11 +300,7 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
             save_chart(shape_chart(rows, f"{cfg.name} on {result['device']}"), out / "sweep")
             result["sweep_chart"] = str(out / "sweep.png")
     if out_dir:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        # atomic: a benchmark killed while writing leaves the earlier file whole (runtime.files.atomic_write)
-        data = (json.dumps(result, indent=1) + "\n").encode("utf-8")
-        atomic_write(out / "benchmark.json", lambda f: f.write(data))
+        write_json(Path(out_dir) / "benchmark.json", result)
     return result
 
 

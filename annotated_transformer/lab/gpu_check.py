@@ -26,7 +26,6 @@ The table is printed, and `gpu_check.json` written to --out.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -43,7 +42,7 @@ import torch
 from ..config import Config
 from ..runtime.device import device_name, resolve_amp_dtype, select_device, synchronize
 from ..runtime.errors import ConfigError
-from ..runtime.files import atomic_write
+from ..runtime.files import write_json
 from ..runtime.model_flops import train_step_flops
 from ..harness.run_dir import read_metrics
 from ..harness.schedules import rate_on_device
@@ -285,11 +284,8 @@ def gpu_check(cfg: Config, overrides: list[str], steps: int = 30, warmup: int = 
                               "precision": cfg.train.precision, "date": time.strftime("%Y-%m-%d"), "steps": {}}
 
     def save() -> None:
-        if out:
-            out.mkdir(parents=True, exist_ok=True)
-            # atomic: rewritten after each part, and a check cut short must leave the parts before it readable
-            data = (json.dumps(result, indent=1) + "\n").encode("utf-8")
-            atomic_write(out / "gpu_check.json", lambda f: f.write(data))
+        if out:  # rewritten after each part: a check cut short leaves the parts before it readable
+            write_json(out / "gpu_check.json", result)
 
     dtype = torch.bfloat16 if cfg.train.precision == "bf16" else torch.float32
     result["peak_flop_per_s"] = max(matmul_peak(device, dtype) for _ in range(2))

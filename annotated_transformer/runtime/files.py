@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sys
 import tempfile
@@ -68,6 +69,12 @@ def atomic_write(path: str | Path, write: Callable[[Any], object]) -> None:
     _fsync_dir(path.parent)
 
 
+def write_json(path: str | Path, value: Any) -> None:
+    """`value` as indented JSON at `path`, atomically (a process killed while writing leaves the earlier file whole)."""
+    data = (json.dumps(value, indent=1) + "\n").encode("utf-8")
+    atomic_write(path, lambda f: f.write(data))
+
+
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether two paths name one existing file (a link or another spelling of the path included)."""
     try:
@@ -119,8 +126,10 @@ def run_dir_error(exc: OSError, path: str | Path, what: str = "write", run: str 
     if run is not None and exc.errno in _FULL:
         last = Path(run) / "last.pt"
         again = f"resume from {last}, which is intact" if last.is_file() else "start the run again"
-        return RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {_FULL[exc.errno]} on the disk holding "
-                           f"{run}, then run the same command again to {again}")
+        error = RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {_FULL[exc.errno]} on the disk holding "
+                            f"{run}, then run the same command again to {again}")
+        error.resumes_from = last if last.is_file() else None  # the line names it: a caller need not again
+        return error
     hint = _HINTS.get(exc.errno or 0, "check the path or choose another train.out_dir")
     return RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {hint}")
 
