@@ -81,6 +81,10 @@ class DataConfig:
     lowercase: bool = param(False, "lowercase all text before tokenising")
     min_freq: int = param(2, "word mode: a token needs this many training occurrences to enter the vocabulary")
     spm_vocab_size: int = param(8000, "spm mode: size of the joint SentencePiece vocabulary")
+    spm_sample: int = param(1_000_000, "spm mode: the most training sentences (both languages counted) SentencePiece "
+                            "learns from; a larger training split gives it a random sample of its pairs, drawn with "
+                            "train.seed (its peak memory grows with the sentences: about 2.8 GB for a million of 24 "
+                            "words); 0: every sentence")
     max_sentence_len: int = param(128, "longest sentence in tokens, <s> and </s> included; longer ones are cut or "
                                   "skipped")
     long_policy: str = param("truncate", "what to do with longer sentences: 'truncate' or 'skip'",
@@ -121,7 +125,8 @@ class TrainConfig:
     clip_grad_norm: float = param(0.0, "clip the gradient's global norm to this (0: no clipping)")
     device: str = param("auto", "'auto' (cuda, else mps, else cpu) or an explicit torch device like 'cuda:1'")
     malloc: str = param("auto", "the C allocator of a training process: 'auto' (on the CPU, tcmalloc where the "
-                        "machine has it, else the system's), 'system', 'tcmalloc' (an error if missing) or, on the "
+                        "machine has it, else mimalloc from the cmeel-mimalloc package the lock installs on Linux, "
+                        "else the system's), 'system', 'tcmalloc' or 'mimalloc' (an error if missing) or, on the "
                         "command line only, a library's path (any device; a config file may not name code to load); "
                         "the train command restarts itself with it preloaded, the benchmark times its training "
                         "steps under it (CPU training ran 1.13-1.24x faster under tcmalloc than glibc's)")
@@ -145,10 +150,20 @@ class TrainConfig:
         "it is), else start; true: continue it, and fail without last.pt; false: refuse an existing run",
         choices=("auto", True, False))
     keep_last_epochs: int = param(0, "keep only the newest N epoch_NN model files (0: keep them all)")
-    average_last: int = param(0, "at the end, average the last N epochs' weights into the avg model file and "
-                              "use it for the final scores if it beats best on val (0 or 1: off)")
+    val_every_steps: int = param(0, "also validate every N optimizer steps, inside epochs (validation loss, BLEU as "
+                                 "train.bleu_every says, the best model file), beside each epoch's end (0: at epoch "
+                                 "ends only)")
+    save_every_steps: int = param(0, "also write last.pt and a step_NNNNNNN model file every N optimizer steps, "
+                                  "inside epochs, beside each epoch's end (0: at epoch ends only); a run killed "
+                                  "inside an epoch continues from the newest one")
+    keep_last_steps: int = param(5, "keep only the newest N step_NNNNNNN model files (0: keep them all)")
+    average_last: int = param(0, "at the end, average the last N saved checkpoints' weights (the step_NNNNNNN files "
+                              "with train.save_every_steps, else the epoch_NN files; the paper averaged its last 5) "
+                              "into the avg model file and use it for the final scores if it beats best on val "
+                              "(0 or 1: off)")
     log_every: int = param(50, "optimizer steps between log lines")
-    bleu_every: int = param(1, "epochs between validation BLEU evaluations (0: never)")
+    bleu_every: int = param(1, "validations between validation BLEU evaluations: every N epochs and, with "
+                            "train.val_every_steps, every N-th validation inside epochs (0: never)")
     target_bleu: float = param(0.0, "validation BLEU to time: the first epoch and train_seconds reaching it are "
                                "recorded in metrics.jsonl and the final line (0: off)")
     stop_at_target: bool = param(False, "end training at the first epoch whose validation BLEU reaches "
@@ -169,9 +184,13 @@ class TrainConfig:
         return bool((self.epochs and epoch >= self.epochs) or (self.max_steps and step >= self.max_steps)
                     or (self.stop_at_target and target_reached))
 
+    def epoch_steps(self, batches_per_epoch: int) -> int:
+        """The optimizer steps of one epoch (its last group of accum_steps batches may be short)."""
+        return -(-batches_per_epoch // self.accum_steps)
+
     def total_steps(self, batches_per_epoch: int) -> int:
         """The optimizer steps a run takes: max_steps, or the epochs' worth if fewer."""
-        by_epochs = self.epochs * -(-batches_per_epoch // self.accum_steps)  # an epoch's last group may be short
+        by_epochs = self.epochs * self.epoch_steps(batches_per_epoch)
         return min(x for x in (by_epochs, self.max_steps) if x > 0)
 
 
@@ -274,7 +293,9 @@ class CoreConfig:
         not_negative({"train.epochs": t.epochs, "train.max_steps": t.max_steps, "train.bleu_every": t.bleu_every,
                       "data.num_workers": d.num_workers, "train.clip_grad_norm": t.clip_grad_norm,
                       "decode.max_len_a": dec.max_len_a, "train.adam_eps": t.adam_eps,
-                      "train.keep_last_epochs": t.keep_last_epochs, "train.average_last": t.average_last})
+                      "train.keep_last_epochs": t.keep_last_epochs, "train.average_last": t.average_last,
+                      "train.val_every_steps": t.val_every_steps, "train.save_every_steps": t.save_every_steps,
+                      "train.keep_last_steps": t.keep_last_steps, "data.spm_sample": d.spm_sample})
         if m.d_model % m.h:
             raise ConfigError(
                 f"model.d_model ({m.d_model}) must be divisible by model.h ({m.h}); "
@@ -311,9 +332,12 @@ class CoreConfig:
         if d.dataset != "copy" and t.best_metric == "bleu" and t.bleu_every == 0:
             raise ConfigError("train.best_metric=bleu needs validation BLEU, but train.bleu_every is 0; "
                               "set train.bleu_every to 1 or more, or train.best_metric=loss")
-        if t.keep_last_epochs and t.average_last > t.keep_last_epochs:
-            raise ConfigError(f"train.average_last ({t.average_last}) needs that many epoch checkpoints, but "
-                              f"train.keep_last_epochs is {t.keep_last_epochs}; raise it or set it to 0 (keep all)")
+        # averaging takes the step files when the run writes them, else the epoch files: enough must be kept
+        key, kind = ("keep_last_steps", "step") if t.save_every_steps else ("keep_last_epochs", "epoch")
+        kept = getattr(t, key)
+        if kept and t.average_last > kept:
+            raise ConfigError(f"train.average_last ({t.average_last}) needs that many {kind} checkpoints, but "
+                              f"train.{key} is {kept}; raise it or set it to 0 (keep all)")
         if not t.fast and t.compile is not False:
             raise ConfigError(f"train.fast=false runs the notebook's exact path, without torch.compile: drop "
                               f"train.compile={str(t.compile).lower()} or set train.fast=true")
@@ -322,9 +346,9 @@ class CoreConfig:
                               "model.attention_kernel=fused or set train.fast=true")
         if t.resume is True and t.overwrite:
             raise ConfigError("train.resume and train.overwrite are both true; pick one")
-        if t.malloc not in ("auto", "system", "tcmalloc") and "/" not in t.malloc:
-            raise ConfigError(f"train.malloc must be auto, system, tcmalloc or the path of a malloc library (.so); "
-                              f"got {t.malloc!r}")
+        if t.malloc not in ("auto", "system", "tcmalloc", "mimalloc") and "/" not in t.malloc:
+            raise ConfigError("train.malloc must be auto, system, tcmalloc, mimalloc or the path of a malloc library "
+                              f"(.so); got {t.malloc!r}")
 
     def _validate_data(self) -> None:
         """The data section's rules, and what the model needs from it."""
@@ -332,6 +356,8 @@ class CoreConfig:
         if d.src_lang == d.tgt_lang:
             raise ConfigError(f"data.src_lang and data.tgt_lang are both '{d.src_lang}'; they must differ")
         self._validate_corpus()
+        if d.spm_sample == 1:
+            raise ConfigError("data.spm_sample must be 0 (every sentence) or at least 2 (a sentence pair), got 1")
         if d.max_sentence_len < 3:
             raise ConfigError(f"data.max_sentence_len must be at least 3 (<s>, a token, </s>), "
                               f"got {d.max_sentence_len}")

@@ -26,6 +26,7 @@ TEST_THREADS = 2
 os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(TEST_THREADS)
 for _name in [n for n in os.environ if n.startswith("MALLOC_")] + ["LD_PRELOAD", "GLIBC_TUNABLES"]:
     os.environ.pop(_name, None)
+os.environ["ANNOTATED_TRANSFORMER_MALLOC"] = "system"  # no train command restarts under tcmalloc or mimalloc
 
 import torch  # noqa: E402
 

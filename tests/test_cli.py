@@ -32,6 +32,7 @@ TAKES = {
     "visualize": {"--checkpoint", "--out", "--overwrite", "--device", "--beam"},
     "average-checkpoints": {"--out", "--overwrite"}, "sweep": {"--out", "--overwrite"},
     "benchmark": {"--checkpoint", "--out", "--overwrite", "--limit", "--device"}, "prepare-data": set(),
+    "make-synthetic-corpus": {"--out", "--overwrite"},
 }
 
 

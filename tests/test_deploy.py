@@ -231,6 +231,7 @@ def test_wrong_engine_arguments_are_one_line(tmp_path, tiny_checkpoint, exported
 # ---------------------------------------------------------------- benchmark --engines
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
 def test_engine_comparison_on_a_trained_checkpoint(tiny_checkpoint, multi30k_dir, tmp_path, command, monkeypatch):
     """The engine table on 12 test sentences. Each engine is measured in this process here (the benchmark's own
     fresh processes are tested by test_benchmark.py's training sides, which use the same helper)."""

@@ -119,6 +119,7 @@ def test_a_run_stopped_mid_epoch_resumes_the_average_exactly(tmp_path, no_charts
     assert all(torch.equal(a, b) for a, b in zip(*(m.values() for m in best)))
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
 def test_switched_off_at_a_resume_the_average_is_dropped_with_a_line_that_says_so(tmp_path, no_charts, capsys):
     train_worker(_copy_run(tmp_path / "r", "train.epochs=1", "train.max_steps=3"))
     train_worker(_copy_run(tmp_path / "r", "train.epochs=1", "ema.decay=0"))
@@ -126,6 +127,7 @@ def test_switched_off_at_a_resume_the_average_is_dropped_with_a_line_that_says_s
     assert "ema" not in load_checkpoint(tmp_path / "r" / "last.pt")
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
 def test_switched_on_at_a_resume_the_average_starts_from_the_restored_weights(tmp_path, no_charts):
     train_worker(_copy_run(tmp_path / "r", "train.epochs=1", "train.max_steps=3", "ema.decay=0"))
     assert "ema" not in load_checkpoint(tmp_path / "r" / "last.pt")

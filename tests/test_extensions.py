@@ -440,6 +440,7 @@ def test_bad_extension_settings_are_one_line_errors(override, message):
 # --------------------------------------------------------------------------- the cost benchmark
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
 def test_the_extension_benchmark_times_every_arm_against_the_first(tiny_config):
     from annotated_transformer.lab.extension_benchmark import measure_extensions
 

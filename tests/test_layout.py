@@ -62,6 +62,7 @@ LAYERS = {
     "harness.distributed": 4, "harness.monitor": 4, "harness.tensorboard_log": 4,
     "harness.schedules": 4, "harness.malloc": 4, "harness.loss_meter": 4, "harness.train_loop": 5,
     "scoring": 4, "deploy.text_translator": 4, "deploy.ct2_export": 4, "lab.hardware": 4, "lab.graphed_step": 4,
+    "lab.synthetic_corpus": 4,
     "lab.product_benchmark": 5,
     "harness.checkpointer": 6,
     "harness.run_dir": 5, "harness.resume": 5, "harness.metrics": 5, "deploy.ct2_translator": 5,
@@ -69,7 +70,7 @@ LAYERS = {
     "harness.tasks": 6, "deploy.translator": 6, "visualization": 6,
     "harness.progress": 7, "harness.run_end": 7, "lab.benchmark": 7, "lab.engine_benchmark": 7,
     "lab.extension_benchmark": 7, "lab.shape_benchmark": 7, "lab.step_profile": 7, "lab.seed_statistics": 7,
-    "harness.trainer": 8, "lab.sweep": 8, "lab.speed_report": 8, "lab.gpu_check": 8,
+    "harness.trainer": 8, "lab.sweep": 8, "lab.speed_report": 8, "lab.gpu_check": 8, "lab.scale_benchmark": 8,
     "__init__": 9, "cli": 9, "__main__": 10,  # __init__: the public API, as imported by name from the package
 }
 # Every extension module sits on one layer, below config, which loads them all: a new one needs no line here.
@@ -165,7 +166,7 @@ CORE_HELPERS = {"annotated_transformer", "annotated_transformer.runtime", "annot
 NOT_CORE = tuple(f"annotated_transformer.{name}" for name in (
     "fast", "decode", "extensions", "harness", "lab", "deploy", "config", "data.loader", "data.buckets",
     "data.translation_data", "data.cache", "data.text", "data.vocab", "data.tokenizers", "data.multi30k",
-    "data.own_files", "data.copy_loader", "data.notebook_pipeline", "runtime.device"))
+    "data.own_files", "data.ids", "data.tokenise", "data.copy_loader", "data.notebook_pipeline", "runtime.device"))
 
 # In a fresh process: what the package import loads, then each reading-order file, then the names loaded on use.
 IMPORTS = """

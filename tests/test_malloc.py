@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD is Linux's")
 
 
+def without_the_suites_setting() -> dict[str, str]:
+    """This process's environment without conftest's ANNOTATED_TRANSFORMER_MALLOC=system: a train command restarts."""
+    return {k: v for k, v in os.environ.items() if k != RESTARTED_ENV}
+
+
 @pytest.fixture
 def tcmalloc_dir(tmp_path) -> Path:
     """A library folder holding a file named as gperftools' minimal tcmalloc."""
@@ -47,7 +52,9 @@ def test_a_named_library_is_preloaded_or_refused_in_one_line(tcmalloc_dir, tmp_p
         library_to_preload("tcmalloc", "cpu", {}, [tmp_path / "nothing"])
     with pytest.raises(ConfigError, match="no such file"):
         library_to_preload(str(tmp_path / "libmissing.so"), "cpu", {}, [])
-    with pytest.raises(ConfigError, match="must be auto, system, tcmalloc or the path"):  # checked with the config
+    with pytest.raises(ConfigError, match="pip install cmeel-mimalloc"):
+        library_to_preload("mimalloc", "cpu", {}, [tmp_path / "nothing"])
+    with pytest.raises(ConfigError, match="must be auto, system, tcmalloc, mimalloc or the path"):  # the config
         load_config("copy.yaml", ["train.malloc=jemalloc"])
 
 
@@ -118,7 +125,8 @@ def test_the_train_command_restarts_itself_with_the_library_preloaded(tmp_path, 
         pytest.skip("no libanl.so.1 beside libc.so.6 here")
     proc = subprocess.run([sys.executable, *launcher, "--config", "copy.yaml",
                            "train.epochs=1", "train.device=cpu", f"train.out_dir={tmp_path / 'run'}",
-                           f"train.malloc={lib}"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           f"train.malloc={lib}"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=without_the_suites_setting())
     assert proc.returncode == 0, proc.stderr[-2000:]
     first = next(line for line in proc.stdout.splitlines() if "parameters | device" in line)
     assert f"malloc {lib.resolve().name} |" in first, first  # the restarted process, with the library mapped
@@ -130,7 +138,7 @@ def test_a_bad_malloc_setting_is_one_line_and_exit_2(capsys, command):
         run(command, ["--config", "copy.yaml", "train.malloc=jemalloc"], f"{command}.py", whole_process=True)
     err = capsys.readouterr().err.strip().splitlines()
     assert done.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("error: train.malloc must be auto, system, tcmalloc or the path")
+    assert err[0].startswith("error: train.malloc must be auto, system, tcmalloc, mimalloc or the path")
 
 
 def _malloc_here() -> dict[str, str]:
@@ -160,7 +168,7 @@ def test_the_benchmark_profiles_training_steps_under_the_library(multi30k_dir, d
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--config", "tiny.yaml",
                            "--profile", "--steps", "1", "--warmup", "1", "train.device=cpu", f"train.malloc={lib}",
                            f"data.root={multi30k_dir}", f"data.cache_dir={data_cache_dir}"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=without_the_suites_setting())
     assert proc.returncode == 0, proc.stderr[-2000:]
     header = next(line for line in proc.stdout.splitlines() if line.startswith("tiny: "))  # the profile's first line
     assert f"malloc {lib.resolve().name} (1 steps)" in header, header
@@ -232,3 +240,33 @@ def test_the_same_path_on_the_command_line_is_preloaded(tcmalloc_dir, tmp_path, 
         monkeypatch.delenv(name, raising=False)
     train.relaunch_with_malloc(["--config", str(config), "train.device=cpu", f"train.malloc={lib}"])
     assert restarts == [lib.resolve()]
+
+
+@linux_only
+def test_auto_falls_back_to_the_locks_mimalloc_and_prefers_tcmalloc(tmp_path, tcmalloc_dir):
+    mimalloc_dir = tmp_path / "cmeel.prefix" / "lib"
+    mimalloc_dir.mkdir(parents=True)
+    (mimalloc_dir / "libmimalloc.so.3").write_bytes(b"")
+    assert library_to_preload("auto", "cpu", {}, [mimalloc_dir]) == mimalloc_dir / "libmimalloc.so.3"
+    assert library_to_preload("auto", "cpu", {}, [mimalloc_dir, tcmalloc_dir]) == \
+        tcmalloc_dir / "libtcmalloc_minimal.so.4"  # measured faster: tcmalloc first where the machine has it
+    assert library_to_preload("mimalloc", "cpu", {}, [tcmalloc_dir, mimalloc_dir]) == mimalloc_dir / "libmimalloc.so.3"
+    assert library_to_preload("auto", "cpu", {RESTARTED_ENV: "system"}, [mimalloc_dir]) is None  # the suite's setting
+
+
+@linux_only
+def test_the_lock_installs_a_mimalloc_that_the_search_finds():
+    found = malloc.find_library(malloc.MIMALLOC_FILES, malloc.search_dirs(os.environ))
+    assert found is not None and found.parent.parts[-2:] == ("cmeel.prefix", "lib"), found
+
+
+@pytest.mark.slow
+@linux_only
+def test_a_train_command_restarts_under_the_locks_mimalloc(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "train.py"), "--config", "copy.yaml",
+                           "train.epochs=1", "train.device=cpu", f"train.out_dir={tmp_path / 'run'}",
+                           "train.malloc=mimalloc"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=without_the_suites_setting())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first = next(line for line in proc.stdout.splitlines() if "parameters | device" in line)
+    assert "| malloc libmimalloc.so.3 |" in first, first  # mapped into the restarted process, not just asked for

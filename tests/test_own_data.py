@@ -257,36 +257,39 @@ def drop_checksums(folder: Path) -> None:
 
 
 def short_offsets(folder: Path) -> None:
-    """val.npz rewritten, whole as a zip file, with a sentence fewer than the manifest counts."""
-    with np.load(folder / "val.npz") as z:
-        arrays = {k: z[k] for k in z.files}
-    for side in ("src", "tgt"):
-        arrays[f"{side}_offsets"] = arrays[f"{side}_offsets"][:-1]
-        arrays[side] = arrays[side][: arrays[f"{side}_offsets"][-1]]
-    with open(folder / "val.npz", "wb") as f:
-        np.savez(f, **arrays)
+    """val's source files rewritten, whole .npy files, with a sentence fewer than the manifest counts."""
+    offsets = np.load(folder / "val.src.offsets.npy")[:-1]
+    ids = np.load(folder / "val.src.ids.npy")[: offsets[-1]]
+    np.save(folder / "val.src.offsets.npy", offsets)
+    np.save(folder / "val.src.ids.npy", ids)
 
 
 @pytest.mark.parametrize("damage, file, reason", [
-    (lambda f: cut_in_half(f / "train.npz"), "train.npz", "its sha256 is not the one manifest.json recorded"),
+    (lambda f: cut_in_half(f / "train.src.ids.npy"), "train.src.ids.npy",
+     "its sha256 is not the one manifest.json recorded"),
     (lambda f: (f / "text" / "text_pipeline.json").write_text("[]"), "text/text_pipeline.json", "its sha256 is not"),
-    (lambda f: (f / "val.npz").unlink(), "val.npz", "missing"),
+    (lambda f: (f / "val.tgt.offsets.npy").unlink(), "val.tgt.offsets.npy", "missing"),
     (lambda f: (f / MANIFEST).write_text('{"settings": '), MANIFEST, "not valid JSON: "),
     # caches written before the checksums: what does not parse, or does not add up
-    (lambda f: (drop_checksums(f), cut_in_half(f / "train.npz")), "train.npz", "BadZipFile: File is not a zip file"),
-    (lambda f: (drop_checksums(f), short_offsets(f)), "val.npz", "it holds 11 src sentences, manifest.json says 12"),
+    (lambda f: (drop_checksums(f), cut_in_half(f / "train.src.ids.npy")), "train.src.ids.npy",
+     "cut short or padded: "),
+    (lambda f: (drop_checksums(f), (f / "train.tgt.ids.npy").write_bytes(b"not an array")), "train.tgt.ids.npy",
+     "ValueError: "),
+    (lambda f: (drop_checksums(f), short_offsets(f)), "val.src.offsets.npy",
+     "it holds 11 sentences, manifest.json says 12"),
     (lambda f: (drop_checksums(f), (f / "text" / "text_pipeline.json").write_text("[]")), "text/text_pipeline.json",
      "a JSON list, not an object of settings"),
 ])
 def test_a_damaged_cache_is_rebuilt_with_one_line_naming_the_file(built, damage, file, reason):
     cfg, folder, data = built
+    before = [a.tolist() for a in data.splits["train"].src]  # read now: `data` maps the files damaged next
     damage(folder)
     lines = []
     again = load_translation_data(cfg, log=lines.append)
     said = [line for line in lines if line.startswith("the data cache")]
     assert len(said) == 1 and said[0].startswith(f"the data cache {folder} is damaged ({file}: {reason}"), lines
     assert said[0].endswith("); rebuilding it") and again.stats["built"]
-    assert [a.tolist() for a in again.splits["train"].src] == [a.tolist() for a in data.splits["train"].src]
+    assert [a.tolist() for a in again.splits["train"].src] == before
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # rebuilt in place, no temporary left
     assert not load_translation_data(cfg, log=None).stats["built"]  # and whole again
 
@@ -301,9 +304,9 @@ def test_a_cache_written_before_the_checksums_still_reads(built):
 
 
 @pytest.mark.parametrize("error, message", [
-    (PermissionError(13, "Permission denied", "train.npz"),
-     "cannot read the data cache {folder} (train.npz: Permission denied); check its permissions and the disk, or "
-     "set data.cache_dir to another folder"),
+    (PermissionError(13, "Permission denied", "train.src.ids.npy"),
+     "cannot read the data cache {folder} (train.src.ids.npy: Permission denied); check its permissions and the "
+     "disk, or set data.cache_dir to another folder"),
     (MemoryError(), "not enough memory to read the data cache {folder}; free some memory (other programs) and run "
                     "again, or set data.cache_dir to another folder"),
 ])
@@ -340,7 +343,7 @@ def test_a_killed_builds_temporary_is_removed_at_the_next_build_and_a_live_ones_
     long_ago = time.time() - 2 * cache.DEAD_AFTER_S
     for label, name in names.items():
         (cache_dir / name).mkdir(parents=True)
-        (cache_dir / name / "train.npz").write_bytes(b"half")
+        (cache_dir / name / "train.src.ids.npy").write_bytes(b"half")
         if label != "just_now":
             os.utime(cache_dir / name, (long_ago, long_ago))
     renamed = []
@@ -392,9 +395,9 @@ def test_multi30k_en_de_ids_are_de_en_ids_swapped(multi30k_data, tiny_config):
 
 def test_multi30k_de_en_keeps_its_cache_key_and_tokens(multi30k_data, multi30k_dir, tiny_config):
     d = tiny_config().data
-    # The settings the de->en cache was keyed by before own files existed: the same key finds the same cache.
+    # The settings the de->en cache was keyed by before own files existed, at cache format 2 (flat id files).
     assert {k: v for k, v in cache_settings(d).items() if k != "spacy"} == {
-        "format": 1, "data": dict(sorted(MULTI30K_FILES.items())), "src_lang": "de", "tgt_lang": "en",
+        "format": 2, "data": dict(sorted(MULTI30K_FILES.items())), "src_lang": "de", "tgt_lang": "en",
         "tokenizer": "word", "lowercase": False, "min_freq": 2, "references": "tokenised"}
     folder = Path(multi30k_data.stats["cache"])
     assert folder == cache_folder(d) and folder.name.startswith("multi30k-")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from annotated_transformer.config import load_config
 from annotated_transformer.data.batch import Batch
 from annotated_transformer.data.buckets import bucket_batches, epoch_rng, padding_fraction
+from annotated_transformer.data.ids import RaggedIds
 from annotated_transformer.data.loader import TrainLoader
 from annotated_transformer.data.text import TextPipeline
 from annotated_transformer.data.vocab import UNK
@@ -22,6 +23,7 @@ from annotated_transformer.extensions.bidirectional import DirectionSampling
 from annotated_transformer.extensions.builder import build_resegmentation, build_training
 from annotated_transformer.extensions.cutoff import CutoffObjective, build_cutoff, cut_tokens
 from annotated_transformer.extensions.r_drop import RDropObjective, build_r_drop, symmetric_kl
+from annotated_transformer.extensions import subword_sampling
 from annotated_transformer.extensions.subword_sampling import SampledSegmentation, SubwordSamplingConfig
 from annotated_transformer.loss import LabelSmoothing, SimpleLossCompute
 from annotated_transformer.model import make_model
@@ -43,8 +45,8 @@ def subwords(multi30k_data):
 
 def segmentation(subwords, seed: int = 3, **cfg) -> SampledSegmentation:
     text, src_text, tgt_text, src, tgt = subwords
-    return SampledSegmentation(SubwordSamplingConfig(**{"alpha": 0.1, **cfg}), text, src_text, tgt_text, src, tgt,
-                               seed)
+    train = SimpleNamespace(src_text=src_text, tgt_text=tgt_text, src=src, tgt=tgt)  # what it reads of a Split
+    return SampledSegmentation(SubwordSamplingConfig(**{"alpha": 0.1, **cfg}), text, train, seed)
 
 
 def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
@@ -64,7 +66,7 @@ def test_sampled_segmentations_spell_the_same_sentences_and_repeat_for_the_same_
     assert changed > 0.5  # alpha 0.1 over the 64 best: most sentences cut differently
     short = [i for i, ids in enumerate(src0) if len(ids) < 40][:200]  # untruncated rows detokenise exactly
     assert all(text.ids_to_text(src0[i], "src") == " ".join(src_text[i].split()) for i in short)
-    assert all(ids[0] == BOS and ids[-1] == EOS and len(ids) <= 40 for ids in src0 + tgt0)
+    assert all(ids[0] == BOS and ids[-1] == EOS and len(ids) <= 40 for ids in list(src0) + list(tgt0))
     segmentation(subwords, seed=9)(0)  # other draws in between do not disturb the next call's
     again = reseg(0)
     assert same(again[0], src0) and same(again[1], tgt0)
@@ -78,6 +80,33 @@ def test_only_the_chosen_side_is_resegmented(subwords):
     assert not same(src_only[0], src) and src_only[1] is tgt
     tgt_only = segmentation(subwords, sides="tgt")(0)
     assert tgt_only[0] is src and not same(tgt_only[1], tgt)
+
+
+@pytest.mark.slow
+def test_sampling_reads_the_text_each_epoch_and_draws_todays_segmentations_in_chunks(subwords, monkeypatch):
+    text, src_text, tgt_text, src, tgt = subwords
+    reads = []
+
+    class Train:  # a training split whose text is read from its files on each use, as the data cache's is
+        @property
+        def src_text(self):
+            reads.append("src")
+            return iter(src_text)  # the sampling only iterates
+
+    train = Train()
+    train.tgt = tgt
+    reseg = SampledSegmentation(SubwordSamplingConfig(alpha=0.1, sides="src"), text, train, seed=3)
+    assert reads == []  # nothing read before an epoch needs it
+    whole = reseg(2)[0]
+    assert reads == ["src"] and isinstance(whole, RaggedIds) and whole.limit == text.max_sentence_len
+    # up to 100,000 sentences are one SentencePiece call: the draws the whole list always had
+    seed = 3 * 1_000_003 + 2 * 7_919
+    today = [text.truncate(r) for r in text.sampled_ids_many(src_text, "src", 0.1, 64, seed)]
+    assert same(whole, [np.asarray(r, dtype=np.int64) for r in today])
+    monkeypatch.setattr(subword_sampling, "CHUNK", 1000)  # larger corpora: later chunks draw with seeds of their own
+    chunked = reseg(2)[0]
+    assert same(chunked[:1000], whole[:1000]) and not same(chunked[1000:2000], whole[1000:2000])
+    assert same(chunked, reseg(2)[0]) and len(chunked) == len(src_text)
 
 
 @pytest.mark.slow

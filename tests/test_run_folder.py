@@ -18,7 +18,7 @@ import pytest
 
 from annotated_transformer.cli import run as run_command
 from annotated_transformer.config import load_config
-from annotated_transformer.harness.run_dir import MARKER, RunDir
+from annotated_transformer.harness.run_dir import MARKER, RunDir, check_same_data
 from annotated_transformer.runtime import files
 from annotated_transformer.runtime.errors import RunDirError
 
@@ -85,8 +85,8 @@ def test_a_folder_of_runs_is_never_cleared(tmp_path, capsys, no_charts):
 
 def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts):
     out = tmp_path / "run"
-    assert train(capsys, *COPY, f"train.out_dir={out}")[0] == 0
-    assert (out / MARKER).is_file()
+    assert train(capsys, *COPY, f"train.out_dir={out}", "train.save_every_steps=2")[0] == 0
+    assert (out / MARKER).is_file() and len(list(out.glob("step_*.safetensors"))) == 3  # steps 2, 4 and 6
     (out / "notes.txt").write_text("lr 1e-3 was worse\n")
     (out / "old_epoch_01.safetensors.bak").write_bytes(b"mine")
     (out / "charts").mkdir(exist_ok=True)
@@ -100,6 +100,7 @@ def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts)
     assert "kept what training did not write (charts, eval, notes.txt, old_epoch_01.safetensors.bak)" in stdout
     assert (out / "charts" / "my_plot.svg").read_bytes() == b"<svg/>" and (out / "eval" / "other" / MARKER).is_file()
     assert not (out / "epoch_02.safetensors").exists()  # the earlier run's second epoch is gone
+    assert not list(out.glob("step_*"))  # and its step files
     assert (out / "epoch_01.safetensors").is_file()
 
 
@@ -347,3 +348,16 @@ def test_a_crafted_last_pt_is_one_line_and_changes_nothing(tmp_path, capsys, no_
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1 and f"{out / 'last.pt'} cannot be resumed: {message}" in lines[0], err
     assert tree(out) == before
+
+
+def test_a_last_pt_of_the_older_cache_format_resumes_but_not_one_of_another_tokenizer(tmp_path):
+    """The cache's format version says how the ids are stored, not which ids: a run begun before it changed resumes."""
+    from annotated_transformer.data.cache import CACHE_FORMAT, cache_settings
+
+    d = load_config("cpu_15min", []).data
+    now = {"settings": cache_settings(d, {"train.de": "a" * 64}), "location": str(tmp_path)}
+    older = {"settings": {**now["settings"], "format": CACHE_FORMAT - 1}, "location": str(tmp_path)}
+    check_same_data(older, now, tmp_path / "last.pt")  # no error
+    other = {"settings": {**now["settings"], "spm_vocab_size": 16000}, "location": str(tmp_path)}
+    with pytest.raises(RunDirError, match="spm_vocab_size 16000 -> 8000"):
+        check_same_data(other, now, tmp_path / "last.pt")

@@ -240,6 +240,7 @@ def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
 def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
     from annotated_transformer.cli import run as run_command
 

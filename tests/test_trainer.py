@@ -499,7 +499,8 @@ FLAT_TRAIN_STATE = {"step": 40, "micro_step": 80, "samples": 900, "tokens": 1200
 
 def test_a_last_pt_from_before_the_run_counters_left_train_state_resumes_every_counter():
     """TrainState keeps what the loop counts, the harness's RunCounters the rest; last.pt's train_state stays one
-    flat dict, so a file written when TrainState held all 13 resumes with each of them, and is written as it was."""
+    flat dict, so a file written when TrainState held all 13 resumes with each of them, and is written as it was
+    (with the counters added since after them)."""
     def run_state() -> RunState:
         model = torch.nn.Linear(2, 2)
         optimizer = build_optimizer(model)
@@ -510,7 +511,8 @@ def test_a_last_pt_from_before_the_run_counters_left_train_state_resumes_every_c
     assert resumed.train_state == TrainState(step=40, micro_step=80, samples=900, tokens=12000)
     assert resumed.counters == RunCounters(epoch=2, best_metric=1.25, best_epoch=2, train_seconds=30.5,
                                            wall_seconds=41.0, flops=3e12)
-    assert list(resumed.state_dict()["train_state"].items()) == list(FLAT_TRAIN_STATE.items())  # the same dict
+    written = list(resumed.state_dict()["train_state"].items())
+    assert written == [*FLAT_TRAIN_STATE.items(), ("best_step", 0)]  # the same dict, and the step of the best since
 
 
 def test_a_resumed_log_window_times_only_the_steps_of_this_process(monkeypatch):

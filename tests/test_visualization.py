@@ -75,6 +75,7 @@ def test_positional_encoding_chart_follows_the_formula():
         viz.positional_encoding_chart(d_model=8, dims=(8,))
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
 def test_lr_schedule_chart_has_three_series_peaking_at_their_warmup():
     data = rows(viz.lr_schedule_chart().to_dict())
     assert len(data) < 5000  # sampled, not 60,000 points

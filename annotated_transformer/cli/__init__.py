@@ -23,6 +23,8 @@ COMMANDS = {
     "sweep": ("sweep", "train a grid of settings x seeds and report mean +/- sd"),
     "benchmark": ("benchmark", "measure training and decoding speed against baselines"),
     "prepare-data": ("prepare_data", "download, verify, tokenise and cache Multi30k; print statistics"),
+    "make-synthetic-corpus": ("make_synthetic_corpus", "write a parallel corpus of WMT length from Multi30k's lines "
+                              "(benchmark --scale)"),
 }
 # Each script in scripts/ is named after its command ('-' as '_'); a command's older name still runs it.
 ALIASES = {"average": "average-checkpoints"}

@@ -9,6 +9,7 @@
     benchmark --config base.yaml --products
     benchmark --config base.yaml --gpu --out runs/gpu_check
     benchmark --config cpu_15min.yaml --all --checkpoint runs/cpu_15min --rounds 3
+    benchmark --config wmt14_en_de_base.yaml --scale --pairs 4500000 --out runs/scale
 
 What each side does is described in annotated_transformer/lab/benchmark.py. With --json, stdout is one
 JSON object and progress goes to stderr.
@@ -33,7 +34,8 @@ def build_parser(prog: str | None) -> CommandParser:
                            CommandParser, takes_overrides=True)
     parser.add_argument("--steps", type=int, default=None, metavar="N",
                         help="timed training steps per side (median reported; default 10); --products: timed calls "
-                             "of each product; --gpu: timed steps a mode and batch size (default 30)")
+                             "of each product; --gpu: timed steps a mode and batch size (default 30); --scale: the "
+                             "training's optimizer steps (default 10)")
     # Named for what it is: train.warmup, on the same command line, is the learning rate's warm-up.
     parser.add_argument("--warmup-steps", type=int, default=2, metavar="N",
                         help="untimed training steps before the timed ones (default 2); --products: untimed calls")
@@ -86,6 +88,16 @@ def build_parser(prog: str | None) -> CommandParser:
                              "(default 3), --engines' (default 1)")
     parser.add_list("--arms", default=None, metavar="ARM,ARM,...", help="--extensions: a subset of the arms "
                     "(e.g. 'token pruning r=0.25,token cutoff 0.1'); plain is always measured")
+    parser.add_argument("--scale", action="store_true", help="instead: the data path at WMT14's size: on a synthetic "
+                        "corpus of WMT length (made where missing), prepare-data with the config's data settings "
+                        "and an empty cache (wall time, peak memory), then the start of training on it (seconds to "
+                        "the first step, peak memory), each a process of its own, against the goals of a 2-core "
+                        "machine; scale.json in --out (docs/own_data.md)")
+    parser.add_argument("--pairs", type=int, default=4_500_000, metavar="N",
+                        help="--scale: the corpus's training pairs (default 4,500,000: WMT14 English-German's size)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="--scale: the folder the corpus is kept in, made there where missing (default: "
+                             "synthetic-N in data.cache_dir); the temporary cache and run go there too")
     return parser
 
 
@@ -111,6 +123,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     check_out(args)
+    if args.scale:
+        return scale(args, cfg, log)
     if args.gpu:
         return check_gpu(args, cfg, log)
     if args.all:
@@ -135,8 +149,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def output_files(args: argparse.Namespace) -> list[str]:
     """The files the chosen table writes into --out."""
-    for flag, name in (("gpu", "gpu_check.json"), ("all", "speed_report.json"), ("engines", "engines.json"),
-                       ("extensions", "extensions.json"), ("profile", "profile.json"), ("products", "products.json")):
+    for flag, name in (("scale", "scale.json"), ("gpu", "gpu_check.json"), ("all", "speed_report.json"),
+                       ("engines", "engines.json"), ("extensions", "extensions.json"), ("profile", "profile.json"),
+                       ("products", "products.json")):
         if getattr(args, flag):
             return [name]
     return ["benchmark.json", *(["sweep.html", "sweep.png"] if args.shape_sweep else [])]
@@ -239,4 +254,16 @@ def compare_extensions(args: argparse.Namespace, cfg: Any, log: Any) -> int:
                                 log=log)
     write_json(args.out, "extensions.json", result)
     print(json.dumps(result) if args.json else format_extensions(result))
+    return 0
+
+
+def scale(args: argparse.Namespace, cfg: Any, log: Any) -> int:
+    """--scale: prepare-data and the start of training on a synthetic corpus of WMT length, scale.json in --out."""
+    from ..lab.scale_benchmark import format_scale, scale_benchmark
+
+    overrides = [*([f"train.device={args.device}"] if args.device else []), *args.overrides]  # as read_config
+    result = scale_benchmark(args.config, overrides, cfg, pairs=args.pairs, data_dir=args.data_dir, steps=args.steps,
+                             log=log)
+    write_json(args.out, "scale.json", result)
+    print(json.dumps(result) if args.json else format_scale(result))
     return 0

@@ -1,7 +1,9 @@
-"""`prepare-data --config NAME [--json]`: download (or find), verify, tokenise and cache Multi30k once.
+"""`prepare-data --config NAME [--json]`: download (or find), verify, tokenise and cache the data once (Multi30k,
+or your own files).
 
-Run it before a multi-GPU job so that no rank spends its start-up tokenising. With --json, stdout is
-one JSON object and the progress lines go to stderr.
+Run it before a multi-GPU job so that no rank spends its start-up tokenising. A long corpus logs its
+progress (sentences tokenised so far) every 10 seconds. With --json, stdout is one JSON object and
+the progress lines go to stderr.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from .options import CommandParser
 
 def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
-    parser = config_parser("Download, verify, tokenise and cache Multi30k; print statistics.", prog, CommandParser,
-                           takes_overrides=True)
+    parser = config_parser("Download (or find), verify, tokenise and cache the data; print statistics.", prog,
+                           CommandParser, takes_overrides=True)
     parser.add_argument("--json", action="store_true", help="print the statistics as one JSON object on stdout")
     return parser
 

@@ -307,7 +307,7 @@ def refuse_library_from_file(key: str, value: Any, source: str) -> None:
     if key == "train.malloc" and names_a_library(value):
         raise ConfigError(f"{source}: train.malloc={value} is a library's path, which a file may not give (it would "
                           f"run that library's code); pass it on the command line (train.malloc={value}) or preload "
-                          f"it yourself (LD_PRELOAD={value}), or set auto, system or tcmalloc in the file")
+                          f"it yourself (LD_PRELOAD={value}), or set auto, system, tcmalloc or mimalloc in the file")
 
 
 def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:

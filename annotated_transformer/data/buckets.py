@@ -11,7 +11,9 @@ Three plans:
                to 72 tokens (most positions are padding; kept for benchmarks and comparisons).
 
 A plan is a pure function of (lengths, seed, epoch): every rank computes the same global plan
-and takes its own share, with no communication.
+and takes its own share, with no communication. Planning works on the length arrays alone, with
+NumPy's sorts and one Python step per distinct width or per batch, never one per sentence, so
+that a corpus of millions of sentences is planned anew each epoch without holding up training.
 
 Static shapes. A batch is B rows of source and target both padded to one width W (the source
 tensor (B, W), the target's (B, W) with <s> and </s>), W taken from a ladder of widths that grow
@@ -63,6 +65,46 @@ def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), int(epoch)])
 
 
+def lexsort_by_tie(keys: Sequence[np.ndarray]) -> np.ndarray:
+    """np.lexsort(keys) (the last key sorts first) where keys[0], the tie-breaker, is a permutation of 0..n-1.
+
+    The same order, computed as one stable sort per key starting from the tie-breaker's order: NumPy sorts
+    16-bit integers stably by radix, in linear time, which makes it several times faster than np.lexsort
+    at millions of sentences.
+    """
+    tie, *rest = (np.asarray(key) for key in keys)
+    order = np.empty_like(tie)
+    order[tie] = np.arange(len(tie), dtype=tie.dtype)  # the indices in the tie-breaker's order
+    for key in rest:
+        k = key[order]
+        if k.size and k.min() >= 0 and k.max() < 1 << 16:
+            k = k.astype(np.uint16)
+        order = order[np.argsort(k, kind="stable")]
+    return order
+
+
+def bucket_starts(width: np.ndarray, batch_tokens: int) -> np.ndarray:
+    """Where each batch of the bucket plan starts among the sentences sorted by `width` (the first at 0).
+
+    The greedy cut: a batch takes the next, widest so far, sentence while (its size + 1) * that width
+    stays within `batch_tokens`; a sentence wider than the whole budget gets a batch of its own. The
+    cut depends only on how many sentences have each width, so it is computed width by width.
+    """
+    width = np.asarray(width)
+    n = len(width)
+    starts, start, pos = [np.zeros(min(n, 1), dtype=np.int64)], 0, 0  # the open batch is start..pos-1
+    for w, count in zip(*(a.tolist() for a in np.unique(width, return_counts=True))):
+        # the most sentences of width w in a batch (of width w: zero-width ones never exceed a budget >= 0)
+        most = max(1, int(batch_tokens // w)) if w > 0 else (n if batch_tokens >= 0 else 1)
+        first = pos + max(0, most - (pos - start))  # the open batch fills up to `most` sentences first
+        cuts = np.arange(first, pos + count, most, dtype=np.int64)
+        if cuts.size:
+            starts.append(cuts)
+            start = int(cuts[-1])
+        pos += count
+    return np.concatenate(starts)
+
+
 def bucket_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int,
                    rng: np.random.Generator | None = None,
                    served: tuple[np.ndarray, np.ndarray] | None = None) -> list[np.ndarray]:
@@ -86,19 +128,11 @@ def bucket_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int
     # batch tight (3% padding on Multi30k at 4096 tokens; sorting on source length alone: 5%).
     # Only the order among identical (width, src, tgt) keys is random, so the cut points, and
     # hence the number of batches, are the same in every epoch.
-    order = np.lexsort((tie, tgt_lens, src_lens, width))
-    cuts, start, longest = [], 0, 0
-    for pos, w in enumerate(width[order].tolist()):
-        longest_with = max(longest, w)
-        if pos > start and longest_with * (pos - start + 1) > batch_tokens:
-            cuts.append((start, pos))
-            start, longest_with = pos, w
-        longest = longest_with
-    cuts.append((start, n))
+    order = lexsort_by_tie((tie, tgt_lens, src_lens, width))
     if served is not None:
         s, t = (np.asarray(x) for x in served)
-        order = np.lexsort((tie, t, s, np.maximum(s, t)))
-    batches = [order[a:b] for a, b in cuts]
+        order = lexsort_by_tie((tie, t, s, np.maximum(s, t)))
+    batches = np.split(order, bucket_starts(width, batch_tokens)[1:])
     if rng is not None:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
@@ -179,7 +213,7 @@ def static_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, batch_tokens: int
     width = np.maximum(src_lens, tgt_lens)
     key = width if served is None else np.maximum(np.asarray(served[0]), np.asarray(served[1]))
     tie = rng.permutation(n) if rng is not None else np.arange(n)
-    order = np.lexsort((tie, key))  # narrowest first: each group takes the next sentences of this order
+    order = lexsort_by_tie((tie, key))  # narrowest first: each group takes the next sentences of this order
     batches, start = [], 0
     for w, k, rows, count in static_groups(width, batch_tokens):
         members = order[start:start + count]

@@ -8,6 +8,10 @@ plan and the data loader skips the k index lists it already served, without load
 With static shapes (data.static_shapes; buckets.py's `static_batches`) the sampler yields a
 `ShapedBatch` (sentence indices, rows, width) instead of a list of indices, `ShapedPairDataset`
 hands its pairs on with the shape, and `ShapedPadCollate` pads them to exactly that shape.
+
+The sentences are any sequence of id arrays: a `RaggedIds` (ids.py) as the data cache gives them, whose
+lengths the plan reads without a pass over the sentences and whose ids a batch reads from the memory-mapped
+file, or a plain list of arrays (tests, the copy task). The plan is the same for both.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from .buckets import (
     ShapedPadCollate,
     ShapedPairs,
     bucket_batches,
+    bucket_starts,
     epoch_rng,
     notebook_batches,
     shard,
     static_batches,
     static_groups,
 )
+from .ids import lengths_of
 from .vocab import PAD
 
 BATCHING_MODES = ("bucket", "notebook")
@@ -47,7 +53,11 @@ Resegment = Callable[[int], tuple[Sequence[np.ndarray], Sequence[np.ndarray]]]
 
 
 class PairDataset(Dataset):
-    """Pre-numericalised (src, tgt) id arrays, indexed by sentence."""
+    """Pre-numericalised (src, tgt) id arrays, indexed by sentence (a RaggedIds or a list of arrays a side).
+
+    A DataLoader worker started by fork shares it with the training process; one started by spawn or
+    forkserver receives it pickled, and a memory-mapped RaggedIds pickles as its files' names (ids.py).
+    """
 
     def __init__(self, src: Sequence[np.ndarray], tgt: Sequence[np.ndarray]) -> None:
         self.src, self.tgt = src, tgt
@@ -98,18 +108,45 @@ class EpochBatchSampler(Sampler[list[int]]):
         # Static shapes change the bucket plan only: the notebook's batches are fixed-size already.
         self.static = static and batching == "bucket"
         self.epoch = 0
-        # (epoch, source lengths, target lengths) that epoch serves, when the batches are filled by them
-        self.served: tuple[int, np.ndarray, np.ndarray] | None = None
-        # The number of global batches does not depend on the epoch (see bucket_batches), so one
-        # plan tells every rank the length of every epoch.
-        self._num_global = len(self.global_batches(0))
+        self._served: tuple[int, np.ndarray, np.ndarray] | None = None
+        # The latest (epoch, global plan): an epoch's iteration, its global_tokens and lengths_served read one
+        # plan, made once (at millions of sentences a plan is a sort of every sentence).
+        self._plan: tuple[int, list[np.ndarray] | list[ShapedBatch]] | None = None
+        # The number of global batches does not depend on the epoch (see bucket_batches): counted once, from the
+        # lengths alone, it tells every rank the length of every epoch.
+        self._num_global = self._count_global()
+
+    @property
+    def served(self) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """(epoch, source lengths, target lengths) that epoch serves, when the batches are filled by them."""
+        return self._served
+
+    @served.setter
+    def served(self, value: tuple[int, np.ndarray, np.ndarray] | None) -> None:
+        self._served, self._plan = value, None  # the plan of a served epoch follows its lengths
+
+    def _count_global(self) -> int:
+        """The number of global batches of every epoch, without planning one."""
+        n = len(self.src_lens)
+        if self.batching == "notebook":
+            return -(-n // self.batch_size)
+        if self.static:
+            return sum(k for _, k, _, _ in static_groups(np.maximum(self.src_lens, self.tgt_lens),
+                                                           self.batch_tokens))
+        return len(bucket_starts(np.maximum(self.src_lens, self.tgt_lens), self.batch_tokens))
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose plan the next iteration follows."""
         self.epoch = int(epoch)
 
     def global_plan(self, epoch: int) -> list[np.ndarray] | list[ShapedBatch]:
-        """Every rank's batches of `epoch`, before sharding (with static shapes: `ShapedBatch`es)."""
+        """Every rank's batches of `epoch`, before sharding (with static shapes: `ShapedBatch`es); read-only."""
+        if self._plan is None or self._plan[0] != epoch:
+            self._plan = (epoch, self._make_plan(epoch))
+        return self._plan[1]
+
+    def _make_plan(self, epoch: int) -> list[np.ndarray] | list[ShapedBatch]:
+        """`global_plan`, computed."""
         rng = epoch_rng(self.seed, epoch)
         if self.batching == "notebook":
             return notebook_batches(len(self.src_lens), rng, self.batch_size)
@@ -147,10 +184,8 @@ class TrainLoader:
                  resegment: Resegment | None = None, plan_on_served: bool = False,
                  static_shapes: bool = False) -> None:
         self.sampler = EpochBatchSampler(
-            np.fromiter((len(s) for s in src), dtype=np.int64, count=len(src)),
-            np.fromiter((len(t) for t in tgt), dtype=np.int64, count=len(tgt)),
-            batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank, world_size=world_size,
-            static=static_shapes)
+            lengths_of(src), lengths_of(tgt), batching=batching, batch_tokens=batch_tokens, seed=seed, rank=rank,
+            world_size=world_size, static=static_shapes)
         width = NOTEBOOK_PADDING if batching == "notebook" else None
         self.width = width
         # epoch -> that epoch's (src, tgt) ids of every sentence (subword sampling); the batches' sizes keep the
@@ -210,8 +245,7 @@ class TrainLoader:
                 raise DataError(f"the resegmented training data has {len(src)} source and {len(tgt)} target "
                                 f"sentences, the batch plan {len(self.sampler.src_lens)}; they must stay aligned")
             self.dataset.src, self.dataset.tgt = src, tgt
-            self.src_lens, self.tgt_lens = (np.fromiter((len(x) for x in side), dtype=np.int64, count=len(side))
-                                            for side in (src, tgt))
+            self.src_lens, self.tgt_lens = lengths_of(src), lengths_of(tgt)
             if self.plan_on_served:
                 self.sampler.served = (self.epoch, self.src_lens, self.tgt_lens)
             self.resegment_seconds = time.perf_counter() - t0
@@ -241,10 +275,17 @@ class TrainLoader:
         host of every rank without an all-reduce. A target row of n ids (<s> and </s> included,
         cut to the fixed width in notebook mode) gives n - 1 predicted tokens.
         """
+        plan = self.sampler.global_batches(epoch)
+        if not plan:
+            return []
         lens = self.tgt_lens if self.width is None else np.minimum(self.tgt_lens, self.width)
-        per_batch = [int(lens[b].sum()) - len(b) for b in self.sampler.global_batches(epoch)]
-        ws, n = self.world_size, len(per_batch)
-        return [sum(per_batch[(r + k * ws) % n] for r in range(ws)) for k in range(len(self))]
+        sizes = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
+        ends = np.cumsum(sizes)
+        summed = np.concatenate(([0], np.cumsum(lens[np.concatenate(plan)])))  # running token count, plan order
+        per_batch = summed[ends] - summed[ends - sizes] - sizes
+        # rank r's k-th batch is global batch (r + k * world_size) mod len(plan) (see buckets.shard)
+        taken = np.arange(len(self) * self.world_size) % len(plan)
+        return per_batch[taken].reshape(len(self), self.world_size).sum(axis=1).tolist()
 
     def lengths_served(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Source and target lengths (ids, <s> and </s> included, cut to the notebook's width) of the

@@ -22,14 +22,14 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..runtime.errors import DataError
 from ..runtime.files import give_default_permissions
-from .own_files import split_lines
+from .own_files import CHUNK_BYTES, file_chunks, split_lines
 
 MULTI30K_FILES: dict[str, str] = {
     "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
@@ -40,6 +40,7 @@ MULTI30K_FILES: dict[str, str] = {
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
 }
 SPLIT_FILES = {"train": "train", "val": "val", "test": "test_2016_flickr"}
+SPLIT_PAIRS = {"train": 29000, "val": 1014, "test": 1000}  # the lines of the files MULTI30K_FILES' checksums verify
 DEFAULT_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
 URL_ENV = "MULTI30K_URL"
 DIR_ENV = "MULTI30K_DIR"
@@ -203,25 +204,35 @@ def read_split(root: Path, split: str, src_lang: str, tgt_lang: str) -> tuple[li
 
 @dataclass(eq=False)
 class Multi30k:
-    """Multi30k's three splits in one direction (de->en or en->de), as a corpus: read on first use."""
+    """Multi30k's three splits in one direction (de->en or en->de), as a corpus: read when asked for."""
 
     root: Path  # the folder of the six verified files (resolve_multi30k_dir)
     src_lang: str
     tgt_lang: str
     name: str = "Multi30k"
     splits: tuple[str, ...] = tuple(SPLIT_FILES)
-    _lines: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict, repr=False)
 
     @property
     def location(self) -> str:
         """The folder of the files (for the log and the statistics)."""
         return str(self.root)
 
+    def paths(self, split: str) -> tuple[Path, Path]:
+        """The source and target file of `split`."""
+        stem = SPLIT_FILES[split]
+        return self.root / f"{stem}.{self.src_lang}.gz", self.root / f"{stem}.{self.tgt_lang}.gz"
+
+    def count(self, split: str) -> int:
+        """The number of sentence pairs of `split` (known: the files were verified)."""
+        return SPLIT_PAIRS[split]
+
     def read(self, split: str) -> tuple[list[str], list[str]]:
-        """The aligned source and target lines of `split` (read once, then kept)."""
-        if split not in self._lines:
-            self._lines[split] = read_split(self.root, split, self.src_lang, self.tgt_lang)
-        return self._lines[split]
+        """The aligned source and target lines of `split`, whole (not kept here)."""
+        return read_split(self.root, split, self.src_lang, self.tgt_lang)
+
+    def chunks(self, split: str, side: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[list[str]]:
+        """The lines of one side ('src' or 'tgt') of `split`, a chunk at a time."""
+        return file_chunks(self.paths(split)[("src", "tgt").index(side)], chunk_bytes)
 
     def fingerprint(self) -> dict[str, str]:
         """The six files' checksums: every file was verified against them (either direction reads all six)."""

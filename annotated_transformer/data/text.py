@@ -12,9 +12,10 @@ translates on a machine that has never seen the dataset.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -85,10 +86,19 @@ class TextPipeline:
                    lowercase=lowercase, max_sentence_len=max_sentence_len)
 
     @classmethod
-    def for_subwords(cls, src_texts: Sequence[str], tgt_texts: Sequence[str], *, src_lang: str, tgt_lang: str,
+    def for_word_counts(cls, src_counts: Mapping[str, int], tgt_counts: Mapping[str, int], *, src_lang: str,
+                        tgt_lang: str, lowercase: bool = False, max_sentence_len: int = 128,
+                        min_freq: int = 2) -> TextPipeline:
+        """Word mode from token counts (token -> occurrences in the training split): `for_words`' vocabularies."""
+        return cls("word", src_lang, tgt_lang, Vocab.from_counts(src_counts, min_freq),
+                   Vocab.from_counts(tgt_counts, min_freq), lowercase=lowercase, max_sentence_len=max_sentence_len)
+
+    @classmethod
+    def for_subwords(cls, src_texts: Iterable[str], tgt_texts: Iterable[str], *, src_lang: str, tgt_lang: str,
                      vocab_size: int, lowercase: bool = False, max_sentence_len: int = 128) -> TextPipeline:
-        """Spm mode: one SentencePiece model trained on the training text of both languages."""
-        texts = [t.lower() if lowercase else t for t in (*src_texts, *tgt_texts)]
+        """Spm mode: one SentencePiece model trained on the training text of both languages (every source
+        sentence, then every target sentence; iterables are read once, as SentencePiece asks for them)."""
+        texts = (t.lower() if lowercase else t for t in itertools.chain(src_texts, tgt_texts))
         model = train_sentencepiece(texts, vocab_size)
         vocab = Vocab(SubwordModel(model).pieces())
         return cls("spm", src_lang, tgt_lang, vocab, vocab, lowercase=lowercase, max_sentence_len=max_sentence_len,
@@ -150,6 +160,15 @@ class TextPipeline:
             return [self.numericalize(toks, side) for toks in self.tokenize_many(texts, side)]
         self._check_side(side)
         return [[BOS, *ids, EOS] for ids in self.subword.encode_ids(self._cased(texts))]
+
+    def ids_flat(self, texts: list[str], side: str, dtype: np.dtype, num_threads: int = 1
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Spm mode: `ids_many` of many sentences as one flat `dtype` array and each sentence's length (int64), the
+        sentences encoded on `num_threads` threads: a chunk of a split for the data cache."""
+        self._check_side(side)
+        if self.mode != "spm":
+            raise ValueError("flat ids in one call need the SentencePiece (spm) tokenizer")
+        return self.subword.encode_flat(self._cased(texts), dtype, num_threads)
 
     def sampled_ids_many(self, texts: Sequence[str], side: str, alpha: float, nbest: int, seed: int
                          ) -> list[list[int]]:

@@ -7,9 +7,12 @@ checkpoint does not pay for them.
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any
+
+import numpy as np
 
 from ..runtime.errors import ConfigError, UserError
 from .vocab import BOS, EOS, PAD, SPECIALS, UNK
@@ -99,6 +102,14 @@ class SubwordModel:
     def encode_ids(self, texts: list[str]) -> list[list[int]]:
         """Piece ids of many sentences (no <s>/</s>)."""
         return self.sp.encode(texts, out_type=int)
+
+    def encode_flat(self, texts: list[str], dtype: np.dtype, num_threads: int) -> tuple[np.ndarray, np.ndarray]:
+        """<s> ids </s> of many sentences back to back (`dtype`), and each one's length (int64), encoded on
+        `num_threads` of SentencePiece's threads (the ids do not depend on them)."""
+        rows = self.sp.encode(texts, out_type=int, add_bos=True, add_eos=True, num_threads=num_threads)
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=int(lengths.sum()))
+        return flat, lengths
 
     def sample_ids(self, texts: list[str], alpha: float, nbest: int, seed: int) -> list[list[int]]:
         """Piece ids of many sentences, each segmentation drawn at random (subword regularisation, Kudo 2018).

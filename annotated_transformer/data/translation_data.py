@@ -17,10 +17,10 @@ only (the notebook also counted validation and test words). `data.dataset` picks
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -40,28 +40,96 @@ from .buckets import (
     notebook_batches,
     static_batches,
 )
-from .cache import (CacheUnreadable, cache_folder, cache_settings, discard_cache, find_cache_folder, read_cache,
-                    write_cache)
+from .cache import CacheUnreadable, cache_settings, discard_cache, find_cache_folder, read_cache, spm_sample_setting
+from .ids import RaggedIds
 from .loader import Resegment, TrainLoader, static_shapes_on
 from .multi30k import Multi30k, resolve_multi30k_dir
-from .own_files import OwnFiles
-from .text import TextPipeline, truncate_ids
-from .tokenizers import spacy_tokenizer, word_tokenize_many
+from .own_files import OwnFiles, picked_lines
+from .text import TextPipeline
+from .tokenise import build_cache
 
-Corpus = Multi30k | OwnFiles  # splits, read(split) -> (source lines, target lines), fingerprint(), name, location
+# What both corpora offer: splits, name, location, fingerprint(), count(split), read(split) -> (source lines,
+# target lines) whole, chunks(split, side) -> the lines of one side a chunk at a time.
+Corpus = Multi30k | OwnFiles
 DATASETS = ("multi30k", "files")  # the values of data.dataset that are translation data
 
 
-@dataclass(eq=False)  # compared by identity: element-wise == on lists of arrays is meaningless
+class TextLines(Sequence[str]):
+    """One side of a split's raw lines, streamed from the corpus's file each time they are iterated (a chunk at a
+    time, only the rows `keep` names) and never held: the training split's millions of sentences cost no memory.
+
+    Iterating reads the file once; indexing and slicing read it up to the line asked for, which suits a few
+    examples, not a loop (iterate instead, or copy to a list). Equal to a list of the same lines.
+    """
+
+    def __init__(self, corpus: Corpus, split: str, side: str, keep: np.ndarray | None = None) -> None:
+        self.corpus, self.split, self.side = corpus, split, side
+        self.lines = corpus.count(split)  # the file's, before `keep`
+        self.keep = None if keep is None or keep.size == self.lines else keep
+
+    def __len__(self) -> int:
+        return self.lines if self.keep is None else int(self.keep.size)
+
+    def __iter__(self) -> Iterator[str]:
+        chunks = self._checked(self.corpus.chunks(self.split, self.side))
+        if self.keep is None:
+            return (line for lines in chunks for line in lines)
+        return picked_lines(chunks, self.keep)
+
+    def _checked(self, chunks: Iterator[list[str]]) -> Iterator[list[str]]:
+        """The file's chunks, its line count compared with the one its data cache was built from at the end."""
+        seen = 0
+        for lines in chunks:
+            seen += len(lines)
+            yield lines
+        if seen != self.lines:
+            raise DataError(f"the {self.split} files in {self.corpus.location} have {seen} lines, their data cache "
+                            f"{self.lines}: they changed since this run started; run again")
+
+    def __getitem__(self, i: int | slice) -> Any:  # str, or list[str] for a slice
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step < 0:
+                return list(self)[i]
+            return list(islice(self, start, stop, step))
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"line {i} of {n}")
+        return next(islice(self, i % n, None))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, like the list it stands for
+
+    def __repr__(self) -> str:
+        return f"TextLines({self.split}.{self.side}, {len(self)} lines of {self.corpus.location})"
+
+
+@dataclass(eq=False)  # compared by identity: element-wise == on ids is meaningless
 class Split:
-    """One split: raw lines and their ids (<s> ... </s>), aligned; lines skipped by long_policy=skip are absent."""
+    """One split: raw lines and their ids (<s> ... </s>), aligned; lines skipped by long_policy=skip are absent.
+
+    The ids are RaggedIds, memory-mapped from the data cache. The raw lines are lists for val and test (small)
+    and TextLines for the training split: read from the corpus's files when a consumer iterates them (subword
+    sampling, a few examples), never held, so a large corpus is not millions of strings in memory.
+    """
 
     name: str
-    src_text: list[str]
-    tgt_text: list[str]
-    src: list[np.ndarray]
-    tgt: list[np.ndarray]
+    src_text: Sequence[str]
+    tgt_text: Sequence[str]
+    src: RaggedIds
+    tgt: RaggedIds
     tgt_refs: list[str] | None = None  # word mode: tgt_text as BLEU compares it (tokens joined by spaces)
+
+    def __post_init__(self) -> None:
+        # Lists of ids (tests, hand-made splits) are packed once into the RaggedIds every consumer reads.
+        if not isinstance(self.src, RaggedIds):
+            self.src = RaggedIds.from_rows(self.src)
+        if not isinstance(self.tgt, RaggedIds):
+            self.tgt = RaggedIds.from_rows(self.tgt)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -69,12 +137,12 @@ class Split:
     @cached_property
     def src_lens(self) -> np.ndarray:
         """Source lengths in tokens, <s> and </s> included."""
-        return np.fromiter((len(s) for s in self.src), dtype=np.int64, count=len(self.src))
+        return self.src.lengths
 
     @cached_property
     def tgt_lens(self) -> np.ndarray:
         """Target lengths in tokens, <s> and </s> included."""
-        return np.fromiter((len(t) for t in self.tgt), dtype=np.int64, count=len(self.tgt))
+        return self.tgt.lengths
 
     def pairs(self) -> list[tuple[str, str]]:
         """The raw (source, target) sentence pairs."""
@@ -125,28 +193,22 @@ class TranslationData:
         return [collate([(sp.src[i], sp.tgt[i]) for i in mine[b]]) for b in batches]
 
 
-# --------------------------------------------------------------------------- building the cache
+# --------------------------------------------------------------------------- loading the cache
 
 
-def apply_long_policy(src: list[np.ndarray], tgt: list[np.ndarray], max_sentence_len: int, skip: bool
-                      ) -> tuple[list[np.ndarray], list[np.ndarray], list[int], int, int]:
+def apply_long_policy(src: RaggedIds, tgt: RaggedIds, max_sentence_len: int, skip: bool
+                      ) -> tuple[RaggedIds, RaggedIds, np.ndarray, int, int]:
     """(src, tgt, kept line numbers, truncated pairs, skipped pairs) for sentences longer than `max_sentence_len` ids.
 
-    Truncation keeps the first max_sentence_len - 1 ids and the closing </s> of each long side.
+    Truncation keeps the first max_sentence_len - 1 ids and the closing </s> of each long side (RaggedIds' limit:
+    nothing is copied); skipping keeps the other pairs' rows. Decided on the lengths alone, for every pair at once.
     """
-    out_src, out_tgt, keep = [], [], []
-    truncated = skipped = 0
-    for i, (s, t) in enumerate(zip(src, tgt)):
-        if len(s) > max_sentence_len or len(t) > max_sentence_len:
-            if skip:
-                skipped += 1
-                continue
-            truncated += 1
-            s, t = truncate_ids(s, max_sentence_len), truncate_ids(t, max_sentence_len)
-        out_src.append(s)
-        out_tgt.append(t)
-        keep.append(i)
-    return out_src, out_tgt, keep, truncated, skipped
+    long = (src.lengths > max_sentence_len) | (tgt.lengths > max_sentence_len)
+    src, tgt = src.limited(max_sentence_len), tgt.limited(max_sentence_len)
+    if skip and long.any():
+        keep = np.flatnonzero(~long)
+        return src.subset(keep), tgt.subset(keep), keep, 0, int(long.sum())
+    return src, tgt, np.arange(len(src)), 0 if skip else int(long.sum()), 0
 
 
 def open_corpus(d: DataConfig, log: Callable[[str], None] | None = None) -> Corpus:
@@ -158,59 +220,13 @@ def open_corpus(d: DataConfig, log: Callable[[str], None] | None = None) -> Corp
     return Multi30k(resolve_multi30k_dir(d, log=log), d.src_lang, d.tgt_lang)
 
 
-def build_cache(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None = None) -> Path:
-    """Tokenise and numericalise every split once, build the vocabulary from train, write the cache folder."""
-    t0 = time.perf_counter()
-    if d.tokenizer == "word":  # a language spaCy lacks is one line now, not after tokenising the other side
-        for lang in (d.src_lang, d.tgt_lang):
-            spacy_tokenizer(lang)
-    splits = corpus.splits
-    raw = {split: corpus.read(split) for split in splits}
-    t_tok = time.perf_counter()
-    ids: dict[str, dict[str, list[list[int]]]] = {}
-    if d.tokenizer == "word":
-        # Train is tokenised once, for both the vocabulary counts and the ids.
-        train_src = word_tokenize_many(raw["train"][0], d.src_lang, d.lowercase)
-        train_tgt = word_tokenize_many(raw["train"][1], d.tgt_lang, d.lowercase)
-        text = TextPipeline.for_words(train_src, train_tgt, src_lang=d.src_lang, tgt_lang=d.tgt_lang,
-                                      lowercase=d.lowercase, max_sentence_len=d.max_sentence_len, min_freq=d.min_freq)
-        ids["train"] = {"src": [text.numericalize(t, "src") for t in train_src],
-                        "tgt": [text.numericalize(t, "tgt") for t in train_tgt]}
-    else:
-        if log:
-            log(f"training a joint SentencePiece model ({d.spm_vocab_size} pieces) on the training split")
-        text = TextPipeline.for_subwords(raw["train"][0], raw["train"][1], src_lang=d.src_lang, tgt_lang=d.tgt_lang,
-                                         vocab_size=d.spm_vocab_size, lowercase=d.lowercase,
-                                         max_sentence_len=d.max_sentence_len)
-        ids["train"] = {"src": text.ids_many(raw["train"][0], "src"), "tgt": text.ids_many(raw["train"][1], "tgt")}
-    for split in splits[1:]:
-        ids[split] = {"src": text.ids_many(raw[split][0], "src")}
-        if d.tokenizer == "word":  # tokenised once: the ids, and BLEU's references (no spaCy needed to score)
-            tokens = text.tokenize_many(raw[split][1], "tgt")
-            ids[split].update(tgt=[text.numericalize(t, "tgt") for t in tokens], refs=[" ".join(t) for t in tokens])
-        else:
-            ids[split]["tgt"] = text.ids_many(raw[split][1], "tgt")
-    tokenize_seconds = time.perf_counter() - t_tok
-    stats = {
-        "raw_lines": {s: len(raw[s][0]) for s in splits},
-        "max_tokens": {s: {side: max(map(len, ids[s][side]), default=0) for side in ("src", "tgt")} for s in splits},
-        "tokenize_seconds": round(tokenize_seconds, 3), "build_seconds": round(time.perf_counter() - t0, 3),
-    }
-    fingerprint = corpus.fingerprint()
-    folder = cache_folder(d, fingerprint)
-    try:
-        write_cache(folder, text, ids, cache_settings(d, fingerprint), stats)
-    except OSError as exc:
-        raise DataError(f"cannot write the data cache {folder} ({exc.strerror or exc}); "
-                        f"set data.cache_dir to a writable folder with some free space") from None
-    if log:
-        log(f"tokenised {corpus.name} ({d.tokenizer} mode) in {tokenize_seconds:.1f} s; cached in {folder}")
-    return folder
-
-
-def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None) -> tuple[TranslationData, bool]:
-    """Read the cache, building it first if needed; returns (data, whether it was built now)."""
-    folder = find_cache_folder(d, corpus.fingerprint())  # reads and checks every file: bad data writes nothing
+def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None, seed: int | None = None
+                 ) -> tuple[TranslationData, bool]:
+    """Read the cache, building it first if needed; returns (data, whether it was built now). `seed` (train.seed)
+    draws SentencePiece's sample of a training split larger than data.spm_sample."""
+    fingerprint = corpus.fingerprint()  # streams and checks every file: bad data writes nothing
+    sample = spm_sample_setting(d, corpus.count("train"), seed)
+    folder = find_cache_folder(d, fingerprint, sample)
     built = False
     try:
         cached = read_cache(folder)  # memory, permissions, the disk: one DataError line, the cache left as it is
@@ -220,7 +236,7 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
         discard_cache(folder)
         cached = None
     if cached is None:
-        build_cache(d, corpus, log)
+        build_cache(d, corpus, log, seed)
         built = True
         try:
             cached = read_cache(folder)
@@ -231,20 +247,22 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
     text.max_sentence_len = d.max_sentence_len  # the cache holds untruncated ids; the limit is this run's
     splits, truncated, skipped = {}, {}, {}
     for name in corpus.splits:
-        src_text, tgt_text = corpus.read(name)
-        c = cached_splits[name]
-        if not len(src_text) == len(c["src"]) == len(c["tgt"]):
+        c = cached_splits.get(name)
+        pairs = corpus.count(name)  # the files' lines, counted when they were checked; the cache's were checked
+        if c is None or len(c["src"]) != pairs:  # against its manifest as it was read
             raise DataError(f"cache {folder} does not match the data in {corpus.location} ({name} split); "
                             f"delete the cache folder and run again")
         # Skipping drops training pairs only: val and test keep every sentence (truncated for the
         # teacher-forced loss), so BLEU is always computed on the complete, standard test sets.
         src, tgt, keep, truncated[name], skipped[name] = apply_long_policy(
             c["src"], c["tgt"], d.max_sentence_len, skip=d.long_policy == "skip" and name == "train")
-        if len(keep) == len(src_text):
-            splits[name] = Split(name, src_text, tgt_text, src, tgt, c.get("refs"))
+        if name == "train":  # millions of lines on a large corpus: read only when a consumer iterates them
+            splits[name] = Split(name, TextLines(corpus, name, "src", keep), TextLines(corpus, name, "tgt", keep),
+                                 src, tgt)
         else:
-            splits[name] = Split(name, [src_text[i] for i in keep], [tgt_text[i] for i in keep], src, tgt)
-    if not splits["train"].src:
+            src_text, tgt_text = corpus.read(name)
+            splits[name] = Split(name, src_text, tgt_text, src, tgt, c.get("refs"))
+    if not len(splits["train"]):
         raise DataError(f"data.max_sentence_len={d.max_sentence_len} with data.long_policy=skip leaves no training "
                         "pairs; raise data.max_sentence_len or use data.long_policy=truncate")
     stats = dict(build_stats, truncated=truncated, skipped=skipped, max_sentence_len=d.max_sentence_len,
@@ -287,7 +305,7 @@ def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
     if builder:
         try:
             corpus = open_corpus(d, log=log)
-            data, built = _load_cached(d, corpus, log)
+            data, built = _load_cached(d, corpus, log, cfg.train.seed)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
             error = exc
     if group:
@@ -299,13 +317,14 @@ def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
         raise error
     if data is None:  # a waiting rank: the cache is there unless cache_dir is not shared (multi-node)
         corpus = open_corpus(d, log=None)
-        data, built = _load_cached(d, corpus, None)
+        data, built = _load_cached(d, corpus, None, cfg.train.seed)
     data.stats.update(_batching_stats(data, cfg.train.seed))
     data.stats.update(
         splits={n: len(s) for n, s in data.splits.items()},
         vocab={"src": len(data.text.src_vocab), "tgt": len(data.text.tgt_vocab)},
         tokenizer=d.tokenizer, built=built, data_dir=corpus.location, seconds=round(time.perf_counter() - t0, 3),
-        dataset=corpus.name, direction=f"{d.src_lang}->{d.tgt_lang}", fingerprint=data_fingerprint(d, corpus),
+        dataset=corpus.name, direction=f"{d.src_lang}->{d.tgt_lang}",
+        fingerprint=data_fingerprint(d, corpus, cfg.train.seed),
     )
     if log and builder:
         log(stats_summary(data.stats))
@@ -329,11 +348,14 @@ def stats_summary(stats: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def data_fingerprint(d: DataConfig, corpus: Corpus | None = None) -> dict[str, Any]:
+def data_fingerprint(d: DataConfig, corpus: Corpus | None = None, seed: int | None = None) -> dict[str, Any]:
     """What a run's ids depend on, to compare at a resume: the cache settings (every file's sha256, the
-    languages, the tokenizer's settings and version) and where the files are.
+    languages, the tokenizer's settings and version, SentencePiece's sample when `seed`, train.seed, draws one)
+    and where the files are.
 
     Reads and checks every file of the corpus (`corpus`, or the one `d` names, opened without a download log).
     """
     corpus = open_corpus(d) if corpus is None else corpus
-    return {"settings": cache_settings(d, corpus.fingerprint()), "location": corpus.location}
+    fingerprint = corpus.fingerprint()
+    sample = spm_sample_setting(d, corpus.count("train"), seed)
+    return {"settings": cache_settings(d, fingerprint, sample), "location": corpus.location}

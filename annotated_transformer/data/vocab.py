@@ -10,7 +10,7 @@ loss agree on them without looking anything up:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 SPECIALS = ("<s>", "</s>", "<blank>", "<unk>")
@@ -32,10 +32,14 @@ class Vocab:
     @classmethod
     def build(cls, token_lists: Iterable[list[str]], min_freq: int = 2) -> Vocab:
         """Count tokens; keep those seen at least `min_freq` times, most frequent first, ties alphabetical."""
-        counts = Counter(token for tokens in token_lists for token in tokens)
-        for special in SPECIALS:  # a literal '<unk>' in the text must not become a second entry
-            counts.pop(special, None)
-        kept = sorted((t for t, c in counts.items() if c >= min_freq), key=lambda t: (-counts[t], t))
+        return cls.from_counts(Counter(token for tokens in token_lists for token in tokens), min_freq)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], min_freq: int = 2) -> Vocab:
+        """`build` from counts already made (token -> occurrences), as a corpus streamed in chunks gives them."""
+        # A literal '<unk>' in the text must not become a second entry.
+        kept = sorted((t for t, c in counts.items() if c >= min_freq and t not in SPECIALS),
+                      key=lambda t: (-counts[t], t))
         return cls([*SPECIALS, *kept])
 
     def __len__(self) -> int:

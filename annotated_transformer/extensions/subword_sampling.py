@@ -12,14 +12,21 @@ a batch have nearly equal sampled lengths: padding 3.0% on Multi30k at alpha 0.5
 where filling by the best lengths gave 14.9% (docs/extensions.md). Sampled segmentations are a
 little longer (alpha 0.1 over the 64 best: about 1.1x the pieces), so a batch holds that many more
 tokens. The draws are a pure function of (train.seed, epoch), so a resumed run sees the same ones.
+
+The training text is read from the corpus each epoch, not held, and sampled CHUNK sentences at a time into
+one packed `RaggedIds` a side: at millions of sentences, text and ids as Python objects would take gigabytes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
+from typing import Any
 
 import numpy as np
 
+from ..data.ids import RaggedIds
 from ..data.text import TextPipeline
 from ..runtime.errors import ConfigError
 from ..sections import CoreConfig, Extension, not_negative, param
@@ -38,25 +45,46 @@ class SubwordSamplingConfig:
                        choices=("both", "src", "tgt"))
 
 
+# Sentences sampled per SentencePiece call. Each call restarts the generator from its seed, so the first chunk
+# draws with the epoch's seed (a corpus of up to CHUNK sentences, Multi30k's 29,000, is one call, as it always
+# was) and every later chunk with a seed derived from it.
+CHUNK = 100_000
+
+
+def chunk_seed(seed: int, k: int) -> int:
+    """The seed of chunk `k` of one side's sampling whose first chunk draws with `seed`."""
+    return seed if k == 0 else int(np.random.SeedSequence([seed % 2**32, k]).generate_state(1)[0])
+
+
+def chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """`lines` in lists of `size` (the last shorter), read as they are needed."""
+    it = iter(lines)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
 class SampledSegmentation:
-    """Callable: epoch -> the training split's ids, the chosen sides segmented by sampling."""
+    """Callable: epoch -> the training split's ids, the chosen sides segmented by sampling.
 
-    def __init__(self, cfg: SubwordSamplingConfig, text: TextPipeline, src_text: list[str], tgt_text: list[str],
-                 src: list[np.ndarray], tgt: list[np.ndarray], seed: int) -> None:
-        self.cfg, self.text, self.seed = cfg, text, seed
-        self.texts = {"src": src_text, "tgt": tgt_text}
-        self.best = {"src": src, "tgt": tgt}  # the cached best segmentation, for the sides left alone
+    `train` is the training split (a Split: src_text, tgt_text, src, tgt); its text is read afresh each epoch.
+    """
 
-    def side(self, side: str, epoch: int) -> list[np.ndarray]:
-        """One side's ids for `epoch`: sampled, truncated to data.max_sentence_len like the cached ones."""
+    def __init__(self, cfg: SubwordSamplingConfig, text: TextPipeline, train: Any, seed: int) -> None:
+        self.cfg, self.text, self.train, self.seed = cfg, text, train, seed
+
+    def side(self, side: str, epoch: int) -> Sequence[np.ndarray]:
+        """One side's ids for `epoch`: sampled, truncated to data.max_sentence_len like the cached ones (the cached
+        best segmentation for a side left alone)."""
         if self.cfg.sides not in ("both", side):
-            return self.best[side]
+            return getattr(self.train, side)
         # One seed per (run seed, epoch, side): large odd multipliers keep neighbouring seeds' draws apart.
         seed = self.seed * 1_000_003 + epoch * 7_919 + (side == "tgt")
-        rows = self.text.sampled_ids_many(self.texts[side], side, self.cfg.alpha, self.cfg.nbest, seed)
-        return [np.asarray(self.text.truncate(ids), dtype=np.int64) for ids in rows]
+        lines = getattr(self.train, f"{side}_text")  # read from the corpus now
+        sampled = (self.text.sampled_ids_many(chunk, side, self.cfg.alpha, self.cfg.nbest, chunk_seed(seed, k))
+                   for k, chunk in enumerate(chunks(lines, CHUNK)))
+        return RaggedIds.from_chunks(sampled, limit=self.text.max_sentence_len)
 
-    def __call__(self, epoch: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def __call__(self, epoch: int) -> tuple[Sequence[np.ndarray], Sequence[np.ndarray]]:
         return self.side("src", epoch), self.side("tgt", epoch)
 
 
@@ -64,8 +92,7 @@ def sampled_segmentation(cfg: SubwordSamplingConfig, data, seed: int) -> Sampled
     """The per-epoch resegmentation of `data`'s (a TranslationData) training split, or None when the switch is off."""
     if cfg.alpha == 0.0:
         return None
-    train = data.splits["train"]
-    return SampledSegmentation(cfg, data.text, train.src_text, train.tgt_text, train.src, train.tgt, seed)
+    return SampledSegmentation(cfg, data.text, data.splits["train"], seed)
 
 
 def validate(cfg: CoreConfig) -> None:

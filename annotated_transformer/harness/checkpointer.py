@@ -1,4 +1,4 @@
-"""A run's checkpoint writer (`Checkpointer`): last.pt, the best and epoch model files, the average, resuming.
+"""A run's checkpoint writer (`Checkpointer`): last.pt, the best, epoch and step model files, the average, resuming.
 
 The files' formats, and reading and writing them, are checkpoints.py's; this module binds them to one
 run directory, one rank's state and the ranks of a torchrun job.
@@ -38,9 +38,10 @@ def improves(metric: float | None, best: float | None, best_metric: str) -> bool
 
 
 class Checkpointer:
-    """A run's checkpoint files: last.pt (resumable), and the model files best, epoch_NN and avg (weights).
+    """A run's checkpoint files: last.pt (resumable), and the model files best, epoch_NN, step_NNNNNNN and avg
+    (weights).
 
-    With `ema.decay` on, best and epoch_NN hold the weight average (what validation scored) and
+    With `ema.decay` on, best, epoch_NN and step_NNNNNNN hold the weight average (what validation scored) and
     last.pt the raw weights beside the average.
 
     Every rank takes part in a save (the random states are gathered); rank 0 copies the state to
@@ -67,24 +68,27 @@ class Checkpointer:
                 "raw weights (the best model file so far holds the average); resume with its ema.decay to keep it")
         return mid_epoch
 
-    def save(self, mid_epoch: bool, weights_to: Sequence[Path] = ()) -> None:
-        """Queue last.pt, and the weights alone to the model files `weights_to`; never from weights that are not
-        finite."""
+    def save(self, mid_epoch: bool, weights_to: Sequence[Path] = (), last: bool = True) -> None:
+        """Queue last.pt (unless `last` is false), and the weights alone to the model files `weights_to`; never from
+        weights that are not finite."""
         step = self.run_state.train_state.step
         if not weights_finite(self.run_state.model):  # a last line of defence: never overwrite good files
             raise TrainingDiverged(f"training diverged: the weights are not finite at step {step}; nothing was "
                                    "saved from them. Lower train.lr_factor or set train.clip_grad_norm")
-        resumable = self.run_state.state_dict(mid_epoch=mid_epoch)  # a collective: every rank takes part
+        resumable = self.run_state.state_dict(mid_epoch=mid_epoch) if last else None  # a collective: all ranks
         if not self.info.is_main:  # nothing to write here: rank 0's file is the one
-            self.saved_step = step
+            if last:
+                self.saved_step = step
             return
-        self.wait()  # the previous epoch's files: a failure is named before new ones are queued
-        self._queued_step = step
-        jobs = [({**self.common, **resumable}, [self.run.last])]
+        self.wait()  # the previous save's files: a failure is named before new ones are queued
+        jobs = []
+        if resumable is not None:
+            self._queued_step = step
+            jobs.append(({**self.common, **resumable}, [self.run.last]))
         if weights_to:  # the weights validation scored: the raw ones, or their average (ema)
-            ema = self.run_state.ema
-            model = resumable["model"] if ema is None else ema.averaged_state_dict(unwrap_model(self.run_state.model))
-            jobs.insert(0, ({**self.common, "model": model, "train_state": resumable["train_state"]}, weights_to))
+            ema, model = self.run_state.ema, unwrap_model(self.run_state.model)
+            weights = model.state_dict() if ema is None else ema.averaged_state_dict(model)
+            jobs.insert(0, ({**self.common, "model": weights, "train_state": self.run_state.counts()}, weights_to))
         self.writer.save(*jobs)
 
     def wait(self) -> None:
@@ -129,16 +133,18 @@ class Checkpointer:
             broadcast_weights(model)
         return path if found[0] else None
 
-    def average_last(self, n: int, log: Log) -> Path | None:
-        """Average the newest `n` epoch files into the run's avg file (rank 0); None if n < 2 or too few exist."""
+    def average_last(self, n: int, log: Log, steps: bool = False) -> Path | None:
+        """Average the newest `n` epoch files (with `steps`, step files) into the run's avg file (rank 0); None if
+        n < 2 or too few exist."""
         if n < 2:
             return None
-        paths = [path for _, path in self.run.epoch_files()[-n:]]
+        paths = [path for _, path in (self.run.step_files() if steps else self.run.epoch_files())[-n:]]
         enough = [len(paths) >= n]
         if self.info.distributed:
             dist.broadcast_object_list(enough, src=0)
         if not enough[0]:
-            log(f"train.average_last={n} but only {len(paths)} epoch checkpoints exist; not averaging")
+            log(f"train.average_last={n} but only {len(paths)} {'step' if steps else 'epoch'} checkpoints exist; "
+                "not averaging")
             return None
         if self.info.is_main:
             average_into(paths, self.run.avg, overwrite=True, run=self.run.path)  # the run's own avg file

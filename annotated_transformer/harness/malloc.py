@@ -11,6 +11,11 @@ the same arguments, and `exec` keeps the process id, so torchrun, a sweep and th
 see one process throughout. (The package and torch load twice: about 2.5 s
 more at start-up on a 2-core CPU.) The benchmark starts the processes that time training steps
 with it preloaded, and decodes in its own process with the system's malloc, as translating does.
+
+Where the machine has no tcmalloc, 'auto' preloads mimalloc from the `cmeel-mimalloc` package the
+lock installs on Linux, so a fresh machine needs nothing installed: glibc's malloc keeps its largest
+heap, and cpu_15min's first 200 steps peaked about a sixth lower and ran 1.01-1.06x as fast under
+mimalloc (docs/performance.md, "Memory over a long run").
 """
 
 from __future__ import annotations
@@ -24,8 +29,13 @@ from pathlib import Path
 
 from ..runtime.errors import ConfigError
 
-RESTARTED_ENV = "ANNOTATED_TRANSFORMER_MALLOC"  # set in a process started with a library preloaded: that library
+# Set in a process started with a library preloaded: that library. 'system' keeps this process and the processes it
+# starts on the C library's malloc whatever train.malloc says (the test suite sets it: timings and page faults of
+# the system's malloc on every machine).
+RESTARTED_ENV = "ANNOTATED_TRANSFORMER_MALLOC"
 TCMALLOC_FILES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")  # gperftools' (the minimal one has no profiler)
+MIMALLOC_FILES = ("libmimalloc.so.3", "libmimalloc.so")  # Microsoft's, as the cmeel-mimalloc wheel ships it
+LIBRARIES = {"tcmalloc": TCMALLOC_FILES, "mimalloc": MIMALLOC_FILES}  # train.malloc's names, auto's order
 GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")  # NVIDIA's and AMD ROCm's driver nodes
 INSTALL_HINT = ("Debian/Ubuntu: `sudo apt install libtcmalloc-minimal4`; Fedora: `sudo dnf install gperftools-libs`; "
                 "conda: `conda install gperftools`")
@@ -37,16 +47,24 @@ def search_dirs(environ: Mapping[str, str]) -> list[Path]:
     dirs = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
     dirs += [f"{sys.prefix}/lib", f"{sys.base_prefix}/lib", f"/usr/lib/{multiarch}", f"/lib/{multiarch}",
              "/usr/lib64", "/usr/lib", "/usr/local/lib"]
+    # cmeel packages (cmeel-mimalloc, in the lock) install their libraries under site-packages/cmeel.prefix/lib
+    dirs += [f"{sysconfig.get_path(kind)}/cmeel.prefix/lib" for kind in ("platlib", "purelib")]
     return list(dict.fromkeys(map(Path, dirs)))  # as paths, so /usr/lib/ (no multiarch) and /usr/lib count once
 
 
-def find_tcmalloc(dirs: Iterable[Path]) -> Path | None:
-    """The first tcmalloc library in `dirs`, or None."""
-    for name in TCMALLOC_FILES:
+def find_library(files: Iterable[str], dirs: Iterable[Path]) -> Path | None:
+    """The first of `files` (names in order of preference) in `dirs`, or None."""
+    dirs = list(dirs)
+    for name in files:
         for folder in dirs:
             if (folder / name).is_file():
                 return folder / name
     return None
+
+
+def find_tcmalloc(dirs: Iterable[Path]) -> Path | None:
+    """The first tcmalloc library in `dirs`, or None."""
+    return find_library(TCMALLOC_FILES, dirs)
 
 
 def runs_on_cpu(device: str, environ: Mapping[str, str] = os.environ) -> bool:
@@ -70,10 +88,11 @@ def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
                        dirs: Iterable[Path] | None = None) -> Path | None:
     """The malloc library a training process should run with, or None to go on as it is.
 
-    `setting` is train.malloc, checked by the config. 'auto': tcmalloc, on Linux, for a run on the CPU,
-    where one is found and the user preloads nothing already; 'system': never; 'tcmalloc': tcmalloc or
-    an error; a path: that library or an error. A path comes from the command line only: `config.load_config`
-    refuses one in a config file, which would otherwise run the code of a library the file names.
+    `setting` is train.malloc, checked by the config. 'auto': on Linux, for a run on the CPU where the user
+    preloads nothing already, tcmalloc where one is found, else mimalloc (the lock's cmeel-mimalloc);
+    'system': never; 'tcmalloc' or 'mimalloc': that library or an error; a path: that library or an error.
+    A path comes from the command line only: `config.load_config` refuses one in a config file, which would
+    otherwise run the code of a library the file names.
     """
     if setting == "system" or RESTARTED_ENV in environ:  # the restarted process does not restart again
         return None
@@ -84,19 +103,23 @@ def library_to_preload(setting: str, device: str, environ: Mapping[str, str],
                           "use train.malloc=auto or system here")
     if setting == "auto" and not auto_applies(device, environ):
         return None
-    if setting not in ("auto", "tcmalloc"):
+    if setting not in ("auto", *LIBRARIES):
         path = Path(setting).expanduser()
         if not path.is_file():
             raise ConfigError(f"train.malloc={setting}: no such file; give the path of a malloc library "
                               "(for example libtcmalloc_minimal.so.4) or train.malloc=auto")
         return path.resolve()
     dirs = search_dirs(environ) if dirs is None else list(dirs)
-    found = find_tcmalloc(dirs)
-    if found is None and setting == "tcmalloc":
-        raise ConfigError(f"train.malloc=tcmalloc: none of {', '.join(TCMALLOC_FILES)} in "
-                          f"{', '.join(map(str, dirs))}; install it ({INSTALL_HINT}), give its path on the "
-                          "command line (train.malloc=/path/to/libtcmalloc_minimal.so.4), or use train.malloc=auto")
-    return found
+    for name in LIBRARIES if setting == "auto" else (setting,):
+        found = find_library(LIBRARIES[name], dirs)
+        if found is not None:
+            return found
+    if setting == "auto":
+        return None
+    hint = INSTALL_HINT if setting == "tcmalloc" else "uv sync, or pip install cmeel-mimalloc"
+    raise ConfigError(f"train.malloc={setting}: none of {', '.join(LIBRARIES[setting])} in "
+                      f"{', '.join(map(str, dirs))}; install it ({hint}), give its path on the command line "
+                      f"(train.malloc=/path/to/{LIBRARIES[setting][0]}), or use train.malloc=auto")
 
 
 def restart_with(library: Path) -> None:
@@ -118,9 +141,10 @@ def training_malloc(setting: str, device: str) -> Path | None:
     library = library_to_preload(setting, device, os.environ)
     rank0 = os.environ.get("RANK", "0") == "0"
     if library is None and setting == "auto" and auto_applies(device, os.environ) and rank0:
-        print("note: training on the CPU with the system's malloc; under tcmalloc cpu_15min trained 1.24x faster "
-              f"on a 2-core Intel CPU: install it and training uses it ({INSTALL_HINT}; train.malloc in "
-              "docs/training.md)", file=sys.stderr, flush=True)
+        print("note: training on the CPU with the system's malloc, which keeps its largest heap (neither tcmalloc "
+              "nor the lock's mimalloc was found); under tcmalloc cpu_15min trained 1.24x faster on a 2-core Intel "
+              f"CPU: install it and training uses it ({INSTALL_HINT}; train.malloc in docs/training.md)",
+              file=sys.stderr, flush=True)
     return library
 
 
@@ -166,7 +190,7 @@ def malloc_in_use(environ: Mapping[str, str] = os.environ, maps: str = "/proc/se
     except OSError:
         mapped = None  # no /proc to look at: trust ld.so, which would have said otherwise
     wanted = environ.get(RESTARTED_ENV)
-    if wanted:
+    if wanted and wanted != "system":
         name = Path(wanted).resolve().name
         return name if mapped is None or name in mapped else f"system ({name} did not load)"
     preloaded = sorted(n for n in mapped or () if n.startswith(("libtcmalloc", "libjemalloc", "libmimalloc")))

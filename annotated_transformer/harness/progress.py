@@ -1,4 +1,5 @@
-"""How far a run is: its first line, its epoch lines with the time left, and the early warning of a long run."""
+"""How far a run is: its first line with its budget, its log, validation and epoch lines with the time left, and
+the early warning of a long run."""
 
 from __future__ import annotations
 
@@ -44,12 +45,15 @@ SPEED_MIN_STEPS = 3  # and never estimates from fewer steps before an epoch's en
 
 
 def start_line(tr: RunningRun) -> str:
-    """The run's first line: model size, device, ranks, precision, batches and where it writes."""
+    """The run's first line: model size, device, ranks, precision, batches, the run's length in epochs and steps
+    and where it writes."""
+    t = tr.cfg.train
     ranks = f" x {tr.info.world_size} ranks" if tr.info.distributed else ""
     return (f"{tr.cfg.name}: {tr.model.num_parameters() / 1e6:.2f}M parameters | device {tr.device}{ranks} | "
             f"precision {'bf16 autocast' if tr.amp_dtype else 'fp32'}{malloc_label(tr.device)} | "
             f"{len(tr.loader)} batches/epoch/rank{static_label(tr.loader)} | "
-            f"accumulating {tr.cfg.train.accum_steps} | run dir {tr.run.path}")
+            f"accumulating {t.accum_steps} | {run_length(t, tr.total_steps, t.epoch_steps(len(tr.loader)))} | "
+            f"run dir {tr.run.path}")
 
 
 def static_label(loader: Sized) -> str:
@@ -64,15 +68,34 @@ def malloc_label(device: torch.device) -> str:
 
 
 def epoch_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int) -> str:
-    """An epoch's log line: losses, val BLEU, the epoch's seconds, both clocks, the target when reached, and the
-    time the rest of the run will take (`time_left`)."""
-    bleu = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
+    """An epoch's log line: the step of the run's steps, losses, val BLEU, the epoch's seconds, both clocks, the
+    target when reached, and the time the rest of the run will take (`time_left`)."""
     reached = (f" | target {t.target_bleu:g} reached at epoch {c.target_epoch} ({c.target_seconds / 60:.1f} min)"
                if c.target_epoch is not None else "")
-    return (f"epoch {record['epoch']}/{t.epochs} | step {s.step} | train loss {record['train_loss']:.4f} | "
-            f"val loss {record['val_loss']:.4f}{bleu} | {record['seconds']:.1f} s | clocks: training "
-            f"{c.train_seconds / 60:.1f} min, epochs {c.wall_seconds / 60:.1f} min{reached} | "
-            f"{time_left(s, c, t, total_steps)}")
+    of = f"/{t.epochs}" if t.epochs else ""  # train.epochs=0: train.max_steps alone sets the length
+    return (f"epoch {record['epoch']}{of} | step {s.step}/{total_steps} | {scores(record)} | "
+            f"{record['seconds']:.1f} s | clocks: training {c.train_seconds / 60:.1f} min, epochs "
+            f"{c.wall_seconds / 60:.1f} min{reached} | {time_left(s, c, t, total_steps)}")
+
+
+def step_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int) -> str:
+    """A validation inside an epoch (train.val_every_steps): like an epoch's line, with the epoch's training loss
+    so far and the validation's seconds."""
+    return (f"validation at step {s.step}/{total_steps} (epoch {record['epoch']}) | {scores(record)} | "
+            f"{record['eval_seconds']:.1f} s | clocks: training {c.train_seconds / 60:.1f} min, epochs "
+            f"{c.wall_seconds / 60:.1f} min | {time_left(s, c, t, total_steps)}")
+
+
+def scores(record: dict[str, Any]) -> str:
+    """'train loss 3.1416 | val loss 2.9031 | val BLEU 12.34' of a validation's record (BLEU when scored)."""
+    bleu = f" | val BLEU {record['bleu']:.2f}" if "bleu" in record else ""
+    return f"train loss {record['train_loss']:.4f} | val loss {record['val_loss']:.4f}{bleu}"
+
+
+def log_line_end(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int, wall_seconds: float) -> str:
+    """The end of a log line: how much of the run's steps is done and the time left, at the wall time per step so far
+    (`wall_seconds`, this epoch's so far included): ' | 12% of 100,000 steps, about 3.2 h left'."""
+    return f" | {s.step / total_steps:.0%} of {total_steps:,} steps, {time_left(s, c, t, total_steps, wall_seconds)}"
 
 
 # --------------------------------------------------------------------------- how long a run will take
@@ -105,21 +128,25 @@ def seconds_left(steps_done: int, total_steps: int, seconds: float, steps_timed:
     return max(total_steps - steps_done, 0) * seconds / timed
 
 
-def time_left(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int) -> str:
-    """The end of an epoch line: 'about 12 min left' at the wall time per step of the epochs so far (training,
-    validation, BLEU), 'at most ...' when the run may stop at train.target_bleu, or 'training done'."""
+def time_left(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int,
+              wall_seconds: float | None = None) -> str:
+    """The end of an epoch line: 'about 12 min left' at the wall time per step so far (training, validation, BLEU;
+    `wall_seconds`, by default the finished epochs' c.wall_seconds), 'at most ...' when the run may stop at
+    train.target_bleu, or 'training done'."""
     if t.finished(c.epoch, s.step, c.target_epoch is not None):
         return "training done"
-    left = seconds_left(s.step, total_steps, c.wall_seconds)
+    left = seconds_left(s.step, total_steps, c.wall_seconds if wall_seconds is None else wall_seconds)
     if left is None:
         return "time left unknown"
     return f"{'at most' if t.stop_at_target else 'about'} {format_duration(left)} left"
 
 
-def run_length(t: TrainConfig, total_steps: int) -> str:
-    """What a run trains for, as its config says it: '20 epochs', or '5,000 steps' when train.max_steps ends it."""
+def run_length(t: TrainConfig, total_steps: int, epoch_steps: int = 0) -> str:
+    """What a run trains for, as its config says it: '20 epochs (10,320 steps)', or '5,000 steps (train.max_steps)'
+    when train.max_steps ends it, with the epochs that makes when an epoch's `epoch_steps` are given."""
     if t.max_steps and total_steps == t.max_steps:
-        return f"{total_steps:,} steps (train.max_steps)"
+        epochs = f", {total_steps / epoch_steps:.3g} epochs" if epoch_steps else ""
+        return f"{total_steps:,} steps (train.max_steps{epochs})"
     return f"{t.epochs} epochs ({total_steps:,} steps)"
 
 
@@ -168,6 +195,6 @@ def speed_warning(tr: RunningRun, at_epoch_end: bool) -> str | None:
     seconds = c.wall_seconds - wall0 - (tr.metrics.compile_seconds or 0.0) if at_epoch_end else train
     return slow_run_warning(seconds_left(s.step, tr.total_steps, seconds, steps),
                             device=device_label(tr.device, tr.info.world_size),
-                            length=run_length(t, tr.total_steps),
+                            length=run_length(t, tr.total_steps, t.epoch_steps(len(tr.loader))),
                             tokens_per_s=(s.tokens - tokens0) * tr.info.world_size / max(train, 1e-9),
                             advice=quicker_config(tr.cfg, tr.device))

@@ -57,13 +57,14 @@ class RunCounters:
 
     epoch: int = 0  # epochs completed
     best_metric: float | None = None  # best validation score so far (BLEU or loss)
-    best_epoch: int = 0  # the epoch that scored it
+    best_epoch: int = 0  # the epoch that scored it (at its end, or inside it with train.val_every_steps)
     train_seconds: float = 0.0  # time spent in optimizer steps (data included; compile warm-up, eval, saving not)
     wall_seconds: float = 0.0  # time spent in epochs: training, validation, BLEU and queueing checkpoints
     target_epoch: int | None = None  # the first epoch whose validation BLEU reached train.target_bleu
     target_seconds: float | None = None  # train_seconds at the end of that epoch
     flops: float = 0.0  # model FLOPs of the optimizer steps so far, all ranks (model_flops.train_step_flops)
     target_flops: float | None = None  # flops at the end of the epoch that reached train.target_bleu
+    best_step: int = 0  # the optimizer step best_metric was scored at (last: older files end before it)
 
     # The same plain-dict round trip as TrainState's: each takes its own keys from the one flat dict.
     state_dict = TrainState.state_dict
@@ -94,14 +95,17 @@ class RunState:
         last.pt). A budget that lands exactly on an epoch's last batch completes that epoch."""
         return bool(max_steps) and self.train_state.step >= max_steps and self.loader.taken < len(self.loader)
 
+    def counts(self) -> dict[str, Any]:
+        """The one flat train_state dict every checkpoint file holds: the loop's counters, then the run's."""
+        return {**self.train_state.state_dict(), **self.counters.state_dict()}
+
     def state_dict(self, mid_epoch: bool = False) -> dict[str, Any]:
         """The resumable state; under torchrun a collective (every rank's RNG state is gathered)."""
         rngs: list[Any] = [_rng_state()]
         if world_size() > 1:
             rngs = [None] * world_size()
             dist.all_gather_object(rngs, _rng_state())
-        # one flat train_state dict: the loop's counters, then the run's
-        return {"train_state": {**self.train_state.state_dict(), **self.counters.state_dict()},
+        return {"train_state": self.counts(),
                 "model": unwrap_model(self.model).state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "loader": self.loader.state_dict() if mid_epoch else None,

@@ -8,9 +8,10 @@
       charts/              loss, learning rate and BLEU curves (.html with inlined JavaScript, .png)
       tensorboard/         the same figures as TensorBoard event files (train.tensorboard=true)
       epoch_NN.safetensors model weights after epoch NN (for averaging), config and vocabulary inside
+      step_NNNNNNN.safetensors  the same after optimizer step N (train.save_every_steps), zero-padded to sort
       best.safetensors     the weights that scored best on validation, config and vocabulary inside
       last.pt              everything needed to resume (optimizer, scheduler, data position, RNG)
-      avg.safetensors      the average of the last train.average_last epochs' weights (when set), likewise
+      avg.safetensors      the average of the last train.average_last epoch (or step) files' weights, likewise
 
       .annotated-transformer-run   the marker: the project made this folder a run's (train.overwrite needs it)
       .lock                held (flock) by the live training writing here; removed when it ends
@@ -63,7 +64,7 @@ MARKER_FORMAT = "annotated-transformer/run/1"
 # names train.overwrite deletes.
 OWN_NAMES = re.compile(r"""(?x)^(?:
     config\.yaml | vocab | metrics\.jsonl | train\.log | charts | tensorboard | last\.pt | eval | test_scores\.json
-  | (?:best|avg|epoch_\d+)\.(?:safetensors|json|pt)
+  | (?:best|avg|epoch_\d+)\.(?:safetensors|json|pt) | step_\d+\.safetensors
   | [\w.-]+\.beam\d+\.txt
   | \.annotated-transformer-run | \.lock
 )$""")
@@ -175,7 +176,8 @@ def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Pat
         what = ", ".join(_file_change(k, old_files, new_files) for k in changed)
         raise RunDirError(f"cannot resume {path}: its data files changed since it was written ({what} in "
                           f"{now.get('location')})" + ways)
-    settings = sorted(k for k in set(old) | set(new) if k != "data" and old.get(k) != new.get(k))
+    # The cache's format version changes how the ids are stored, never which ids: not a reason to refuse.
+    settings = sorted(k for k in set(old) | set(new) if k not in ("data", "format") and old.get(k) != new.get(k))
     if settings:
         what = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in settings)
         raise RunDirError(f"cannot resume {path}: the tokenizer's settings or version changed since it was written "
@@ -333,23 +335,47 @@ class RunDir:
         """The weights saved after `epoch` (1-based)."""
         return self.path / f"epoch_{epoch:02d}.safetensors"
 
+    def step(self, step: int) -> Path:
+        """The weights saved after optimizer step `step` (train.save_every_steps); seven digits, so names sort."""
+        return self.path / f"step_{step:07d}.safetensors"
+
     def epoch_files(self) -> list[tuple[int, Path]]:
         """(epoch, path) of every epoch's weights, oldest first (by number: epoch_100 comes after epoch_99): its
         epoch_NN.safetensors, or the epoch_NN.pt of an older version."""
+        return self._numbered("epoch_")
+
+    def step_files(self) -> list[tuple[int, Path]]:
+        """(step, path) of every step_NNNNNNN.safetensors model file, oldest first (no older version wrote step
+        files, so no other form is one of the project's)."""
+        return self._numbered("step_", forms=(".safetensors",))
+
+    def _numbered(self, prefix: str, forms: tuple[str, ...] = (".pt", ".safetensors")) -> list[tuple[int, Path]]:
+        """(number, path) of the model files PREFIX<number>, by number; a .safetensors wins over a .pt of its number."""
         found: dict[int, Path] = {}
-        for path in sorted(self.path.glob("epoch_*.pt")) + sorted(self.path.glob("epoch_*.safetensors")):
-            number = path.stem.removeprefix("epoch_")
+        for path in [p for form in forms for p in sorted(self.path.glob(f"{prefix}*{form}"))]:
+            number = path.stem.removeprefix(prefix)
             if number.isdigit():
-                found[int(number)] = path  # the model file wins over a .pt of the same epoch
+                found[int(number)] = path
         return sorted(found.items())
 
     def prune_epochs(self, keep_after: int) -> None:
         """Delete the weight files of epochs up to `keep_after` (train.keep_last_epochs): the model file, and an older
         version's .json beside it or .pt of the same epoch."""
-        for epoch, path in self.epoch_files():
-            if epoch <= keep_after:
-                for old in model_file_forms(path):
-                    old.unlink(missing_ok=True)
+        self._delete([path for epoch, path in self.epoch_files() if epoch <= keep_after])
+
+    def prune_steps(self, keep: int, newest: int) -> None:
+        """Keep the newest `keep` (at least 1) step files, the one of step `newest` (perhaps still being written)
+        counted among them: delete the older ones (train.keep_last_steps)."""
+        older = [path for step, path in self.step_files() if step < newest]
+        for path in older[:max(len(older) - (keep - 1), 0)]:
+            path.unlink(missing_ok=True)
+
+    @staticmethod
+    def _delete(paths: list[Path]) -> None:
+        """Delete these model files in every form they may have (model_file_forms)."""
+        for path in paths:
+            for old in model_file_forms(path):
+                old.unlink(missing_ok=True)
 
     @property
     def marker(self) -> Path:

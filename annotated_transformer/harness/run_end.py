@@ -45,13 +45,15 @@ def finish(tr: EndingRun) -> dict[str, Any]:
     if tr.info.is_main:
         write_charts(tr.run, tr.log)
     found_best = tr.checkpoints.load_model_file(tr.model, tr.run.best)  # the file read (perhaps an older best.pt)
-    averaged = tr.checkpoints.average_last(t.average_last, tr.log)
-    results: dict[str, Any] = {"best_epoch": c.best_epoch, "best_metric": c.best_metric, "steps": s.step,
-                               "train_seconds": c.train_seconds, "wall_seconds": c.wall_seconds, "train_flops": c.flops}
+    averaged = tr.checkpoints.average_last(t.average_last, tr.log, steps=bool(t.save_every_steps))
+    results: dict[str, Any] = {"best_epoch": c.best_epoch, "best_step": c.best_step, "best_metric": c.best_metric,
+                               "steps": s.step, "train_seconds": c.train_seconds, "wall_seconds": c.wall_seconds,
+                               "train_flops": c.flops}
     if t.target_bleu:
         results.update(target_bleu=t.target_bleu, target_epoch=c.target_epoch, target_seconds=c.target_seconds,
                        target_flops=c.target_flops)
-    chosen = f"{found_best.name} (epoch {c.best_epoch})" if found_best else "the final weights"
+    scored_at = f"step {c.best_step}, epoch {c.best_epoch}" if t.val_every_steps else f"epoch {c.best_epoch}"
+    chosen = f"{found_best.name} ({scored_at})" if found_best else "the final weights"
     chosen_file = found_best or tr.run.last
     if tr.task.name == "copy":
         k = tr.task.score(tr.model, tr.device)["exact_copies"]
@@ -106,8 +108,9 @@ def final_scores(tr: EndingRun, results: dict[str, Any], chosen: str, chosen_fil
         kept = {k: v.detach().clone() for k, v in tr.model.state_dict().items()}
         tr.checkpoints.load_model_file(tr.model, averaged)
         val_avg = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
+        files = "step checkpoints" if t.save_every_steps else "epochs"
         tr.log(f"val BLEU: {chosen_file.name} {val['bleu']:.2f} | {averaged.name} (last {t.average_last} "
-               f"epochs averaged) {val_avg['bleu']:.2f}")
+               f"{files} averaged) {val_avg['bleu']:.2f}")
         if val_avg["bleu"] > val["bleu"]:
             val, chosen, chosen_file = val_avg, averaged.name, averaged
         else:

@@ -180,6 +180,6 @@ def task_fingerprint(cfg: Config) -> Callable[[], dict[str, Any]] | None:
     def read() -> dict[str, Any]:
         from ..data.translation_data import data_fingerprint
 
-        return data_fingerprint(cfg.data)
+        return data_fingerprint(cfg.data, seed=cfg.train.seed)
 
     return read

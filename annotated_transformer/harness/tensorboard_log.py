@@ -17,6 +17,7 @@ TAGS: dict[str, dict[str, str]] = {
     "epoch": {"train_loss": "epoch/train_loss", "val_loss": "epoch/val_loss", "bleu": "epoch/val_bleu",
               "train_seconds": "epoch/train_seconds",
               "gpu_util": "gpu/util_percent", "gpu_mem_used_gb": "gpu/mem_used_gb", "peak_mem_gb": "gpu/peak_mem_gb"},
+    "step": {"train_loss": "step/train_loss", "val_loss": "step/val_loss", "bleu": "step/val_bleu"},  # val_every_steps
     "final": {"val_bleu": "final/val_bleu", "test_bleu": "final/test_bleu"},
 }
 

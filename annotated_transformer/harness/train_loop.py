@@ -2,7 +2,8 @@
 
 `loop.run_epoch` is the notebook's loop; this one is what a real run needs on top of it. The loss is summed
 on the device and read once per log interval over all ranks (`LossMeter`), where a non-finite value stops
-the run (`TrainingDiverged`); the caller's log, progress bar and stop signal come in one `LoopHooks`.
+the run (`TrainingDiverged`); the caller's log, progress bar, work between steps (validation and checkpoints
+every N steps) and stop signal come in one `LoopHooks`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class LoopHooks:
 
     log: Log | None = print  # a line every log_every steps (None: no lines)
     on_log: Callable[[dict[str, float]], None] | None = None  # the same figures as a dict (the metrics file)
+    after_step: Callable[[], None] | None = None  # called after every step (and its log line), before should_stop
     should_stop: Callable[[], bool] | None = None  # asked after every step: a signal came, the run must stop
     progress: Any = None  # a tqdm-like bar, advanced once per step
 
@@ -64,6 +66,8 @@ def train_loop(data_iter: Iterable[Batch], model: nn.Module, loss_compute: Simpl
             hooks.progress.update(1)
         if state.step % log_every == 0:
             log_window(meter, state, optimizer, hooks.log, hooks.on_log, hooks.progress, log_every, epoch)
+        if hooks.after_step is not None:
+            hooks.after_step()
         if (max_steps and state.step >= max_steps) or (hooks.should_stop is not None and hooks.should_stop()):
             break
     loss = meter.read_epoch()

@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,13 +37,18 @@ from .checkpointer import Checkpointer, improves
 from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, init_distributed, open_run_log, print0,
                           result_lines)
 from .metrics import Metrics
-from .progress import epoch_line, speed_warning, start_line
+from .progress import epoch_line, log_line_end, speed_warning, start_line, step_line
 from .resume import RunState, StopSignal
 from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
 from .schedules import build_scheduler
 from .tasks import build_task, task_fingerprint
 from .tensorboard_log import summary_writer_class
+
+
+def every(step: int, n: int) -> bool:
+    """Whether `step` is a multiple of a cadence `n` (0: never)."""
+    return bool(n) and step % n == 0
 
 
 def wrap_model(step_model: nn.Module, info: DistInfo, device: torch.device) -> nn.Module:
@@ -62,7 +68,8 @@ class Trainer:
 
     The loop reads like the paper's training section: for each epoch, `train_step` over its
     batches (`train_loop`), then `validate` and `save`; at the end `finish` (averaging, final scores,
-    examples).
+    examples). A long run also validates and saves every N steps inside an epoch (`at_step`: the paper saved a
+    checkpoint every 10 minutes and averaged the last 5).
     """
 
     def __init__(self, cfg: Config, info: DistInfo, device: torch.device, start_mode: str = "start",
@@ -110,6 +117,8 @@ class Trainer:
         self.stopper = StopSignal()
         self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
         self.step_clock = 0.0  # when the current stretch of timed optimizer steps began
+        self.wall_clock = 0.0  # since when the wall time is not yet in counters.wall_seconds (perf_counter)
+        self.flops_from = 0  # the first batch of this epoch whose FLOPs are not yet in counters.flops
         # (step, train_seconds, wall_seconds, tokens) when fit began, and whether the early warning is settled
         self.speed_mark: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
         self.speed_checked = not info.is_main
@@ -132,15 +141,16 @@ class Trainer:
                               "precision": str(self.amp_dtype or "fp32")})
         try:
             while not self.done():
-                epoch, t_epoch = self.counters.epoch, time.perf_counter()
-                train_loss = self.train_epoch()
+                epoch = self.counters.epoch
+                t_epoch = self.wall_clock = time.perf_counter()
+                train_loss = self.train_epoch()  # with `at_step` every train.val_every_steps / save_every_steps
                 if not self.stopping and self.info.distributed:  # a signal since the last comparison
                     self.stopping = self.stopper.stop_now(True, self.info.rank, force=True)
                 if self.stopping:
-                    self.counters.wall_seconds += time.perf_counter() - t_epoch
+                    self.count_wall()
                     return self.stop(epoch)
                 record = self.validate(epoch, train_loss, time.perf_counter() - t_epoch)
-                self.save(record, t_epoch)
+                self.save(record)
             self.stopper.restore()  # from here on Ctrl-C interrupts at once
             self.checkpoints.wait()  # the best model file on disk before finish reads it back
             return self.finish()
@@ -153,19 +163,18 @@ class Trainer:
 
     def train_epoch(self) -> float:
         """One epoch (or the rest of a resumed one) of `train_step`; returns its mean training loss."""
-        t, t_data = self.cfg.train, 0.0
+        t = self.cfg.train
         if not self.mid_epoch:
             self.loader.set_epoch(self.counters.epoch)
             self.run_state.meter = LossMeter(self.device)
-            t_data = getattr(self.loader, "resegment_seconds", 0.0)  # resegmenting is training time too
+            self.counters.train_seconds += getattr(self.loader, "resegment_seconds", 0.0)  # training time too
             note = getattr(getattr(self.loader, "resegment", None), "epoch_note", "")  # a resegmentation's word
             if note and self.info.is_main:
                 self.log(f"epoch {self.counters.epoch + 1}: {note}")
         self.mid_epoch, self.stopping = False, False
-        first_batch = self.loader.taken  # 0, or where a resumed epoch continues
-        steps = -(-len(self.loader) // t.accum_steps)  # the last group may be short
-        bar = tqdm(total=steps, desc=f"epoch {self.counters.epoch + 1}", leave=False, dynamic_ncols=True,
-                   disable=True if not (self.info.is_main and t.progress) else None)  # None: off without a TTY
+        self.flops_from = self.loader.taken  # 0, or where a resumed epoch continues
+        bar = tqdm(total=t.epoch_steps(len(self.loader)), desc=f"epoch {self.counters.epoch + 1}", leave=False,
+                   dynamic_ncols=True, disable=True if not (self.info.is_main and t.progress) else None)  # None: no TTY
         self.metrics.new_epoch()
         self.step_clock = time.perf_counter()
         self.run_state.meter.start_clock()
@@ -175,12 +184,26 @@ class Trainer:
                 self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler, self.train_state,
                 accum_iter=t.accum_steps, device=self.device, amp_dtype=self.amp_dtype,
                 clip_grad_norm=t.clip_grad_norm, max_steps=t.max_steps, log_every=t.log_every,
-                hooks=LoopHooks(log=self.log if self.info.is_main else None, on_log=self._on_log,
-                                should_stop=self._should_stop, progress=None if bar.disable else bar),
+                hooks=LoopHooks(log=self._log_line if self.info.is_main else None, on_log=self._on_log,
+                                after_step=self._after_step, should_stop=self._should_stop,
+                                progress=None if bar.disable else bar),
                 meter=self.run_state.meter, objective=self.objective, epoch=self.counters.epoch)
-        self.counters.train_seconds += time.perf_counter() - self.step_clock + t_data
-        self.counters.flops += self.compute(first_batch, max(first_batch, self.loader.taken))
+        self.count_training()
         return loss
+
+    def count_training(self) -> None:
+        """Add the steps since the last count to the training clock and the FLOPs: at an epoch's end, and before a
+        validation or checkpoint inside one (which then hold them)."""
+        now, taken = time.perf_counter(), max(self.flops_from, self.loader.taken)
+        self.counters.train_seconds += now - self.step_clock
+        self.counters.flops += self.compute(self.flops_from, taken)
+        self.step_clock, self.flops_from = now, taken
+
+    def count_wall(self, now: float | None = None) -> None:
+        """Add the wall time since the last count (the epoch's start, or a checkpoint inside it) to the counters."""
+        now = time.perf_counter() if now is None else now
+        self.counters.wall_seconds += now - self.wall_clock
+        self.wall_clock = now
 
     def compute(self, start: int, stop: int) -> float:
         """Model FLOPs of this epoch's batches start..stop-1 on all ranks: the benchmark's matmul count of the
@@ -190,8 +213,10 @@ class Trainer:
         flops = train_step_flops(m.d_model, m.d_ff, m.N, self.task.tgt_vocab_size, src, tgt - 1, m.N_dec or None)
         return flops * getattr(self.objective, "compute_factor", 1.0)
 
-    def _should_stop(self) -> bool:
-        """After each step: a signal arrived (under torchrun on any rank, agreed by all at the same step)."""
+    def _after_step(self) -> None:
+        """After each step: the compile step's clock, a look at the speed, a failed background write, and at
+        multiples of train.val_every_steps / save_every_steps inside an epoch `at_step` (an epoch's last step
+        leaves both to the epoch's end, which follows)."""
         if self.metrics.compile_seconds is None:  # the first step of a compiled model: compile, not training
             self.metrics.compile_seconds = time.perf_counter() - self.step_clock
             self.step_clock = time.perf_counter()
@@ -199,8 +224,25 @@ class Trainer:
         if time.perf_counter() >= self.speed_due:  # slow steps: a minute passed without a log line
             self._warn_if_slow(at_epoch_end=False)
         self.checkpoints.check()  # a failed background write stops the run within a step, not an epoch later
+        t, step = self.cfg.train, self.train_state.step
+        validate, save = every(step, t.val_every_steps), every(step, t.save_every_steps)
+        if (validate or save) and not self.epoch_ends():
+            self.at_step(validate, save)
+
+    def epoch_ends(self) -> bool:
+        """The step just taken is the epoch's last, or the run's (train.max_steps)."""
+        max_steps = self.cfg.train.max_steps
+        return self.loader.taken >= len(self.loader) or bool(max_steps and self.train_state.step >= max_steps)
+
+    def _should_stop(self) -> bool:
+        """After each step: a signal arrived (under torchrun on any rank, agreed by all at the same step)."""
         self.stopping = self.stopper.stop_now(self.info.distributed, self.info.rank)
         return self.stopping
+
+    def _log_line(self, line: str) -> None:
+        """Rank 0's log line, ending with the share of the run's steps done and the time left."""
+        wall_seconds = self.counters.wall_seconds + time.perf_counter() - self.wall_clock  # this epoch's so far too
+        self.log(line + log_line_end(self.train_state, self.counters, self.cfg.train, self.total_steps, wall_seconds))
 
     def _on_log(self, figures: dict[str, float]) -> None:
         """A log line's figures (with the objective's, when one is on) go to the metrics; a long run says so."""
@@ -225,6 +267,32 @@ class Trainer:
         """The next look between log lines: progress.SPEED_AFTER_SECONDS after `after`, or never once settled."""
         self.speed_due = math.inf if self.speed_checked else after + progress.SPEED_AFTER_SECONDS
 
+    def at_step(self, validate: bool, save: bool) -> None:
+        """Inside an epoch: validation (as at an epoch's end, with the epoch's training loss so far; its metrics
+        record and the best model file) and/or last.pt with the step's model file; then training goes on."""
+        t, c, s = self.cfg.train, self.counters, self.train_state
+        self.count_training()  # the clocks and FLOPs up to this step, in the record and in last.pt
+        t_eval = time.perf_counter()
+        record: dict[str, Any] = {"kind": "step", "epoch": c.epoch + 1, "step": s.step}
+        if validate:
+            record.update(train_loss=self.run_state.meter.read_epoch(), **self.evaluate(self._bleu_due_at_step()),
+                          train_seconds=c.train_seconds, train_flops=c.flops,
+                          eval_seconds=time.perf_counter() - t_eval)
+        t_save = time.perf_counter()
+        targets = (self.best_file(record) if validate else []) + self.step_file()
+        self.count_wall(t_save)
+        record["wall_seconds"] = c.wall_seconds
+        if save or targets:  # a better validation alone writes the best model file alone
+            self.checkpoints.save(mid_epoch=True, weights_to=targets, last=save)
+        if validate and self.info.is_main:
+            self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
+        self.prune_steps()
+        if validate:
+            self.log(step_line(record, s, c, t, self.total_steps))
+        self.train_model.train()  # validation left the model in eval mode
+        self.step_clock = time.perf_counter()  # validating and saving are not training time
+        self.run_state.meter.start_clock()
+
     def stop(self, epoch: int) -> dict[str, Any]:
         """A signal stopped training inside `epoch`: save last.pt with the data position, say so, return."""
         self.checkpoints.save(mid_epoch=True)
@@ -240,51 +308,80 @@ class Trainer:
         t, c, t_eval = self.cfg.train, self.counters, time.perf_counter()
         if not self.run_state.cut_short(t.max_steps):
             c.epoch = epoch + 1
-        with self.evaluated_weights():
-            val_loss = evaluate_loss(self.val_batches, self.model, self.loss_compute, device=self.device,
-                                     amp_dtype=self.amp_dtype)
-            scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype,
-                                     static=self.val_step) if self._bleu_due(epoch) else None
         record: dict[str, Any] = {"kind": "epoch", "epoch": epoch + 1, "step": self.train_state.step,
-                                  "train_loss": train_loss, "val_loss": val_loss, "seconds": seconds}
-        if scored is not None:
-            record.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
-            if t.target_bleu and c.target_epoch is None and scored["bleu"] >= t.target_bleu:
-                c.target_epoch, c.target_seconds, c.target_flops = epoch + 1, c.train_seconds, c.flops
+                                  "train_loss": train_loss, **self.evaluate(self._bleu_due(epoch)), "seconds": seconds}
+        if "bleu" in record and t.target_bleu and c.target_epoch is None and record["bleu"] >= t.target_bleu:
+            c.target_epoch, c.target_seconds, c.target_flops = epoch + 1, c.train_seconds, c.flops
         record.update(train_seconds=c.train_seconds, train_flops=c.flops, eval_seconds=time.perf_counter() - t_eval)
         if c.target_epoch is not None:
             record.update(target_bleu=t.target_bleu, target_epoch=c.target_epoch, target_seconds=c.target_seconds,
                           target_flops=c.target_flops)
         return {**record, **self.metrics.epoch_figures()}
 
+    def evaluate(self, bleu: bool) -> dict[str, Any]:
+        """The validation loss, and with `bleu` greedy BLEU, of the weights validation scores."""
+        with self.evaluated_weights():
+            scores: dict[str, Any] = {"val_loss": evaluate_loss(self.val_batches, self.model, self.loss_compute,
+                                                                device=self.device, amp_dtype=self.amp_dtype)}
+            if bleu:
+                scored = self.task.score(self.model, self.device, "val", beam_size=1, amp_dtype=self.amp_dtype,
+                                         static=self.val_step)
+                scores.update(bleu=scored["bleu"], bleu_signature=scored["bleu_signature"])
+        return scores
+
     def _bleu_due(self, epoch: int) -> bool:
         """Validation BLEU after `epoch` (from 0): every train.bleu_every epochs and after the last (translation)."""
-        every = self.cfg.train.bleu_every
-        return self.task.name == "translation" and bool(every) and ((epoch + 1) % every == 0 or self.done())
+        n = self.cfg.train.bleu_every
+        return self.task.name == "translation" and bool(n) and ((epoch + 1) % n == 0 or self.done())
+
+    def _bleu_due_at_step(self) -> bool:
+        """Validation BLEU at a validation inside an epoch: every train.bleu_every-th of them (translation)."""
+        t = self.cfg.train
+        return self.task.name == "translation" and every(self.train_state.step // t.val_every_steps, t.bleu_every)
 
     def evaluated_weights(self) -> AbstractContextManager[None]:
         """The weights validation scores: the raw ones, or with `ema.decay` on their average swapped in."""
         return self.ema.swapped_in() if self.ema is not None else nullcontext()
 
-    def save(self, record: dict[str, Any], t_epoch: float) -> None:
-        """After an epoch: the best model file when validation improved, epoch_NN, last.pt; log the record."""
+    def save(self, record: dict[str, Any]) -> None:
+        """After an epoch: the best model file when validation improved, epoch_NN (and step_NNNNNNN on a
+        train.save_every_steps step), last.pt; log the record."""
         t, c, epoch = self.cfg.train, self.counters, record["epoch"]
         t_save = time.perf_counter()
-        metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
-        improved = improves(metric, c.best_metric, t.best_metric)
-        if improved:
-            c.best_metric, c.best_epoch = float(metric), epoch
         cut_short = self.run_state.cut_short(t.max_steps)
-        targets = ([self.run.best] if improved else []) + ([] if cut_short else [self.run.epoch(epoch)])
-        c.wall_seconds += t_save - t_epoch  # before the checkpoint, so last.pt holds it
+        targets = self.best_file(record) + ([] if cut_short else [self.run.epoch(epoch)]) + self.step_file()
+        self.count_wall(t_save)  # before the checkpoint, so last.pt holds it
         record["wall_seconds"] = c.wall_seconds
         self.checkpoints.save(mid_epoch=cut_short, weights_to=targets)
         if self.info.is_main:  # copying the weights and waiting for the previous write, not the write itself
             self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
         if self.info.is_main and t.keep_last_epochs and not cut_short:
             self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
+        self.prune_steps()
         self._warn_if_slow(at_epoch_end=True)
         self.log(epoch_line(record, self.train_state, c, t, self.total_steps) + self.metrics.gpu_line())
+
+    def best_file(self, record: dict[str, Any]) -> list[Path]:
+        """[the best model file] when `record`'s validation beats the best so far (train.best_metric), which it
+        becomes; else []."""
+        t, c = self.cfg.train, self.counters
+        metric = record.get("bleu") if t.best_metric == "bleu" else record["val_loss"]
+        if not improves(metric, c.best_metric, t.best_metric):
+            return []
+        c.best_metric, c.best_epoch, c.best_step = float(metric), record["epoch"], record["step"]
+        return [self.run.best]
+
+    def step_file(self) -> list[Path]:
+        """[this step's model file] on a multiple of train.save_every_steps, and at the run's last step (so that
+        train.average_last averages the final weights too, whatever the cadence), else []."""
+        step, n = self.train_state.step, self.cfg.train.save_every_steps
+        return [self.run.step(step)] if every(step, n) or (n and self.done()) else []
+
+    def prune_steps(self) -> None:
+        """After a step file is queued: the older ones beyond train.keep_last_steps are deleted (rank 0)."""
+        keep, step = self.cfg.train.keep_last_steps, self.train_state.step
+        if self.info.is_main and keep and self.step_file():
+            self.run.prune_steps(keep, newest=step)
 
     def finish(self) -> dict[str, Any]:
         """Charts, final scores and example translations (run_end.finish): the run's result, which --quiet shows."""
@@ -295,11 +392,11 @@ class Trainer:
 def train_worker(cfg: Config) -> dict[str, Any]:
     """Train one rank (of one or many, under torchrun) from a validated config; return the final figures.
 
-    Builds data, model, loss, optimizer and schedule; trains epoch by epoch; computes validation
-    loss every epoch and validation BLEU every `train.bleu_every` epochs; keeps the best model file,
-    `last.pt` and the last epochs' model files; finally scores the test split with the best weights and shows a
-    few translations (or, for the copy task, counts exact copies). Rank 0's lines go to the run's train.log too,
-    the error that ends a run among them.
+    Builds data, model, loss, optimizer and schedule; trains epoch by epoch; computes validation loss every
+    epoch (and every `train.val_every_steps` steps) and validation BLEU every `train.bleu_every` validations;
+    keeps the best model file, `last.pt` and the last epochs' (and `train.save_every_steps` steps') model files;
+    finally scores the test split with the best weights and shows a few translations (or, for the copy task,
+    counts exact copies). Rank 0's lines go to the run's train.log too, the error that ends a run among them.
     """
     with run_log_closed():
         info, device = init_distributed(cfg.train.device)
