@@ -171,30 +171,34 @@ def metrics_without_clocks(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_run_killed_after_a_step_checkpoint_continues_there_as_if_never_killed(tmp_path, train_command,
-                                                                                 monkeypatch):
+def test_a_run_killed_after_a_step_checkpoint_continues_there_as_if_never_killed(tmp_path):
     """SIGKILL inside epoch 2, after a step checkpoint, then the same command: it resumes at that step, and every
     metrics line, the weights, the Adam moments and the step files equal an uninterrupted run's (dropout on, so the
     random state is restored too)."""
-    monkeypatch.setattr("annotated_transformer.harness.run_end.write_charts", lambda run, log: None)
     common = ["--config", str(EXAMPLE), *own_args(write_corpus(tmp_path / "corpus"), tmp_path / "cache"),
               "train.epochs=2", "model.dropout=0.1", "train.val_every_steps=3", "train.save_every_steps=4",
               "train.keep_last_steps=0", "train.average_last=2", "train.final_eval=false"]
-    code, out, err = train_command(*common, f"train.out_dir={tmp_path / 'full'}")
-    assert code == 0, err
-    per_epoch = int(out.split(" batches/epoch/rank")[0].rsplit("| ", 1)[1])
-    saved = next(s for s in range(4, 2 * per_epoch, 4) if per_epoch < s < 2 * per_epoch - 1)  # inside epoch 2
-    part = tmp_path / "part"
     script = tmp_path / "killed_train.py"
     script.write_text(KILLED_TRAIN)
-    killed = subprocess.run([sys.executable, str(script), str(saved + 1), *common, f"train.out_dir={part}"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+
+    def train(kill_at: int, out_dir: Path) -> subprocess.CompletedProcess:
+        # Every run a fresh process (kill_at 0: never killed): what earlier tests left in this process's global
+        # state (threads, kernel settings) cannot make the uninterrupted run differ from the killed one.
+        return subprocess.run([sys.executable, str(script), str(kill_at), *common, f"train.out_dir={out_dir}"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+
+    full = train(0, tmp_path / "full")
+    assert full.returncode == 0, full.stdout[-3000:]
+    per_epoch = int(full.stdout.split(" batches/epoch/rank")[0].rsplit("| ", 1)[1])
+    saved = next(s for s in range(4, 2 * per_epoch, 4) if per_epoch < s < 2 * per_epoch - 1)  # inside epoch 2
+    part = tmp_path / "part"
+    killed = train(saved + 1, part)
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:]
     assert load_checkpoint(part / "last.pt")["train_state"]["step"] == saved  # what the kill left
 
-    code, out, err = train_command(*common, f"train.out_dir={part}")  # train.resume=auto
-    assert code == 0, err
-    assert f"resumed {part / 'last.pt'}: epoch 1, step {saved}" in out
+    resumed = train(0, part)  # train.resume=auto
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"resumed {part / 'last.pt'}: epoch 1, step {saved}" in resumed.stdout
     a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
     assert without_clocks(a["train_state"]) == without_clocks(b["train_state"])
     assert a["train_state"]["step"] == 2 * per_epoch

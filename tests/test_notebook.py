@@ -139,7 +139,7 @@ def test_notebook_trains_in_a_folder_it_removes_and_draws_every_chart(venv_kerne
     folder = temp_folder(cell)
     assert folder.name.startswith("attention_notebook_") and not folder.exists()
     assert f"no run in `{tmp_path / 'no_run'}`" in text_of(cell)
-    assert "epoch 1/1 | step 20 |" in text_of(cell)  # it trained there
+    assert "epoch 1/1 | step 20/20 |" in text_of(cell)  # it trained there
     check_every_chart(nb)
     guided = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("if GUIDED_CHECKPOINT:"))
     assert "the guided-attention chart is skipped" in text_of(guided)
