@@ -62,10 +62,6 @@ def find_library(files: Iterable[str], dirs: Iterable[Path]) -> Path | None:
     return None
 
 
-def find_tcmalloc(dirs: Iterable[Path]) -> Path | None:
-    """The first tcmalloc library in `dirs`, or None."""
-    return find_library(TCMALLOC_FILES, dirs)
-
 
 def runs_on_cpu(device: str, environ: Mapping[str, str] = os.environ) -> bool:
     """Whether a run with train.device `device` trains on the CPU.
