@@ -54,6 +54,7 @@ def test_the_check_times_each_mode_and_size_and_trains_through_the_users_command
         tiny_config, multi30k_dir, data_cache_dir, tmp_path, command, monkeypatch):
     monkeypatch.setattr(check, "LARGE_BATCH_TOKENS", 1024)  # the CPU's stand-in for 16k tokens
     monkeypatch.setattr(check, "DISTINCT_BATCHES", 2)
+    monkeypatch.setattr(check, "DECODE_SENTENCES", 128)  # one batch a pass: the GPU's figure is of 512
     # Short sentences and big batches: an epoch of a few steps, so the run ends on its own well inside its time.
     short = ["data.max_sentence_len=8", "data.long_policy=skip", "train.max_steps=0", "train.epochs=2",
              "train.bleu_every=1", "decode.max_len_a=5", "train.final_eval=false"]

@@ -94,7 +94,8 @@ def test_one_graph_serves_every_position_of_a_shape():
         compiled = static_greedy_search(model, src, mask, 14, BOS, EOS, PAD, length=14, step=step)
         assert torch.equal(compiled, greedy_search(model, src, mask, 14, BOS, EOS, PAD))
     assert len(graphs) == 1
-    assert len(static_decoding._KEPT[model]) == 1  # one cache for the shape, its buffers the same every batch
+    # the search's buffers went with it: only on CUDA are they kept (one set a shape, for a captured graph)
+    assert model not in static_decoding._KEPT
     torch._dynamo.reset()
 
 
@@ -134,9 +135,12 @@ def test_validation_step_follows_train_compile(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: compiled.append(kwargs["mode"]) or (fn, kwargs["mode"]))
     static_decoding.compiled_step.cache_clear()
     try:
-        assert validation_step(False) is None  # not compiled: the search on the shapes it meets
-        assert validation_step(True) == (static_step, None) and validation_step(True) is validation_step(True)
-        assert validation_step("captured") == (static_step, "reduce-overhead")
+        cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+        assert validation_step(False, gpu) is None  # not compiled, on a GPU: the search on the shapes it meets
+        assert validation_step(False, cpu) is static_step  # on the CPU: fixed shapes, a few oneDNN kernels
+        assert validation_step(True, cpu) == (static_step, None) and validation_step(True, gpu) is \
+            validation_step(True, cpu)
+        assert validation_step("captured", gpu) == (static_step, "reduce-overhead")
         assert compiled == [None, "reduce-overhead"]  # compiled once per process and mode
     finally:
         static_decoding.compiled_step.cache_clear()
@@ -162,7 +166,8 @@ def test_static_validation_batches_give_the_same_loss_in_a_few_shapes(multi30k_d
 @pytest.mark.slow
 def test_a_run_with_static_shapes_validates_on_them(tiny_config, tmp_path, monkeypatch, train_command, no_charts):
     """data.static_shapes=true on the CPU (auto turns it on for CUDA runs): the val loss batches and the val BLEU
-    search take the fixed shapes, and the run records both."""
+    search, during the run and at its end, take the fixed shapes (uncompiled, static_step on the CPU), and the run
+    records both."""
     searched, loss_batches = [], []
     search = static_decoding.static_greedy_search
     monkeypatch.setattr("annotated_transformer.decode.inference.static_greedy_search",
@@ -174,18 +179,18 @@ def test_a_run_with_static_shapes_validates_on_them(tiny_config, tmp_path, monke
         return evaluate(batches, *args, **kwargs)
 
     monkeypatch.setattr("annotated_transformer.harness.trainer.evaluate_loss", evaluating)
-    # the step a compiled run validates with, run eagerly here: a CPU compile would take a minute
-    monkeypatch.setattr("annotated_transformer.harness.trainer.validation_step", lambda compile: static_step)
     code, _, err = train_command("--config", "tiny", f"data.root={tiny_config().data.root}",
                                  f"data.cache_dir={tiny_config().data.cache_dir}", f"train.out_dir={tmp_path}",
                                  "train.max_steps=4", "train.device=cpu", "train.precision=fp32",
                                  "data.static_shapes=true", "train.bleu_every=1", "decode.max_len_a=4",
-                                 "train.final_eval=false", "train.progress=false")
+                                 "train.score_test=false", "train.progress=false")
     assert code == 0, err[-2000:]
     records = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())
                if r.get("kind") == "epoch"]
     assert records and "bleu" in records[-1] and math.isfinite(records[-1]["val_loss"])
     rows = {static_decoding.static_rows(n, tiny_config().decode.batch_size) for n in range(1, 1015)}
-    assert searched and all(shape[0] in rows and shape[1] in set(width_ladder(256).tolist()) for shape in searched)
+    batches = math.ceil(1014 / tiny_config().decode.batch_size)
+    assert len(searched) == 2 * batches  # the epoch's val BLEU, then the final one on the chosen weights
+    assert all(shape[0] in rows and shape[1] in set(width_ladder(256).tolist()) for shape in searched)
     assert len(set(loss_batches)) <= len(width_ladder(256))  # a few shapes
     assert " static shapes | " in (tmp_path / "train.log").read_text()  # the first line says how many

@@ -94,6 +94,23 @@ def test_few_shapes_and_little_padding_on_multi30k_words(multi30k_data, budget):
     assert shapes <= MAX_SHAPES and padding <= MAX_PADDING
 
 
+def test_the_data_line_describes_the_plan_the_loader_takes(tiny_config):
+    """data.static_shapes=true: the data's summary counts the static plan's batches, shapes and padding."""
+    from annotated_transformer.data.translation_data import stats_summary
+
+    lines: list[str] = []
+    data = load_translation_data(tiny_config("data.static_shapes=true"), log=lines.append)
+    line = stats_summary(data.stats)
+    loader = data.train_loader(seed=tiny_config().train.seed, pin_memory=False)
+    assert loader.static_shapes and data.stats["batches_per_epoch"] == len(loader)
+    shapes = data.stats["static_shapes"]
+    assert f"bucket batching in {shapes} static shapes: {len(loader)} batches/epoch" in line
+    assert shapes == len(loader.shapes())
+    bucket = data.stats["batches_per_epoch_bucket"]
+    assert bucket != len(loader) and f"{bucket} batches/epoch" in stats_summary(load_translation_data(
+        tiny_config(), log=None).stats)
+
+
 @pytest.mark.slow
 def test_few_shapes_and_little_padding_on_multi30k_subwords(tiny_config):
     """base.yaml's tokenisation: one SentencePiece vocabulary of 8000 pieces."""
@@ -251,6 +268,14 @@ def test_auto_on_a_cpu_is_the_bucket_plan_exactly(multi30k_data, part):
     for got, ids in zip(served, plan):
         want = collate([(train.src[i], train.tgt[i]) for i in ids])
         assert torch.equal(got.src, want.src) and torch.equal(got.tgt, want.tgt)
+
+
+def test_the_first_translator_trains_on_static_shapes_on_the_cpu_too():
+    """cpu_15min.yaml sets them: on a CPU it is what bounds the run's memory (oneDNN's kernels for a few shapes)."""
+    from annotated_transformer.config import load_config
+
+    assert static_shapes_on(load_config("cpu_15min").data.static_shapes, cuda=False)
+    assert not static_shapes_on(load_config("cpu_45min").data.static_shapes, cuda=False)  # measured on buckets
 
 
 def test_auto_turns_static_shapes_on_for_cuda_unless_lengths_vary():

@@ -160,8 +160,8 @@ SWEEP = textwrap.dedent(f"""
 
 
 def _sweep_args(out: Path, grid: Path, multi30k_dir: Path, cache: Path) -> list[str]:
-    """Two seeds of each setting, two runs at a time, each a short tiny.yaml run on sentences of up to 10 tokens."""
-    return ["--config", "tiny", "--grid", str(grid), "--seeds", "2", "--parallel", "2", "--out", str(out),
+    """One seed of each setting, two runs at a time, each a short tiny.yaml run on sentences of up to 10 tokens."""
+    return ["--config", "tiny", "--grid", str(grid), "--seeds", "1", "--parallel", "2", "--out", str(out),
             f"data.root={multi30k_dir}", f"data.cache_dir={cache}", "data.max_sentence_len=10",
             "data.long_policy=skip", f"train.max_steps={MAX_STEPS}", "train.warmup=10", "train.log_every=5",
             "train.bleu_every=1", "train.target_bleu=0.000001", "decode.max_len_a=5", "train.device=cpu",
@@ -176,12 +176,12 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
 
     load_translation_data(tiny_config(), log=None)  # the word-level cache, built once before the runs share it
     grid = tmp_path / "grid.yaml"
-    grid.write_text("train.lr_factor: [1.0, 2.0]\n")
+    grid.write_text("train.lr_factor: [1.0, 0.5, 2.0]\n")
     out = tmp_path / "sweep"
     args = _sweep_args(out, grid, multi30k_dir, data_cache_dir)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("HOLD_AT", None)
-    first_pair = [out / "train.lr_factor=1.0" / f"seed{seed}" for seed in (1, 2)]  # the two runs started first
+    first_pair = [out / f"train.lr_factor={lr}" / "seed1" for lr in ("1.0", "0.5")]  # the two runs started first
     proc = subprocess.Popen([sys.executable, "-c", SWEEP, *args], env={**env, "HOLD_AT": str(HOLD_AT)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -200,18 +200,19 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
     for run in first_pair:  # each stopped at the step where the signal reached it, and saved last.pt there
         assert max(r["step"] for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "train") == HOLD_AT
         assert load_checkpoint(run / "last.pt")["train_state"]["step"] == HOLD_AT
-    assert not (out / "train.lr_factor=2.0").exists()  # the second setting never started
+    assert not (out / "train.lr_factor=2.0").exists()  # the third setting never started
 
-    # the same sweep again (its runs hold nowhere), scoring test at the end
-    again = subprocess.run([sys.executable, "-c", SWEEP, *args, "--score-test"], env=env, capture_output=True,
-                           text=True, timeout=600)
+    # the same sweep again (its runs hold nowhere), all three runs at once (a sweep's width is not a setting of
+    # its runs), scoring test at the end
+    again = subprocess.run([sys.executable, "-c", SWEEP, *args, "--parallel", "3", "--score-test"], env=env,
+                           capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "4 runs, 0 already finished, 4 to train" in again.stdout
+    assert "3 runs, 0 already finished, 3 to train" in again.stdout
     for run in first_pair:
         assert f"resumed {run / 'last.pt'}: epoch 0, step {HOLD_AT}" in run.with_name(f"{run.name}.log").read_text()
     rows = list(csv.DictReader((out / "sweep.csv").open()))
-    assert sorted((r["setting"], r["seed"]) for r in rows) == [(f"train.lr_factor={lr}", seed) for lr in ("1.0", "2.0")
-                                                               for seed in ("1", "2")]
+    assert sorted((r["setting"], r["seed"]) for r in rows) == [(f"train.lr_factor={lr}", "1")
+                                                               for lr in ("0.5", "1.0", "2.0")]
     for row in rows:
         assert row["finished"] == "True" and row["steps"] == str(MAX_STEPS)
         run = out / row["setting"] / f"seed{row['seed']}"
@@ -222,12 +223,12 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
         assert epoch["target_epoch"] == 1 and float(row["target_seconds"]) == pytest.approx(epoch["target_seconds"])
         assert epoch["target_seconds"] > 0
     table = (out / "sweep.md").read_text()
-    assert table.count("| 2/2 |") == 2 and "(2/2)" in table
+    assert table.count("| 1/1 |") == 3 and "(1/1)" in table
     assert (out / "sweep.png").stat().st_size > 1000 and (out / "sweep.html").is_file()
 
     with pytest.raises(SystemExit) as third:  # the same command once more, in this process: nothing left to train
         run_command("sweep", args, "sweep.py")
-    assert third.value.code == 0 and "4 runs, 4 already finished, 0 to train" in capsys.readouterr().out
+    assert third.value.code == 0 and "3 runs, 3 already finished, 0 to train" in capsys.readouterr().out
 
 
 def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None:

@@ -399,3 +399,31 @@ def test_chart_fragments_share_one_page_and_draw_into_their_own_element():
     assert result["loaded"] == "function"
     assert result["calls"] == [[pieces[0]["id"], "first", {"renderer": "svg"}],
                                [pieces[1]["id"], "second", {"renderer": "svg"}]]
+
+
+def test_the_vega_script_is_assembled_once_per_version_and_read_back_after(tmp_path, monkeypatch):
+    import vl_convert
+
+    from annotated_transformer.visualization import rendering
+
+    calls = []
+
+    def bundle(vl_version=None):
+        calls.append(vl_version)
+        return f"window.vegaEmbed = function () {{}}; // {len(calls)}"
+
+    monkeypatch.setattr(vl_convert, "javascript_bundle", bundle)
+    monkeypatch.setattr(rendering, "SCRIPT_CACHE", tmp_path / "vega")
+    rendering._vega_script.cache_clear()
+    try:
+        first = rendering._vega_script()
+        rendering._vega_script.cache_clear()  # a new process: the file is read, vl-convert not asked again
+        assert rendering._vega_script() == first and len(calls) == 1 and "// 1" in first
+        (kept,) = (tmp_path / "vega").iterdir()
+        assert vl_convert.__version__ in kept.name and kept.read_text(encoding="utf-8").endswith("// 1")
+        # a cache folder that cannot be written (a file in its place): the script is made all the same
+        monkeypatch.setattr(rendering, "SCRIPT_CACHE", tmp_path / "vega" / kept.name / "below")
+        rendering._vega_script.cache_clear()
+        assert "// 2" in rendering._vega_script() and len(calls) == 2
+    finally:
+        rendering._vega_script.cache_clear()

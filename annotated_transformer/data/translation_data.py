@@ -38,6 +38,7 @@ from .buckets import (
     epoch_rng,
     padding_fraction,
     notebook_batches,
+    shaped_padding_fraction,
     static_batches,
 )
 from .cache import CacheUnreadable, cache_settings, discard_cache, find_cache_folder, read_cache, spm_sample_setting
@@ -277,13 +278,18 @@ def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
     notebook = notebook_batches(len(train), epoch_rng(seed, 0))
     pf_bucket = padding_fraction(bucket, train.src_lens, train.tgt_lens)
     pf_notebook = padding_fraction(notebook, train.src_lens, train.tgt_lens, pad_to=NOTEBOOK_PADDING)
-    return {
+    stats = {
         "batching": d.batching, "batch_tokens": d.batch_tokens,
         "batches_per_epoch": len(bucket) if d.batching == "bucket" else len(notebook),
         "padding_fraction": pf_bucket if d.batching == "bucket" else pf_notebook,
         "padding_fraction_bucket": pf_bucket, "padding_fraction_notebook": pf_notebook,
         "batches_per_epoch_bucket": len(bucket), "batches_per_epoch_notebook": len(notebook),
     }
+    if d.batching == "bucket" and d.static_shapes is True:  # the plan the loader takes ('auto' decides on the device)
+        shaped = static_batches(train.src_lens, train.tgt_lens, d.batch_tokens, epoch_rng(seed, 0))
+        stats.update(batches_per_epoch=len(shaped), static_shapes=len({(b.rows, b.width) for b in shaped}),
+                     padding_fraction=shaped_padding_fraction(shaped, train.src_lens, train.tgt_lens))
+    return stats
 
 
 def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
@@ -338,7 +344,8 @@ def stats_summary(stats: dict[str, Any]) -> str:
     parts = [
         f"{s['dataset']} {s['direction']}: {pairs} pairs",
         f"{s['tokenizer']} vocab src {s['vocab']['src']} / tgt {s['vocab']['tgt']}",
-        f"{s['batching']} batching: {s['batches_per_epoch']} batches/epoch, padding {s['padding_fraction']:.1%}",
+        f"{s['batching']} batching{f' in {k} static shapes' if (k := s.get('static_shapes')) else ''}: "
+        f"{s['batches_per_epoch']} batches/epoch, padding {s['padding_fraction']:.1%}",
     ]
     long_ = [f"{n} {split} pairs {what}" for what in ("truncated", "skipped")
              for split, n in s[what].items() if n]

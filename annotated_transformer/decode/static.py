@@ -41,12 +41,13 @@ class StaticCache:
     @classmethod
     def start(cls, model: EncoderDecoder, memory: Tensor, length: int) -> StaticCache:
         """The cache of a search: the memory projected by each layer's W^K and W^V, in buffers for `length` target
-        positions kept per model and shape, so that a captured step reads and writes the same addresses every
-        batch (marked static on CUDA: a graph neither copies them nor refuses their writes)."""
+        positions. On CUDA they are kept per model and shape, so that a captured step reads and writes the same
+        addresses every batch (marked static: a graph neither copies them nor refuses their writes); on the CPU
+        nothing needs that, and a search's buffers go with it (kept, every shape's came to hundreds of MB)."""
         heads = [(layer.src_attn._heads(memory, layer.src_attn.linears[1]),
                   layer.src_attn._heads(memory, layer.src_attn.linears[2])) for layer in model.decoder.layers]
         B, h, S, d_k = heads[0][0].shape
-        kept = _KEPT.setdefault(model, {})
+        kept = _KEPT.setdefault(model, {}) if memory.is_cuda else {}
         key = (B, S, length, heads[0][0].dtype, memory.device)
         if key not in kept:
             empty = [heads[0][0].new_zeros(B, h, length, d_k) for _ in range(2 * len(heads))]  # autocast's dtype
@@ -94,10 +95,15 @@ def compiled_step(mode: str | None) -> Step:
     return torch.compile(static_step, mode=mode, fullgraph=True)
 
 
-def validation_step(compile: bool | str) -> Step | None:
+def validation_step(compile: bool | str, device: torch.device) -> Step | None:
     """The step that validation decodes with on static shapes, compiled as train.compile says (captured: CUDA
-    graphs); None without compiling, where the search on the shapes it meets is faster."""
-    return None if compile is False else compiled_step("reduce-overhead" if compile == "captured" else None)
+    graphs). Not compiled: `static_step` on the CPU, and None on a GPU, where the search on the shapes it meets
+    is faster. On the CPU the search that drops finished sentences meets a new shape at nearly every step, and
+    oneDNN keeps a compiled kernel (about half a MB) for each: hundreds of MB a validation, more as the model
+    changes, where the fixed shapes take a few dozen kernels for a fifth more time."""
+    if compile is False:
+        return static_step if device.type == "cpu" else None
+    return compiled_step("reduce-overhead" if compile == "captured" else None)
 
 
 def static_rows(n: int, batch_size: int) -> int:

@@ -3,6 +3,7 @@ command that translates with them."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from ..config import Config
+from ..decode.static import Step
 from ..loop import Log, TrainState
 from .checkpointer import Checkpointer
 from .distributed import DistInfo
@@ -35,6 +37,7 @@ class EndingRun(Protocol):
     task: Any  # harness/tasks.py: CopyTask or TranslationTask
     device: torch.device
     amp_dtype: torch.dtype | None
+    val_step: Step | None  # the step the run validates with on static shapes (trainer.py)
     t_start: float  # time.perf_counter() when the run began
     log: Log
 
@@ -101,7 +104,8 @@ def final_scores(tr: EndingRun, results: dict[str, Any], chosen: str, chosen_fil
     """Val BLEU of the chosen weights (best, or avg if it scores higher), then greedy and beam
     BLEU on test (or, with train.score_test=false, beam on val: settings are chosen on val alone).
     Returns the file of the chosen weights."""
-    score, t, beam_size = tr.task.score, tr.cfg.train, tr.cfg.decode.beam_size
+    t, beam_size = tr.cfg.train, tr.cfg.decode.beam_size
+    score = functools.partial(tr.task.score, static=tr.val_step)  # greedy on validation's shapes (beam: its own)
     score_test = t.score_test and "test" in tr.task.data.splits  # your own files may have no test split
     val = score(tr.model, tr.device, "val", amp_dtype=tr.amp_dtype)
     if averaged is not None:

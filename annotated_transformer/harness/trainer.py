@@ -103,7 +103,7 @@ class Trainer:
                                          lr_on_device=cfg.train.compile == "captured")
         # validation on the training batches' kind of shapes: with static shapes, a fixed-shape decoder step
         self.val_batches = self.task.val_batches(static=self.loader.static_shapes)
-        self.val_step = validation_step(cfg.train.compile) if self.loader.static_shapes else None
+        self.val_step = validation_step(cfg.train.compile, device) if self.loader.static_shapes else None
         self.run_state = RunState(TrainState(), self.model, self.optimizer, self.scheduler, self.loader,
                               LossMeter(device), info.rank, self.ema)
         self.train_state, self.counters = self.run_state.train_state, self.run_state.counters

@@ -14,6 +14,9 @@ from typing import Any
 
 from .errors import DataError, RunDirError, UserError
 
+# Where the project keeps what it can make again: the default data.cache_dir, and the chart script's copy.
+USER_CACHE = "~/.cache/annotated_transformer"
+
 
 def current_umask() -> int:
     """The process umask (reading it means setting it, so it is set straight back)."""

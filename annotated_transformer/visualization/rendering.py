@@ -23,7 +23,7 @@ from typing import Any
 
 import altair as alt
 
-from ..runtime.files import atomic_write
+from ..runtime.files import USER_CACHE, atomic_write
 
 FORMATS = ("html", "png")
 NOTEBOOK_RENDERER = "annotated_transformer"
@@ -31,6 +31,9 @@ NOTEBOOK_RENDERER = "annotated_transformer"
 EMBED_OPTIONS = {"renderer": "svg"}
 # The Vega JavaScript of a folder of charts, shared by its pages (save_chart's `shared_script`).
 SCRIPT_FILE = "vega.js"
+# vl-convert assembles that script anew in every process (over a second on a small CPU, at the end of every
+# training run, for its charts), so a copy is kept per vl-convert and Vega-Lite version.
+SCRIPT_CACHE = Path(USER_CACHE).expanduser() / "vega"
 
 
 def _vegalite_version() -> str | None:
@@ -49,12 +52,28 @@ def _vega_script() -> str:
     notebook) would stop with "Identifier has already been declared". Inside a function they are local;
     the bundle sets window.vegaEmbed itself, and the guard skips it once that exists.
     """
-    import vl_convert as vlc
-
-    bundle = vlc.javascript_bundle(vl_version=_vegalite_version())
+    bundle = _vega_bundle()
     if "</script" in bundle.lower():  # would end the <script> element early
         raise ValueError("the Vega JavaScript bundle cannot be inlined: it contains '</script'")
     return f"(function () {{\nif (window.vegaEmbed) return;\n{bundle}\n}})();"
+
+
+def _vega_bundle() -> str:
+    """vl-convert's JavaScript bundle, from SCRIPT_CACHE when a copy of this version is there (kept best effort)."""
+    import vl_convert as vlc
+
+    version = _vegalite_version()
+    path = SCRIPT_CACHE / f"vl-convert-{getattr(vlc, '__version__', 'unknown')}-vega-lite-{version or 'latest'}.js"
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass
+    bundle = vlc.javascript_bundle(vl_version=version)
+    try:
+        atomic_write(path, lambda f: f.write(bundle.encode("utf-8")))
+    except OSError:  # a read-only or full home: the charts are made all the same
+        pass
+    return bundle
 
 
 def _script_json(value: Any) -> str:
