@@ -59,12 +59,12 @@ def test_the_epoch_line_field_says_how_long_the_rest_takes():
 
 def test_the_warning_fires_above_the_threshold_only(monkeypatch):
     kwargs = {"device": "cpu (AMD EPYC, 2 threads)", "length": "20 epochs (1,100 steps)", "tokens_per_s": 1474.4,
-              "advice": "for a translator on a CPU in about 10-20 minutes of training use --config cpu_15min.yaml"}
+              "advice": "for a translator on a CPU in about 12-22 minutes of training use --config cpu_15min.yaml"}
     # 20 steps timed in 160 s, 1,100 steps in all: 1,080 steps at 8 s = 8,640 s = 2.4 h
     left = seconds_left(20, 1100, 160.0)
     assert slow_run_warning(left, **kwargs) == (
         "warning: this run will take about 2.4 h on cpu (AMD EPYC, 2 threads): 20 epochs (1,100 steps) at 1,474 "
-        "tokens/s; for a translator on a CPU in about 10-20 minutes of training use --config cpu_15min.yaml")
+        "tokens/s; for a translator on a CPU in about 12-22 minutes of training use --config cpu_15min.yaml")
     # the same speed for 400 steps: 380 x 8 s = 51 min, under the hour
     assert slow_run_warning(seconds_left(20, 400, 160.0), **kwargs) is None
     assert slow_run_warning(None, **kwargs) is None

@@ -69,6 +69,8 @@ def test_resume_refuses_a_different_model(stopped, tmp_path, capsys):
     before = {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file()}
     code, _, err = train(capsys, stopped, "train.resume=true", "model.d_ff=128")
     assert code == 2 and err.startswith("error: ") and "model settings differ (d_ff)" in err and err.count("\n") == 1
+    saved = load_checkpoint(stopped / "last.pt")["config"]["model"]["d_ff"]
+    assert f"resume with the run's own (model.d_ff={saved})" in err and saved != 128  # the override that resumes
     assert {p.name: p.read_bytes() for p in stopped.iterdir() if p.is_file()} == before  # nothing rewritten
     code, _, err = train(capsys, tmp_path / "none", "train.resume=true")
     assert code == 2 and f"{tmp_path / 'none' / 'last.pt'} does not exist" in err

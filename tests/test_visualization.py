@@ -421,9 +421,12 @@ def test_the_vega_script_is_assembled_once_per_version_and_read_back_after(tmp_p
         assert rendering._vega_script() == first and len(calls) == 1 and "// 1" in first
         (kept,) = (tmp_path / "vega").iterdir()
         assert vl_convert.__version__ in kept.name and kept.read_text(encoding="utf-8").endswith("// 1")
+        kept.write_text("", encoding="utf-8")  # a copy emptied by something else: made again, and kept again
+        rendering._vega_script.cache_clear()
+        assert "// 2" in rendering._vega_script() and len(calls) == 2 and kept.read_text().endswith("// 2")
         # a cache folder that cannot be written (a file in its place): the script is made all the same
         monkeypatch.setattr(rendering, "SCRIPT_CACHE", tmp_path / "vega" / kept.name / "below")
         rendering._vega_script.cache_clear()
-        assert "// 2" in rendering._vega_script() and len(calls) == 2
+        assert "// 3" in rendering._vega_script() and len(calls) == 3
     finally:
         rendering._vega_script.cache_clear()

@@ -100,7 +100,7 @@ def validation_step(compile: bool | str, device: torch.device) -> Step | None:
     graphs). Not compiled: `static_step` on the CPU, and None on a GPU, where the search on the shapes it meets
     is faster. On the CPU the search that drops finished sentences meets a new shape at nearly every step, and
     oneDNN keeps a compiled kernel (about half a MB) for each: hundreds of MB a validation, more as the model
-    changes, where the fixed shapes take a few dozen kernels for a fifth more time."""
+    changes, where the fixed shapes take a few dozen kernels for about a third more time."""
     if compile is False:
         return static_step if device.type == "cpu" else None
     return compiled_step("reduce-overhead" if compile == "captured" else None)

@@ -166,7 +166,7 @@ def quicker_config(cfg: Config, device: torch.device) -> str:
     none is quicker than this run: on a GPU, for the copy task, or for cpu_15min itself)."""
     quick = "cpu_15min" if cfg.data.src_lang == "de" else "cpu_15min_en_de"  # the same direction
     if device.type == "cpu" and cfg.data.dataset == "multi30k" and cfg.name != quick:
-        return f"for a translator on a CPU in about 10-20 minutes of training use --config {quick}.yaml"
+        return f"for a translator on a CPU in about 12-22 minutes of training use --config {quick}.yaml"
     return ""
 
 

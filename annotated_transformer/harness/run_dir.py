@@ -131,9 +131,16 @@ def check_same_settings(saved: dict[str, Any], cfg: Config, path: Path, files_ch
         new = {k: v for k, v in now[section].items() if k not in skip}
         if old != new:
             diffs = [k for k in new if old.get(k) != new[k]] or sorted(set(old) - set(new))
+            # what the run was trained with, as overrides: a config file may have changed since
+            kept = " ".join(f"{section}.{k}={_spelt(old[k])}" for k in diffs if k in old)
             raise ConfigError(f"cannot resume {path}: its {section} settings differ ({', '.join(diffs)}); "
-                              "resume with the same config, replace the run with train.overwrite=true, "
+                              f"resume with the run's own ({kept}), replace the run with train.overwrite=true, "
                               "or choose another train.out_dir")
+
+
+def _spelt(value: Any) -> str:
+    """A setting's value as an override spells it on the command line (true, null, 0.1, [1, 2])."""
+    return json.dumps(value) if isinstance(value, (bool, type(None), list, dict)) else str(value)
 
 
 def check_resumable(last: dict[str, Any], path: Path) -> None:

@@ -65,7 +65,9 @@ def _vega_bundle() -> str:
     version = _vegalite_version()
     path = SCRIPT_CACHE / f"vl-convert-{getattr(vlc, '__version__', 'unknown')}-vega-lite-{version or 'latest'}.js"
     try:
-        return path.read_text(encoding="utf-8")
+        kept = path.read_text(encoding="utf-8")
+        if "vegaEmbed" in kept:  # anything else (emptied, cut short by another program): made again
+            return kept
     except (OSError, UnicodeDecodeError):
         pass
     bundle = vlc.javascript_bundle(vl_version=version)
