@@ -75,6 +75,12 @@ def test_the_corpus_is_written_in_chunks_never_held_whole(tmp_path, monkeypatch)
 
 
 def test_a_corpus_is_replaced_only_with_overwrite_and_found_only_whole(tmp_path):
+    own = tmp_path / "own"  # a folder holding only a corpus.json of someone else's: refused, kept as it is
+    own.mkdir()
+    (own / "corpus.json").write_text("mine")
+    with pytest.raises(UserError, match="corpus.json already exists"):
+        write_corpus(own, CorpusSpec(100, 10, 10), fake_multi30k())
+    assert [p.name for p in own.iterdir()] == ["corpus.json"] and (own / "corpus.json").read_text() == "mine"
     folder, spec = tmp_path / "c", CorpusSpec(100, 10, 10)
     assert has_corpus(folder, spec) is False  # nothing there: make it
     write_corpus(folder, spec, fake_multi30k())
