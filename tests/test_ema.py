@@ -14,6 +14,7 @@ from annotated_transformer.runtime.errors import ConfigError
 from annotated_transformer.extensions.ema import WeightAverage, build_weight_average
 from annotated_transformer.checkpoints import load_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
+from annotated_transformer.harness.run_dir import RunDir
 from annotated_transformer.harness.trainer import Trainer, train_worker
 from annotated_transformer.harness.train_loop import evaluate_loss
 from annotated_transformer.model import make_model
@@ -89,8 +90,11 @@ def _copy_run(out, *extra: str):
 
 def test_validation_scores_the_average_and_the_saved_weights_are_it(tmp_path, no_charts):
     cfg = _copy_run(tmp_path / "r", "train.epochs=1", "train.accum_steps=2", "model.tie_embeddings=true")
-    trainer = Trainer(cfg, DistInfo(), torch.device("cpu"))
+    run = RunDir(cfg.run_dir())
+    run.open(cfg, DistInfo())
+    trainer = Trainer(cfg, DistInfo(), torch.device("cpu"), run)
     trainer.fit()  # finish() loads best.pt (epoch 1) into the model
+    run.unlock()
     record = next(json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
                   if json.loads(x)["kind"] == "epoch")
     last = load_checkpoint(tmp_path / "r" / "last.pt")

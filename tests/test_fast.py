@@ -124,7 +124,7 @@ def built(*overrides: str) -> tuple[list[float], dict[str, torch.Tensor]]:
     """build_training's parts for the tiny config with `overrides`, stepped as the Trainer steps them."""
     cfg = load_config("tiny", ["train.precision=fp32", *overrides])
     torch.manual_seed(cfg.train.seed)
-    model, loss_compute, _, optimizer, _, step_model = build_training(cfg, V, V, PAD, torch.device("cpu"))
+    model, loss_compute, _, optimizer, _, step_model, _ = build_training(cfg, V, V, PAD, torch.device("cpu"))
     return train_steps(model, step_model, loss_compute, optimizer, cfg.model.d_model)
 
 
@@ -233,8 +233,8 @@ def test_the_fast_dropout_draws_a_mask_of_the_same_rate_as_pytorchs():
 
 
 def test_training_builds_the_speed_in():
-    model, loss_compute, _, optimizer, _, step_model = build_training(load_config("tiny"), 50, 50, 2,
-                                                                      torch.device("cpu"))
+    model, loss_compute, _, optimizer, _, step_model, _ = build_training(load_config("tiny"), 50, 50, 2,
+                                                                         torch.device("cpu"))
     assert type(loss_compute) is FusedLossCompute and loss_compute.fused and step_model is model
     assert {type(m) for m in model.modules()} & {nn.Dropout, FastDropout} == {FastDropout}
     assert fused_adam_pays(model) and optimizer.defaults["fused"]

@@ -225,9 +225,9 @@ def test_a_missing_test_split_is_named_when_asked_for(tmp_path):
 def test_the_cache_key_follows_the_files_content(tmp_path):
     folder = write_corpus(tmp_path / "corpus")
     cfg = own_config(folder, tmp_path / "cache")
-    before = cache_folder(cfg.data, open_corpus(cfg.data).fingerprint())
+    before = cache_folder(cfg.data, cache_settings(cfg.data, open_corpus(cfg.data).fingerprint()))
     (folder / "val.yy").write_text((folder / "val.yy").read_text().replace("ZU", "RY", 1))
-    after = cache_folder(cfg.data, open_corpus(cfg.data).fingerprint())
+    after = cache_folder(cfg.data, cache_settings(cfg.data, open_corpus(cfg.data).fingerprint()))
     assert before.name.startswith("files-") and after.name.startswith("files-") and before != after
 
 

@@ -280,6 +280,24 @@ def test_a_run_folder_check_fires_before_deleting_even_when_called_directly(thes
     assert (thesis / "thesis.tex").is_file()
 
 
+def test_open_makes_the_folder_the_runs_and_leaves_a_finished_run_untouched(tmp_path, capsys, no_charts):
+    """`RunDir.open` is the one step that takes a folder: locked, decided and, to start or resume, made the run's
+    (the marker, config.yaml); a finished run's folder is left byte for byte."""
+    from annotated_transformer.harness.distributed import DistInfo
+
+    out = tmp_path / "run"
+    cfg = load_config("copy", [f"train.out_dir={out}", *COPY[2:]])
+    run = RunDir(out)
+    assert run.open(cfg, DistInfo())[0] == "start"
+    assert run.owned() and run.config.is_file() and run.lock_file.is_file()
+    run.unlock()
+    assert train(capsys, *COPY, f"train.out_dir={out}")[0] == 0
+    before = tree(out)
+    assert run.open(cfg, DistInfo())[0] == "finished"
+    run.unlock()
+    assert tree(out) == before
+
+
 # --------------------------------------------------------------------------- writes that fail, fail at once
 
 

@@ -111,6 +111,22 @@ def test_the_data_line_describes_the_plan_the_loader_takes(tiny_config):
         tiny_config(), log=None).stats)
 
 
+def test_under_auto_the_data_line_counts_the_plan_of_the_device(tiny_config):
+    """data.static_shapes=auto: a CUDA run's data line counts the static plan's batches, a CPU run's the buckets'."""
+    from annotated_transformer.harness.distributed import DistInfo
+    from annotated_transformer.harness.tasks import build_task
+
+    static = load_translation_data(tiny_config("data.static_shapes=true"), log=None).stats
+    bucket = load_translation_data(tiny_config("data.static_shapes=false"), log=None).stats
+    for cuda, plan in ((True, static), (False, bucket)):
+        lines: list[str] = []
+        stats = build_task(tiny_config("data.static_shapes=auto"), DistInfo(), log=lines.append, cuda=cuda).data.stats
+        assert stats["batches_per_epoch"] == plan["batches_per_epoch"] != bucket["batches_per_epoch_notebook"]
+        assert stats.get("static_shapes") == plan.get("static_shapes")
+        assert f"{plan['batches_per_epoch']} batches/epoch" in lines[-1]
+    assert static["batches_per_epoch"] != bucket["batches_per_epoch"] and static["static_shapes"]
+
+
 @pytest.mark.slow
 def test_few_shapes_and_little_padding_on_multi30k_subwords(tiny_config):
     """base.yaml's tokenisation: one SentencePiece vocabulary of 8000 pieces."""

@@ -22,6 +22,7 @@ from annotated_transformer.data.own_files import (FileFacts, check_file, file_ch
                                                    split_lines)
 from annotated_transformer.data.text import TextPipeline, truncate_ids
 from annotated_transformer.data.tokenizers import word_tokenize_many
+from annotated_transformer.data.cache import corpus_settings
 from annotated_transformer.data.translation_data import TextLines, apply_long_policy, data_fingerprint
 from annotated_transformer.runtime.errors import ConfigError, DataError
 
@@ -65,6 +66,12 @@ def config(folder: Path, cache: Path, *overrides: str):
     return load_config("tiny", ["data.dataset=files", f"data.train={folder / 'train'}", f"data.val={folder / 'val'}",
                                 f"data.test={folder / 'test'}", f"data.cache_dir={cache}", "data.tokenizer=spm",
                                 "data.spm_vocab_size=50", "model.tie_embeddings=false", *overrides])
+
+
+def build(cfg, seed: int | None = None, **kwargs) -> Path:
+    """`build_cache` of the config's corpus, under the settings a run computes (`seed`: SentencePiece's sample)."""
+    corpus = open_corpus(cfg.data)
+    return tokenise.build_cache(cfg.data, corpus, corpus_settings(cfg.data, corpus, seed), **kwargs)
 
 
 def lines(folder: Path, name: str) -> list[str]:
@@ -137,7 +144,7 @@ def test_the_loaded_training_split_holds_no_object_per_sentence(corpus, tmp_path
 def test_word_mode_streams_in_two_passes_with_the_vocabulary_and_ids_of_one(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(tokenise, "REMAP_IDS", 1000)  # the second pass in many pieces
     cfg = config(corpus, tmp_path / "cache", "data.tokenizer=word", "data.min_freq=1")
-    folder = tokenise.build_cache(cfg.data, open_corpus(cfg.data), chunk_bytes=4000)  # a dozen chunks a file
+    folder = build(cfg, chunk_bytes=4000)  # a dozen chunks a file
     text, splits, stats = read_cache(folder)
     src, tgt = lines(corpus, "train.de.gz"), lines(corpus, "train.en.gz")
     src_tokens, tgt_tokens = word_tokenize_many(src, "de"), word_tokenize_many(tgt, "en")
@@ -155,10 +162,10 @@ def test_word_mode_streams_in_two_passes_with_the_vocabulary_and_ids_of_one(corp
 @pytest.mark.slow
 def test_chunks_and_threads_change_no_byte_of_the_cache(corpus, tmp_path, monkeypatch):
     cfg = config(corpus, tmp_path / "one")
-    one = tokenise.build_cache(cfg.data, open_corpus(cfg.data), chunk_bytes=1 << 24)  # every file in one chunk
+    one = build(cfg, chunk_bytes=1 << 24)  # every file in one chunk
     monkeypatch.setattr(tokenise, "cores", lambda: 1)
     cfg = config(corpus, tmp_path / "many")
-    many = tokenise.build_cache(cfg.data, open_corpus(cfg.data), chunk_bytes=3000)  # many chunks, one thread
+    many = build(cfg, chunk_bytes=3000)  # many chunks, one thread
     assert one.name == many.name
     for side in ("src", "tgt"):
         for name in ids_files("train", side):
@@ -170,7 +177,7 @@ def test_a_long_training_split_logs_its_progress(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(tokenise, "PROGRESS_EVERY_S", 0.0)
     cfg = config(corpus, tmp_path / "cache", "data.spm_vocab_size=40")
     said = []
-    tokenise.build_cache(cfg.data, open_corpus(cfg.data), log=said.append, chunk_bytes=20_000)
+    build(cfg, log=said.append, chunk_bytes=20_000)
     progress = [line for line in said if line.startswith("tokenising the training split: ")]
     assert len(progress) >= 4 and progress[-1] == "tokenising the training split: 6,000 of 6,000 sentences"
 
@@ -183,7 +190,7 @@ def test_sentencepiece_trains_on_a_sample_of_a_larger_split_drawn_with_the_seed(
     for name, seed in (("a", 5), ("b", 5), ("c", 6)):
         cfg = config(corpus, tmp_path / name, "data.spm_sample=1000", "data.spm_vocab_size=40", f"train.seed={seed}")
         said = []
-        built[name] = tokenise.build_cache(cfg.data, open_corpus(cfg.data), log=said.append, seed=seed)
+        built[name] = build(cfg, log=said.append, seed=seed)
         assert "SentencePiece trains on 1000 of 6000 sentences (data.spm_sample)" in said
     manifest = json.loads((built["a"] / MANIFEST).read_text())
     assert manifest["settings"]["spm_sample"] == {"sentences": 1000, "seed": 5}
@@ -201,7 +208,7 @@ def test_a_sample_at_least_the_split_changes_nothing(corpus, tmp_path):
     for name, sample, seed in (("every", 0, 1), ("larger", 6000, 1), ("other_seed", 6000, 2)):
         cfg = config(corpus, tmp_path / name, f"data.spm_sample={sample}", "data.spm_vocab_size=40")
         said = []
-        built[name] = tokenise.build_cache(cfg.data, open_corpus(cfg.data), log=said.append, seed=seed)
+        built[name] = build(cfg, log=said.append, seed=seed)
         assert not [line for line in said if "data.spm_sample" in line]
     model = {name: (folder / "text" / "spm.model").read_bytes() for name, folder in built.items()}
     assert model["every"] == model["larger"] == model["other_seed"]

@@ -23,6 +23,7 @@ from annotated_transformer.harness import trainer as trainer_module
 from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
 from annotated_transformer.harness.distributed import DistInfo
 from annotated_transformer.harness.resume import RunCounters, RunState, StopSignal
+from annotated_transformer.harness.run_dir import RunDir
 from annotated_transformer.harness.trainer import Trainer, train_worker, wrap_model
 from annotated_transformer.harness.loss_meter import LossMeter
 from annotated_transformer.harness.schedules import build_scheduler
@@ -137,15 +138,26 @@ def test_a_diverging_first_epoch_suggests_starting_again(tiny_config, tmp_path):
     assert not checkpoint_files(tmp_path)
 
 
+def test_tensorboard_on_without_its_package_is_one_line_before_the_folder_is_made(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails, as where it is not installed
+    out = tmp_path / "run"
+    cfg = load_config("copy", [f"train.out_dir={out}", "train.tensorboard=true", *QUIET])
+    with pytest.raises(ConfigError, match="train.tensorboard=true needs the tensorboard package"):
+        train_worker(cfg)
+    assert not out.exists()
+
+
 def test_non_finite_weights_are_never_saved(tmp_path):
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=1", "data.copy_batches=2", *QUIET])
-    info, device = DistInfo(), torch.device("cpu")
-    trainer = Trainer(cfg, info, device)
+    info, device, run = DistInfo(), torch.device("cpu"), RunDir(tmp_path)
+    run.open(cfg, info)
+    trainer = Trainer(cfg, info, device, run)
     with torch.no_grad():
         next(trainer.model.parameters()).fill_(float("inf"))
     with pytest.raises(TrainingDiverged, match="weights are not finite"):
         trainer.checkpoints.save(mid_epoch=False, weights_to=[trainer.run.best])
     trainer.checkpoints.wait()
+    run.unlock()
     assert not checkpoint_files(tmp_path)
 
 

@@ -123,25 +123,30 @@ def cache_settings(data_cfg: Any, fingerprint: dict[str, str] | None = None,
     return settings
 
 
+def corpus_settings(data_cfg: Any, corpus: Any, seed: int | None = None) -> dict[str, Any]:
+    """`cache_settings` of `corpus` (a Multi30k or OwnFiles: its files' sha256, every file streamed and checked) and
+    of SentencePiece's sample of a training split larger than data.spm_sample, drawn with `seed` (train.seed): what
+    names the corpus's cache, and what a resume compares."""
+    return cache_settings(data_cfg, corpus.fingerprint(), spm_sample_setting(data_cfg, corpus.count("train"), seed))
+
+
 def cache_key(settings: dict[str, Any]) -> str:
     """A short stable hash of `settings`."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
-def cache_folder(data_cfg: Any, fingerprint: dict[str, str] | None = None,
-                 sample: dict[str, int] | None = None) -> Path:
-    """The cache folder of these data settings and files (named after data.dataset: multi30k-KEY, files-KEY)."""
-    key = cache_key(cache_settings(data_cfg, fingerprint, sample))
+def cache_folder(data_cfg: Any, settings: dict[str, Any] | None = None) -> Path:
+    """The cache folder of `settings` (`cache_settings`'s; Multi30k's files when None), named after data.dataset:
+    multi30k-KEY, files-KEY."""
+    key = cache_key(cache_settings(data_cfg) if settings is None else settings)
     return Path(data_cfg.cache_dir).expanduser() / f"{data_cfg.dataset}-{key}"
 
 
-def find_cache_folder(data_cfg: Any, fingerprint: dict[str, str] | None = None,
-                      sample: dict[str, int] | None = None) -> Path:
+def find_cache_folder(data_cfg: Any, settings: dict[str, Any]) -> Path:
     """The cache folder to read: `cache_folder`, or, where spaCy is not installed (a machine that trains
     from a cache prepared elsewhere), the newest complete word-mode cache of the same settings built
     with any spaCy version. A cache found that way is only read: without spaCy none can be built."""
-    folder = cache_folder(data_cfg, fingerprint, sample)
-    settings = cache_settings(data_cfg, fingerprint, sample)
+    folder = cache_folder(data_cfg, settings)
     if data_cfg.tokenizer != "word" or settings["spacy"] != ABSENT or (folder / MANIFEST).is_file():
         return folder
     want = {k: v for k, v in settings.items() if k != "spacy"}

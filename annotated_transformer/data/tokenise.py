@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..runtime.errors import DataError
-from .cache import CacheWriter, IdsWriter, cache_folder, cache_settings, ids_dtype, spm_sample_setting
+from .cache import CacheWriter, IdsWriter, cache_folder, ids_dtype
 from .own_files import CHUNK_BYTES, picked_lines
 from .text import SIDES, TextPipeline
 from .tokenizers import spacy_tokenizer, word_tokenize_many
@@ -201,19 +201,17 @@ def _word_split(text: TextPipeline, corpus: Corpus, split: str, cache: CacheWrit
     return longest
 
 
-def build_cache(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None = None, seed: int | None = None,
+def build_cache(d: DataConfig, corpus: Corpus, settings: dict[str, Any], log: Callable[[str], None] | None = None,
                 chunk_bytes: int = CHUNK_BYTES) -> Path:
-    """Tokenise and numericalise every split once, the vocabulary from train, into the cache folder; `seed`
-    (train.seed) draws SentencePiece's sample of a large training split. Every file is checked before anything
-    is written."""
+    """Tokenise and numericalise every split once, the vocabulary from train, into the cache folder of `settings`
+    (`cache_settings` of this corpus; its spm_sample, drawn with train.seed, is SentencePiece's sample of a large
+    training split). Every file is checked before anything is written."""
     t0 = time.perf_counter()
     if d.tokenizer == "word":  # a language spaCy lacks is one line now, not after tokenising the other side
         for lang in (d.src_lang, d.tgt_lang):
             spacy_tokenizer(lang)
-    fingerprint = corpus.fingerprint()
     raw_lines = {split: corpus.count(split) for split in corpus.splits}
-    sample = spm_sample_setting(d, raw_lines["train"], seed)
-    folder = cache_folder(d, fingerprint, sample)
+    folder = cache_folder(d, settings)
     stats: dict[str, Any] = {"raw_lines": raw_lines}
     try:
         with CacheWriter(folder) as cache:
@@ -225,7 +223,8 @@ def build_cache(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None
                 for split in corpus.splits[1:]:
                     longest[split] = _word_split(text, corpus, split, cache)
             else:
-                text, stats["spm_sentences"] = _train_subwords(d, corpus, sample, log, chunk_bytes)
+                text, stats["spm_sentences"] = _train_subwords(d, corpus, settings.get("spm_sample"), log,
+                                                                chunk_bytes)
                 progress = Progress(log, "the training split", 2 * raw_lines["train"])
                 dtype = ids_dtype(len(text.src_vocab))
                 for split in corpus.splits:
@@ -234,7 +233,7 @@ def build_cache(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None
             tokenize_seconds = time.perf_counter() - t_tok
             stats.update(max_tokens=longest, tokenize_seconds=round(tokenize_seconds, 3),
                          build_seconds=round(time.perf_counter() - t0, 3))
-            cache.finish(text, cache_settings(d, fingerprint, sample), stats)
+            cache.finish(text, settings, stats)
     except OSError as exc:
         raise DataError(f"cannot write the data cache {folder} ({exc.strerror or exc}); "
                         f"set data.cache_dir to a writable folder with some free space") from None

@@ -41,7 +41,7 @@ from .buckets import (
     shaped_padding_fraction,
     static_batches,
 )
-from .cache import CacheUnreadable, cache_settings, discard_cache, find_cache_folder, read_cache, spm_sample_setting
+from .cache import CacheUnreadable, corpus_settings, discard_cache, find_cache_folder, read_cache
 from .ids import RaggedIds
 from .loader import Resegment, TrainLoader, static_shapes_on
 from .multi30k import Multi30k, resolve_multi30k_dir
@@ -225,9 +225,8 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
                  ) -> tuple[TranslationData, bool]:
     """Read the cache, building it first if needed; returns (data, whether it was built now). `seed` (train.seed)
     draws SentencePiece's sample of a training split larger than data.spm_sample."""
-    fingerprint = corpus.fingerprint()  # streams and checks every file: bad data writes nothing
-    sample = spm_sample_setting(d, corpus.count("train"), seed)
-    folder = find_cache_folder(d, fingerprint, sample)
+    settings = corpus_settings(d, corpus, seed)  # streams and checks every file: bad data writes nothing
+    folder = find_cache_folder(d, settings)
     built = False
     try:
         cached = read_cache(folder)  # memory, permissions, the disk: one DataError line, the cache left as it is
@@ -237,7 +236,7 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
         discard_cache(folder)
         cached = None
     if cached is None:
-        build_cache(d, corpus, log, seed)
+        build_cache(d, corpus, settings, log)
         built = True
         try:
             cached = read_cache(folder)
@@ -267,12 +266,14 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
         raise DataError(f"data.max_sentence_len={d.max_sentence_len} with data.long_policy=skip leaves no training "
                         "pairs; raise data.max_sentence_len or use data.long_policy=truncate")
     stats = dict(build_stats, truncated=truncated, skipped=skipped, max_sentence_len=d.max_sentence_len,
-                 long_policy=d.long_policy, cache=str(folder), cache_hit=not built)
+                 long_policy=d.long_policy, cache=str(folder), cache_hit=not built,
+                 fingerprint={"settings": settings, "location": corpus.location})  # as data_fingerprint's
     return TranslationData(text, splits, stats, d), built
 
 
-def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
-    """Padding and batch counts of the first epoch on train (one rank), for the bucket and the notebook's plan."""
+def _batching_stats(data: TranslationData, seed: int, static: bool) -> dict[str, Any]:
+    """Padding and batch counts of the first epoch on train (one rank), for the bucket and the notebook's plan, and
+    for the static-shape plan when the loader takes it (`static`)."""
     d, train = data.config, data.splits["train"]
     bucket = bucket_batches(train.src_lens, train.tgt_lens, d.batch_tokens, epoch_rng(seed, 0))
     notebook = notebook_batches(len(train), epoch_rng(seed, 0))
@@ -285,7 +286,7 @@ def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
         "padding_fraction_bucket": pf_bucket, "padding_fraction_notebook": pf_notebook,
         "batches_per_epoch_bucket": len(bucket), "batches_per_epoch_notebook": len(notebook),
     }
-    if d.batching == "bucket" and d.static_shapes is True:  # the plan the loader takes ('auto' decides on the device)
+    if d.batching == "bucket" and static:
         shaped = static_batches(train.src_lens, train.tgt_lens, d.batch_tokens, epoch_rng(seed, 0))
         stats.update(batches_per_epoch=len(shaped), static_shapes=len({(b.rows, b.width) for b in shaped}),
                      padding_fraction=shaped_padding_fraction(shaped, train.src_lens, train.tgt_lens))
@@ -293,8 +294,11 @@ def _batching_stats(data: TranslationData, seed: int) -> dict[str, Any]:
 
 
 def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
-                          log: Callable[[str], None] | None = print) -> TranslationData:
+                          log: Callable[[str], None] | None = print, static: bool | None = None) -> TranslationData:
     """Find (Multi30k: download and verify) the data, tokenise and cache it once, return it ready for the loaders.
+
+    `static`: whether the training loader will take the static-shape plan, for the statistics' batch counts (None:
+    when data.static_shapes is true; under 'auto' the device decides, which the caller knows).
 
     Under an initialised torch.distributed group, rank 0 does the downloading and building while
     the others wait; an error on rank 0 is raised on every rank (nobody waits forever). `rank` and
@@ -324,13 +328,12 @@ def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
     if data is None:  # a waiting rank: the cache is there unless cache_dir is not shared (multi-node)
         corpus = open_corpus(d, log=None)
         data, built = _load_cached(d, corpus, None, cfg.train.seed)
-    data.stats.update(_batching_stats(data, cfg.train.seed))
+    data.stats.update(_batching_stats(data, cfg.train.seed, d.static_shapes is True if static is None else static))
     data.stats.update(
         splits={n: len(s) for n, s in data.splits.items()},
         vocab={"src": len(data.text.src_vocab), "tgt": len(data.text.tgt_vocab)},
         tokenizer=d.tokenizer, built=built, data_dir=corpus.location, seconds=round(time.perf_counter() - t0, 3),
         dataset=corpus.name, direction=f"{d.src_lang}->{d.tgt_lang}",
-        fingerprint=data_fingerprint(d, corpus, cfg.train.seed),
     )
     if log and builder:
         log(stats_summary(data.stats))
@@ -363,6 +366,4 @@ def data_fingerprint(d: DataConfig, corpus: Corpus | None = None, seed: int | No
     Reads and checks every file of the corpus (`corpus`, or the one `d` names, opened without a download log).
     """
     corpus = open_corpus(d) if corpus is None else corpus
-    fingerprint = corpus.fingerprint()
-    sample = spm_sample_setting(d, corpus.count("train"), seed)
-    return {"settings": cache_settings(d, fingerprint, sample), "location": corpus.location}
+    return {"settings": corpus_settings(d, corpus, seed), "location": corpus.location}

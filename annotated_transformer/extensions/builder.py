@@ -4,7 +4,7 @@ registration's `kind` and `install`, sections.KINDS); this module calls the `ins
 config switches on, kind by kind, in the extensions' order, and imports none of them.
 
     model = build_model(cfg, src_vocab, tgt_vocab)   # make_model, then the model extensions that are on
-    training = build_training(cfg, src_vocab, tgt_vocab, pad, device)   # the notebook's parts, then the speed plan
+    training = build_training(cfg, src_vocab, tgt_vocab, pad, device)   # the notebook's parts, the speed plan, ema
 """
 
 from __future__ import annotations
@@ -45,10 +45,12 @@ class Training(NamedTuple):
     optimizer: torch.optim.Optimizer
     amp_dtype: torch.dtype | None  # autocast's, None: fp32
     step_model: nn.Module  # what the training step calls: `model`, or compiled as train.compile says
+    ema: Any  # the weight average the optimizer updates after each step (`build_ema`), None when ema.decay is 0
 
 
 def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device: torch.device) -> Training:
-    """Model (on `device`), loss, training objective, optimizer, autocast dtype and the module the step calls.
+    """Model (on `device`), loss, training objective, optimizer, autocast dtype, the module the step calls and the
+    weight average.
 
     The notebook's model, loss and optimizer, then the speed plan on them (`fast.speed_up_training`, unless
     train.fast=false): the one place training's speed is installed. The schedule needs the loader's length, so
@@ -62,7 +64,8 @@ def build_training(cfg: Config, src_vocab: int, tgt_vocab: int, pad: int, device
     optimizer = build_optimizer(model, betas=tuple(t.adam_betas), eps=t.adam_eps)
     step_model, loss_compute, optimizer = speed_up_training(
         model, loss_compute, optimizer, fast=t.fast, attention_kernel=cfg.model.attention_kernel, compile=t.compile)
-    return Training(model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device), step_model)
+    ema = build_ema(cfg, model, optimizer)  # on the optimizer that steps (the speed plan may have replaced it)
+    return Training(model, loss_compute, objective, optimizer, resolve_amp_dtype(t.precision, device), step_model, ema)
 
 
 def build_ema(cfg: Config, model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:

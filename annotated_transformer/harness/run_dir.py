@@ -19,9 +19,10 @@
 The model files (one .safetensors each) are checkpoints.py's; a run begun by an older version may hold its
 weights as best.pt, avg.pt and epoch_NN.pt, or as pairs with a .json beside each, instead.
 
-`RunDir` is the one owner of the folder: it takes the lock, decides start / resume / finished (`open`), refuses
-a folder of someone else's files, deletes only the names a run writes (`OWN_NAMES`), writes the marker and
-removes the temporaries of killed writes.
+`RunDir` is the one owner of the folder: `open` takes the lock, decides start / resume / finished and makes the
+folder the run's (the marker, config.yaml; a fresh start over an earlier run deletes only the names a run
+writes, `OWN_NAMES`); it refuses a folder of someone else's files and removes the temporaries of killed
+writes. The rest of a run writes to the paths it names (`last`, `best`, `metrics`, ...).
 """
 
 from __future__ import annotations
@@ -501,14 +502,23 @@ class RunDir:
     def _not_a_folder(self) -> str:
         return f"train.out_dir {self.path} is a file, not a folder; choose another train.out_dir"
 
-    def open(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None = None
-             ) -> tuple[str, dict[str, Any] | None]:
+    def open(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None = None,
+             log: Callable[[str], None] | None = None) -> tuple[str, dict[str, Any] | None]:
         """Take the folder for this training: lock it (rank 0), remove temporaries of killed writes, decide how
-        the run begins (`start_mode`), alike on every rank or an error on all.
+        the run begins (`start_mode`), alike on every rank or an error on all; then, unless the run is finished,
+        make it the run's (`prepare`, rank 0).
 
         Under torchrun each rank reads the folder itself and the ranks compare what they saw, so a node that
         sees no last.pt (a folder that is not shared) never starts from step 0 while another resumes.
         """
+        start_mode, last = self._decide(cfg, info, data)
+        if info.is_main and start_mode != "finished":
+            self.prepare(cfg, start_mode, log)
+        return start_mode, last
+
+    def _decide(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None
+                ) -> tuple[str, dict[str, Any] | None]:
+        """`open`'s decision: the folder locked and tidied (rank 0), `start_mode` on every rank, compared."""
         failure: UserError | None = None
         try:
             if info.is_main:

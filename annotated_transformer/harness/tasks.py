@@ -19,6 +19,7 @@ from ..config import Config
 from ..data.batch import Batch
 from ..data.copy_loader import CopyLoader, copy_validation_batches
 from ..data.copy_task import COPY_PAD, COPY_START
+from ..data.loader import static_shapes_on
 from ..decode.incremental import greedy_search
 from ..extensions.builder import build_resegmentation
 from ..decode.inference import translate_ids
@@ -116,8 +117,7 @@ class TranslationTask:
         """Length-bucketed (or the notebook's) batches, sharded by rank; resegmented each epoch (subword sampling)."""
         return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size, pin_memory=pin_memory,
                                       resegment=build_resegmentation(self.cfg, self.data),
-                                      plan_on_served=any(extension.changes_lengths
-                                                         for extension in self.cfg.extensions_on("resegmentation")))
+                                      plan_on_served=lengths_vary(self.cfg))
 
     def val_batches(self, static: bool = False) -> list[Batch]:
         """Teacher-forced validation batches of this rank's share of the val split (`static`: of fixed shapes)."""
@@ -162,13 +162,22 @@ class TranslationTask:
         return out
 
 
-def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = print):
-    """The task the config names, with its data prepared (downloaded, tokenised, cached)."""
+def lengths_vary(cfg: Config) -> bool:
+    """Whether a resegmentation that is on (subword sampling) serves new lengths every epoch: batches are then
+    filled by the lengths served, and data.static_shapes=auto stays off."""
+    return any(extension.changes_lengths for extension in cfg.extensions_on("resegmentation"))
+
+
+def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = print, cuda: bool = False):
+    """The task the config names, with its data prepared (downloaded, tokenised, cached); `cuda`: training on a CUDA
+    GPU, where data.static_shapes=auto takes the static-shape plan (the data's line counts the batches served)."""
     if cfg.data.dataset == "copy":
         return CopyTask(cfg, info)
     from ..data import load_translation_data
 
-    data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log)
+    varies = lengths_vary(cfg)
+    static = static_shapes_on(cfg.data.static_shapes, cuda=cuda, lengths_vary=varies)
+    data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log, static=static)
     return TranslationTask(cfg, info, data)
 
 

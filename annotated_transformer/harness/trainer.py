@@ -27,7 +27,7 @@ from tqdm import tqdm
 from ..config import Config, config_to_dict
 from ..runtime.errors import DistributedError, TrainingDiverged
 from ..decode.static import validation_step
-from ..extensions.builder import build_ema, build_training
+from ..extensions.builder import build_training
 from ..loop import TrainState
 from .loss_meter import LossMeter
 from .train_loop import LoopHooks, evaluate_loss, train_loop
@@ -72,30 +72,27 @@ class Trainer:
     checkpoint every 10 minutes and averaged the last 5).
     """
 
-    def __init__(self, cfg: Config, info: DistInfo, device: torch.device, start_mode: str = "start",
-                 last: dict[str, Any] | None = None, run: RunDir | None = None) -> None:
+    def __init__(self, cfg: Config, info: DistInfo, device: torch.device, run: RunDir, start_mode: str = "start",
+                 last: dict[str, Any] | None = None) -> None:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
         self.t_start = time.perf_counter()
-        self.run = run if run is not None else RunDir(cfg.run_dir())  # train_worker's, which holds its lock
-        if cfg.train.tensorboard and info.is_main:
-            summary_writer_class()  # a missing package is an error before anything is written
+        self.run = run  # opened (RunDir.open: locked, decided, made the run's) by train_worker, which unlocks it
         if info.is_main:
-            self.run.prepare(cfg, start_mode, self.log)
             open_run_log(self.run.train_log)  # from here on rank 0's lines go to train.log too
         barrier()
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
-        self.task = build_task(cfg, info, log=self.log)
+        self.task = build_task(cfg, info, log=self.log, cuda=device.type == "cuda")
         text_state = self.task.text.state_dict() if self.task.text is not None else None
         if start_mode == "resume":  # before vocab/ is written: the weights learned the ids of last.pt's tokenizer
             check_same_tokenizer((last or {}).get("text"), text_state, self.run.last)
         if info.is_main and self.task.text is not None:
             self.run.save_text(self.task.text)
-        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype, step_model = build_training(
-            cfg, self.task.src_vocab_size, self.task.tgt_vocab_size, self.task.pad, device)  # with the speed plan
+        # with the speed plan; ema is None unless ema.decay > 0
+        (self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype, step_model,
+         self.ema) = build_training(cfg, self.task.src_vocab_size, self.task.tgt_vocab_size, self.task.pad, device)
         if info.rank:  # dropout draws differ between ranks; the weights above were drawn alike on every rank
             torch.manual_seed(cfg.train.seed + info.rank)
-        self.ema = build_ema(cfg, self.model, self.optimizer)  # None unless ema.decay > 0
         self.loader = self.task.train_loader(pin_memory=device.type == "cuda")
         self.total_steps = cfg.train.total_steps(len(self.loader))  # the run's optimizer steps, all epochs
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup,
@@ -400,17 +397,19 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     """
     with run_log_closed():
         info, device = init_distributed(cfg.train.device)
+        if cfg.train.tensorboard:  # a missing package: an error on every rank alike, before anything is written
+            summary_writer_class()
         run = RunDir(cfg.run_dir())
         try:
             # every rank decides (or fails) alike before rank 0 writes
-            start_mode, last = run.open(cfg, info, data=task_fingerprint(cfg))
+            start_mode, last = run.open(cfg, info, data=task_fingerprint(cfg), log=print0)
             if start_mode == "finished":
                 s = last["train_state"]
                 print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
                        "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
                        "train.out_dir, or raise train.epochs to continue it", level=RESULT)
                 return {"finished": True, "steps": s["step"]}
-            return Trainer(cfg, info, device, start_mode, last, run).fit()
+            return Trainer(cfg, info, device, run, start_mode, last).fit()
         except RuntimeError as exc:
             if info.distributed and _lost_a_rank(exc):
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

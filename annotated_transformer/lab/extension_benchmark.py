@@ -26,7 +26,7 @@ from ..decode.incremental import greedy_search
 from ..runtime.device import select_device
 from ..runtime.precision import amp_context
 from ..runtime.errors import ConfigError
-from ..extensions.builder import build_ema, build_training
+from ..extensions.builder import build_training
 from ..loop import Log, train_step
 from ..masks import padding_mask
 from ..harness.schedules import build_scheduler
@@ -60,9 +60,9 @@ class _Arm:
 
     def __init__(self, cfg: Config, vocab: tuple[int, int], pad: int, device: torch.device) -> None:
         torch.manual_seed(cfg.train.seed)
-        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype, _ = build_training(
-            cfg, *vocab, pad, device)  # the eager model: the extensions' cost, not the compiler's
-        self.ema = build_ema(cfg, self.model, self.optimizer)  # its optimizer hook is what is timed
+        # the eager model: the extensions' cost, not the compiler's; the weight average's optimizer hook is timed
+        self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype, _, self.ema = build_training(
+            cfg, *vocab, pad, device)
         self.scheduler = build_scheduler(self.optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
         self.step = 0
 

@@ -96,8 +96,8 @@ def profile_training_step(cfg: Config, steps: int = 10, warmup: int = 3, log: Lo
     torch.manual_seed(cfg.train.seed)
     data = load_translation_data(cfg, log=None)
     text = data.text
-    model, loss_compute, _, optimizer, amp_dtype, _ = build_training(cfg, len(text.src_vocab), len(text.tgt_vocab),
-                                                                     text.pad_id, device)  # eager, as profiled
+    model, loss_compute, _, optimizer, amp_dtype, _, _ = build_training(cfg, len(text.src_vocab), len(text.tgt_vocab),
+                                                                        text.pad_id, device)  # eager, as profiled
     scheduler = build_scheduler(optimizer, cfg.model.d_model, cfg.train.lr_factor, cfg.train.warmup)
     p = {"model": model.train(), "loss_compute": loss_compute, "optimizer": optimizer, "scheduler": scheduler,
          "amp_dtype": amp_dtype}
