@@ -50,6 +50,7 @@ from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, confi
 from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError
 from ..runtime.files import atomic_write, run_dir_error, writing
 from ..checkpoints import load_checkpoint, model_file_forms
+from .tensorboard_log import summary_writer_class
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "train.log", "charts", "tensorboard"}
@@ -522,6 +523,8 @@ class RunDir:
         failure: UserError | None = None
         try:
             if info.is_main:
+                if cfg.train.tensorboard:  # a missing package is one line before anything is written
+                    summary_writer_class()
                 self.refuse_foreign()  # before the lock file is made or anything removed: not a run's folder
                 self.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
                 self.remove_temporaries()

@@ -43,7 +43,6 @@ from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
 from .schedules import build_scheduler
 from .tasks import build_task, task_fingerprint
-from .tensorboard_log import summary_writer_class
 
 
 def every(step: int, n: int) -> bool:
@@ -397,8 +396,6 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     """
     with run_log_closed():
         info, device = init_distributed(cfg.train.device)
-        if cfg.train.tensorboard:  # a missing package: an error on every rank alike, before anything is written
-            summary_writer_class()
         run = RunDir(cfg.run_dir())
         try:
             # every rank decides (or fails) alike before rank 0 writes
