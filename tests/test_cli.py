@@ -85,6 +85,17 @@ def test_old_spellings_still_work(command, argv, dest, value):
     assert getattr(parser_of(command).parse_args(argv), dest) == value
 
 
+@pytest.mark.parametrize("argv", [["--out", "runs/a", "train.out_dir=runs/b"],
+                                  ["--device", "cpu", "train.device=cuda"]])
+def test_a_train_shorthand_beside_an_override_that_says_otherwise_is_refused(argv):
+    from annotated_transformer.cli.train import parse
+
+    with pytest.raises(ConfigError, match=f"{argv[0]} {argv[1]} and {argv[2]} say different things"):
+        parse(["--config", "copy.yaml", *argv])
+    args, cfg = parse(["--config", "copy.yaml", *argv[:2], argv[2].split("=")[0] + "=" + argv[1]])  # the same: fine
+    assert str(cfg.train.out_dir if argv[0] == "--out" else cfg.train.device) == argv[1]
+
+
 def test_every_script_is_a_thin_door_to_a_command():
     scripts = sorted(p for p in (ROOT / "scripts").glob("*.py") if p.name != "_entry.py")
     commands = set()

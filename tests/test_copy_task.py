@@ -59,7 +59,7 @@ def test_copy_yaml_trains_to_perfect_copies(tmp_path, capsys):
     # the same command again finds the run finished and leaves it as it is
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     code, stdout, _ = train_copy_yaml(capsys, out)
-    assert code == 0 and "holds a finished run (20 epochs, 400 steps)" in stdout
+    assert code == 0 and "holds a finished run (20 epochs complete, 400 steps)" in stdout
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
 
 

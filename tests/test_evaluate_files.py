@@ -72,6 +72,22 @@ def test_hypotheses_go_to_eval_in_the_run_and_are_never_overwritten_unasked(tiny
     assert hyps.read_text(encoding="utf-8") == translations
 
 
+def test_a_limited_evaluate_writes_a_name_of_its_own_that_the_run_knows(tiny_checkpoint, multi30k_dir, tmp_path,
+                                                                       command):
+    from annotated_transformer.harness.run_dir import INSIDE
+
+    name = f"cut_{tmp_path.name}"
+    src, ref = write_pair(tmp_path, name, multi30k_dir, 4)
+    args = ("--checkpoint", tiny_checkpoint.parent, "--device", "cpu", "--input", src, "--ref", ref, "--beam", "1")
+    code, _, err = command("evaluate", *args, "--limit", "2")
+    assert code == 0, err.decode()
+    cut, whole = (tiny_checkpoint.parent / "eval" / f"{name}.de{part}.beam1.txt" for part in (".first2", ""))
+    assert len(cut.read_text(encoding="utf-8").splitlines()) == 2 and not whole.exists()
+    assert INSIDE["eval"].match(cut.name)  # train.overwrite counts it among the run's files
+    code, _, err = command("evaluate", *args, "--limit", "4")  # a limit of every sentence is the whole file
+    assert code == 0 and len(whole.read_text(encoding="utf-8").splitlines()) == 4, err.decode()
+
+
 def test_batch_size_sets_how_many_sentences_evaluate_decodes_together(tiny_checkpoint, multi30k_dir, tmp_path,
                                                                        command, monkeypatch):
     import inspect

@@ -95,9 +95,17 @@ def test_resume_takes_the_optimizer_settings_given_now_and_a_finished_run_is_lef
 
     before = {p.name: p.stat().st_mtime_ns for p in stopped.iterdir()}
     code, out, err = train(capsys, stopped, *given)
-    assert code == 0 and f"holds a finished run (2 epochs, {2 * BATCHES} steps)" in out, err
+    assert code == 0 and f"holds a finished run (2 epochs complete, {2 * BATCHES} steps)" in out, err
     assert "resumed" not in out
     assert {p.name: p.stat().st_mtime_ns for p in stopped.iterdir()} == before
+
+
+def test_a_run_that_max_steps_ended_names_that_limit_to_continue_it(stopped, capsys):
+    code, out, err = train(capsys, stopped, f"train.max_steps={BATCHES}")  # epochs=3: only the step limit is reached
+    assert code == 0 and f"holds a finished run (1 epochs complete, {BATCHES} steps)" in out, err
+    assert f"raise train.max_steps (now {BATCHES}) to continue it" in out and "train.epochs (now" not in out
+    code, out, err = train(capsys, stopped, f"train.max_steps={BATCHES}", "train.epochs=1")  # both limits reached
+    assert code == 0 and f"raise train.epochs (now 1) and train.max_steps (now {BATCHES}) to continue it" in out, err
 
 
 def test_resume_may_move_the_data_but_not_change_it(stopped, tmp_path, capsys):

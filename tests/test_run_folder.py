@@ -225,7 +225,8 @@ def test_a_resume_on_edited_training_files_is_refused_before_anything_is_written
     assert len(lines) == 1, err
     assert "its data files changed since it was written (" in lines[0] and str(corpus) in lines[0]
     assert f"train.{src} has other contents" in lines[0] and f"train.{tgt} has other contents" in lines[0]
-    assert "resume with the same files again, or start a new run with another train.out_dir" in lines[0]
+    assert ("resume with the same files again, replace the run with train.overwrite=true, or start a new run with "
+            "another train.out_dir") in lines[0]
     assert "process" not in lines[0]  # not the data position's message about processes
     after = tree(out)
     assert {k: v for k, v in after.items() if k != "train.log"} == {k: v for k, v in before.items() if k != "train.log"}
@@ -278,6 +279,15 @@ def test_a_run_folder_check_fires_before_deleting_even_when_called_directly(thes
     with pytest.raises(RunDirError, match="holds files this project did not write"):
         RunDir(thesis).prepare(cfg, "start")
     assert (thesis / "thesis.tex").is_file()
+
+
+def test_a_missing_corpus_file_is_one_line_before_the_run_folder_is_made(tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus")
+    (corpus / "val.yy").unlink()
+    out = tmp_path / "run"
+    code, _, err = train(capsys, "--config", EXAMPLE, *own_args(corpus, tmp_path / "cache"), f"train.out_dir={out}")
+    assert code == 2 and "val.yy" in err and len([line for line in err.splitlines() if line.strip()]) == 1, err
+    assert not out.exists() and not (tmp_path / "cache").exists()
 
 
 def test_open_makes_the_folder_the_runs_and_leaves_a_finished_run_untouched(tmp_path, capsys, no_charts):

@@ -8,17 +8,19 @@ import io
 import os
 
 from ..config import Config, config_parser, load_config
+from ..runtime.errors import ConfigError
 from ..harness.malloc import RESTARTED_ENV, preload_or_note
 from .options import CommandParser
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
-    parser = config_parser("Train the Transformer (the copy task or Multi30k de->en).", prog, CommandParser,
-                           takes_overrides=True)
+    parser = config_parser("Train the Transformer: the copy task, Multi30k (de->en or en->de) or your own parallel "
+                           "text (data.dataset=files).", prog, CommandParser, takes_overrides=True)
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="the run directory (the same as train.out_dir=DIR; default: runs/<config name>)")
-    parser.add_argument("--device", default=None, help="the same as train.device=NAME: auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--device", default=None,
+                        help="the same as train.device=DEVICE: auto, cpu, cuda, cuda:N or mps")
     parser.add_argument("--quiet", action="store_true",
                         help="show only warnings, errors and the final result lines, no progress bar (the run "
                              "directory's train.log still gets every line)")
@@ -30,6 +32,10 @@ def parse(argv: list[str] | None = None, prog: str | None = None) -> tuple[argpa
     args = build_parser(prog).parse_args(argv)
     shorthands = [f"train.out_dir={args.out}"] * (args.out is not None) + \
         [f"train.device={args.device}"] * (args.device is not None) + ["train.progress=false"] * args.quiet
+    for option, key, value in (("--out", "train.out_dir", args.out), ("--device", "train.device", args.device)):
+        given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].strip() == key]
+        if value is not None and any(v != value for v in given):
+            raise ConfigError(f"{option} {value} and {key}={given[-1]} say different things; give one of them")
     return args, load_config(args.config, [*shorthands, *args.overrides])
 
 

@@ -344,7 +344,9 @@ def config_yaml(cfg: Config) -> str:
 
 def config_help() -> str:
     """--config's help: a bare name or a path, and every shipped config with its purpose."""
-    listed = "".join(f"\n  {name:<10} {what}" for name, what in shipped_configs().items())
+    configs = shipped_configs()
+    width = max(map(len, configs), default=0)
+    listed = "".join(f"\n  {name:<{width}}  {what}" for name, what in configs.items())
     return f"a config by bare name (from ./configs/, then the shipped ones) or a path to a YAML file:{listed}"
 
 

@@ -50,7 +50,6 @@ from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, confi
 from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError
 from ..runtime.files import atomic_write, run_dir_error, writing
 from ..checkpoints import load_checkpoint, model_file_forms
-from .tensorboard_log import summary_writer_class
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "train.log", "charts", "tensorboard"}
@@ -180,7 +179,8 @@ def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Pat
     old, new = saved["settings"], now["settings"]
     old_files, new_files = old.get("data") or {}, new.get("data") or {}
     changed = sorted(k for k in set(old_files) | set(new_files) if old_files.get(k) != new_files.get(k))
-    ways = ("; resume with the same files again, or start a new run with another train.out_dir")
+    ways = ("; resume with the same files again, replace the run with train.overwrite=true, or start a new run "
+            "with another train.out_dir")
     if changed:
         what = ", ".join(_file_change(k, old_files, new_files) for k in changed)
         raise RunDirError(f"cannot resume {path}: its data files changed since it was written ({what} in "
@@ -191,7 +191,8 @@ def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Pat
         what = ", ".join(f"{k} {old.get(k)} -> {new.get(k)}" for k in settings)
         raise RunDirError(f"cannot resume {path}: the tokenizer's settings or version changed since it was written "
                           f"({what}), so the ids would mean other words; install the versions it was trained "
-                          "with, or start a new run with another train.out_dir")
+                          "with, replace the run with train.overwrite=true, or start a new run with another "
+                          "train.out_dir")
 
 
 def _file_change(key: str, old: dict[str, str], new: dict[str, str]) -> str:
@@ -234,8 +235,8 @@ def check_same_tokenizer(saved: dict[str, Any] | None, now: dict[str, Any] | Non
     trained with: its ids would mean other words to the trained weights."""
     if tokenizer_hash(saved) != tokenizer_hash(now):
         raise RunDirError(f"cannot resume {path}: the tokenizer built from today's data differs from the one it was "
-                          "trained with (a changed file or tokenizer version); resume with the same files again, or "
-                          "start a new run with another train.out_dir")
+                          "trained with (a changed file or tokenizer version); resume with the same files again, "
+                          "replace the run with train.overwrite=true, or start a new run with another train.out_dir")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -504,27 +505,30 @@ class RunDir:
         return f"train.out_dir {self.path} is a file, not a folder; choose another train.out_dir"
 
     def open(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None = None,
-             log: Callable[[str], None] | None = None) -> tuple[str, dict[str, Any] | None]:
-        """Take the folder for this training: lock it (rank 0), remove temporaries of killed writes, decide how
-        the run begins (`start_mode`), alike on every rank or an error on all; then, unless the run is finished,
-        make it the run's (`prepare`, rank 0).
+             log: Callable[[str], None] | None = None, ready: Callable[[], None] | None = None
+             ) -> tuple[str, dict[str, Any] | None]:
+        """Take the folder for this training: check that the run can start (`ready`, on every rank: e.g. its data
+        files found), lock it (rank 0), remove temporaries of killed writes, decide how the run begins
+        (`start_mode`), alike on every rank or an error on all; then, unless the run is finished, make it the
+        run's (`prepare`, rank 0). A run that cannot start leaves no folder behind.
 
         Under torchrun each rank reads the folder itself and the ranks compare what they saw, so a node that
         sees no last.pt (a folder that is not shared) never starts from step 0 while another resumes.
         """
-        start_mode, last = self._decide(cfg, info, data)
+        start_mode, last = self._decide(cfg, info, data, ready)
         if info.is_main and start_mode != "finished":
             self.prepare(cfg, start_mode, log)
         return start_mode, last
 
-    def _decide(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None
-                ) -> tuple[str, dict[str, Any] | None]:
-        """`open`'s decision: the folder locked and tidied (rank 0), `start_mode` on every rank, compared."""
+    def _decide(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None,
+                ready: Callable[[], None] | None) -> tuple[str, dict[str, Any] | None]:
+        """`open`'s decision: the run's checks, the folder locked and tidied (rank 0), `start_mode` on every rank,
+        compared."""
         failure: UserError | None = None
         try:
+            if ready is not None:
+                ready()
             if info.is_main:
-                if cfg.train.tensorboard:  # a missing package is one line before anything is written
-                    summary_writer_class()
                 self.refuse_foreign()  # before the lock file is made or anything removed: not a run's folder
                 self.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
                 self.remove_temporaries()

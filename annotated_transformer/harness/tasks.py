@@ -181,6 +181,15 @@ def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = 
     return TranslationTask(cfg, info, data)
 
 
+def locate_data(cfg: Config) -> None:
+    """Find the files of your own corpus (data.dataset=files; a DataError names one that is missing); read nothing.
+    Multi30k is found, or downloaded, when the data loads."""
+    if cfg.data.dataset == "files":
+        from ..data.own_files import OwnFiles
+
+        OwnFiles.from_config(cfg.data)
+
+
 def task_fingerprint(cfg: Config) -> Callable[[], dict[str, Any]] | None:
     """How to read the data fingerprint of today's files for a resume to compare (None: the copy task has no files)."""
     if cfg.data.dataset == "copy":

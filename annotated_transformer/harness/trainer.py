@@ -9,6 +9,7 @@ the copy task), metrics.py (records, TensorBoard, GPU samples).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import signal
@@ -37,12 +38,13 @@ from .checkpointer import Checkpointer, improves
 from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, init_distributed, open_run_log, print0,
                           result_lines)
 from .metrics import Metrics
-from .progress import epoch_line, log_line_end, speed_warning, start_line, step_line
+from .progress import epoch_line, finished_line, log_line_end, speed_warning, start_line, step_line
 from .resume import RunState, StopSignal
 from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
 from .schedules import build_scheduler
-from .tasks import build_task, task_fingerprint
+from .tasks import build_task, locate_data, task_fingerprint
+from .tensorboard_log import summary_writer_class
 
 
 def every(step: int, n: int) -> bool:
@@ -399,12 +401,11 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         run = RunDir(cfg.run_dir())
         try:
             # every rank decides (or fails) alike before rank 0 writes
-            start_mode, last = run.open(cfg, info, data=task_fingerprint(cfg), log=print0)
+            start_mode, last = run.open(cfg, info, data=task_fingerprint(cfg), log=print0,
+                                        ready=functools.partial(ready_to_start, cfg))
             if start_mode == "finished":
                 s = last["train_state"]
-                print0(f"{run.path} holds a finished run ({s['epoch']} epochs, {s['step']} steps) and "
-                       "train.resume=auto leaves it as it is; train again with train.overwrite=true or another "
-                       "train.out_dir, or raise train.epochs to continue it", level=RESULT)
+                print0(finished_line(run.path, s, cfg.train), level=RESULT)
                 return {"finished": True, "steps": s["step"]}
             return Trainer(cfg, info, device, run, start_mode, last).fit()
         except RuntimeError as exc:
@@ -418,6 +419,14 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         finally:
             run.unlock()  # after fit's last checkpoint is on disk (fit waits for the writer)
             cleanup()
+
+
+def ready_to_start(cfg: Config) -> None:
+    """What a run checks before its folder is taken, so that a run that cannot start writes nothing: the
+    tensorboard package when train.tensorboard is on, and the data's files found."""
+    if cfg.train.tensorboard:
+        summary_writer_class()
+    locate_data(cfg)
 
 
 @contextmanager
