@@ -94,6 +94,8 @@ def test_a_train_shorthand_beside_an_override_that_says_otherwise_is_refused(arg
         parse(["--config", "copy.yaml", *argv])
     args, cfg = parse(["--config", "copy.yaml", *argv[:2], argv[2].split("=")[0] + "=" + argv[1]])  # the same: fine
     assert str(cfg.train.out_dir if argv[0] == "--out" else cfg.train.device) == argv[1]
+    if argv[0] == "--out":  # one folder written two ways is the same folder
+        parse(["--config", "copy.yaml", "--out", "runs/a/", "train.out_dir=./runs/a"])
 
 
 def test_every_script_is_a_thin_door_to_a_command():

@@ -202,6 +202,7 @@ def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, 
     first = sorted(p.name for p in out.iterdir())
     (out / "model.bin").write_bytes(b"the earlier export")
     (out / "model.val.beam1.txt").write_text("hypotheses of evaluate\n")  # what evaluate writes in an export
+    (out / "model.val.first5.beam1.txt").write_text("hypotheses of evaluate --limit 5\n")
     (out / "eval").mkdir()
     (out / "eval" / "news.de.beam1.txt").write_text("hypotheses of evaluate --input\n")
     code, stdout, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out)

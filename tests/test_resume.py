@@ -102,7 +102,7 @@ def test_resume_takes_the_optimizer_settings_given_now_and_a_finished_run_is_lef
 
 def test_a_run_that_max_steps_ended_names_that_limit_to_continue_it(stopped, capsys):
     code, out, err = train(capsys, stopped, f"train.max_steps={BATCHES}")  # epochs=3: only the step limit is reached
-    assert code == 0 and f"holds a finished run (1 epochs complete, {BATCHES} steps)" in out, err
+    assert code == 0 and f"holds a finished run (1 epoch complete, {BATCHES} steps)" in out, err
     assert f"raise train.max_steps (now {BATCHES}) to continue it" in out and "train.epochs (now" not in out
     code, out, err = train(capsys, stopped, f"train.max_steps={BATCHES}", "train.epochs=1")  # both limits reached
     assert code == 0 and f"raise train.epochs (now 1) and train.max_steps (now {BATCHES}) to continue it" in out, err

@@ -24,9 +24,9 @@ def build_parser(prog: str | None = None) -> CommandParser:
                         help="the reference translations of --input, one a line, as many lines as --input")
     add_decoding(parser)
     add_batch_size(parser)
-    add_out(parser, "where to write the hypotheses (default: beside the checkpoint, NAME.SPLIT.beamK.txt, with "
-                    "--limit N NAME.SPLIT.firstN.beamK.txt; with --input, eval/INPUT.beamK.txt in the checkpoint's "
-                    "folder); an existing file is refused unless --overwrite")
+    add_out(parser, "where to write the hypotheses (default: beside the checkpoint, NAME.SPLIT.beamK.txt; with "
+                    "--input, eval/INPUT.beamK.txt in the checkpoint's folder; with --limit N, .firstN before "
+                    ".beamK); an existing file is refused unless --overwrite")
     add_overwrite(parser, "replace the hypotheses file of an earlier evaluate (never the --input or --ref file)")
     add_limit(parser, "score only the first N sentences (for quick checks)")
     add_device(parser)

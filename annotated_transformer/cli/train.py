@@ -18,9 +18,11 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser = config_parser("Train the Transformer: the copy task, Multi30k (de->en or en->de) or your own parallel "
                            "text (data.dataset=files).", prog, CommandParser, takes_overrides=True)
     parser.add_argument("--out", default=None, metavar="DIR",
-                        help="the run directory (the same as train.out_dir=DIR; default: runs/<config name>)")
+                        help="the run directory (the same as train.out_dir=DIR, refused beside a train.out_dir= "
+                             "that names another; default: runs/<config name>)")
     parser.add_argument("--device", default=None,
-                        help="the same as train.device=DEVICE: auto, cpu, cuda, cuda:N or mps")
+                        help="the same as train.device=DEVICE (refused beside another train.device=): auto, cpu, "
+                             "cuda, cuda:N or mps")
     parser.add_argument("--quiet", action="store_true",
                         help="show only warnings, errors and the final result lines, no progress bar (the run "
                              "directory's train.log still gets every line)")
@@ -32,11 +34,18 @@ def parse(argv: list[str] | None = None, prog: str | None = None) -> tuple[argpa
     args = build_parser(prog).parse_args(argv)
     shorthands = [f"train.out_dir={args.out}"] * (args.out is not None) + \
         [f"train.device={args.device}"] * (args.device is not None) + ["train.progress=false"] * args.quiet
-    for option, key, value in (("--out", "train.out_dir", args.out), ("--device", "train.device", args.device)):
-        given = [o.split("=", 1)[1] for o in args.overrides if o.split("=", 1)[0].strip() == key]
-        if value is not None and any(v != value for v in given):
-            raise ConfigError(f"{option} {value} and {key}={given[-1]} say different things; give one of them")
-    return args, load_config(args.config, [*shorthands, *args.overrides])
+    cfg = load_config(args.config, [*shorthands, *args.overrides])  # the overrides come last: they win
+    for option, key, given, now in (("--out", "out_dir", args.out, cfg.train.out_dir),
+                                    ("--device", "device", args.device, cfg.train.device)):
+        same = _folder(given) == _folder(now) if option == "--out" else str(given) == str(now)
+        if given is not None and not same:
+            raise ConfigError(f"{option} {given} and train.{key}={now} say different things; give one of them")
+    return args, cfg
+
+
+def _folder(path: object) -> str:
+    """A path as the folder it names (~ expanded, made absolute): runs/a, ./runs/a and runs/a/ are one."""
+    return os.path.abspath(os.path.expanduser(str(path)))
 
 
 def relaunch_with_malloc(argv: list[str] | None = None) -> None:

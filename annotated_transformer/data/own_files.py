@@ -49,11 +49,15 @@ def find_file(prefix: str, lang: str, key: str) -> Path:
     """PREFIX.LANG, else PREFIX.LANG.gz (`key` is the config key naming the prefix, for the message)."""
     base = Path(prefix).expanduser()
     plain, packed = base.with_name(f"{base.name}.{lang}"), base.with_name(f"{base.name}.{lang}.gz")
-    if plain.is_file() and packed.is_file():
+    try:
+        found = [path for path in (plain, packed) if path.is_file()]
+    except OSError as exc:  # a folder on the way that may not be read
+        raise DataError(f"{key}={prefix}: cannot look for {plain} ({exc.strerror or exc}); check the folder's "
+                        "permissions") from None
+    if len(found) == 2:
         raise DataError(f"{key}={prefix} names both {plain} and {packed}; remove one of them")
-    for path in (plain, packed):
-        if path.is_file():
-            return path
+    if found:
+        return found[0]
     raise DataError(f"{key}={prefix} needs the file {plain} (or {packed.name}), which does not exist; "
                     f"check the path (relative paths start from {Path.cwd()})")
 

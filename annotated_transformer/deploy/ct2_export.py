@@ -183,7 +183,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
 EXPORT_NAMES = re.compile(r"""(?x)^(?:
     model\.bin | config\.json | (?:shared|source|target)_vocabulary(?:_\d+)?\.(?:json|txt) | vmap\.txt
   | config\.yaml | vocab
-  | \.?model\.[\w-]+\.beam\d+\.txt(?:\.[A-Za-z0-9_]{6,}\.tmp)? | eval
+  | \.?model\.[\w-]+(?:\.first\d+)?\.beam\d+\.txt(?:\.[A-Za-z0-9_]{6,}\.tmp)? | eval
 )$""")
 # What evaluate writes in eval/: INPUT.beamK.txt, and the temporary of a killed write of one.
 EVAL_NAMES = re.compile(r"^(?:.+\.beam\d+\.txt|\..+\.beam\d+\.txt\.[A-Za-z0-9_]{6,}\.tmp)$")

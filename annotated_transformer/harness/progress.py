@@ -110,7 +110,8 @@ def finished_line(path: Any, state: dict[str, Any], t: TrainConfig) -> str:
                if limit and at >= limit]
     if t.stop_at_target and state.get("target_epoch") is not None:
         reached.append(f"train.target_bleu (now {t.target_bleu}; or set train.stop_at_target=false)")
-    return (f"{path} holds a finished run ({epoch} epochs complete, {step} steps) and train.resume=auto leaves it "
+    epochs = f"{epoch} epoch{'' if epoch == 1 else 's'}"
+    return (f"{path} holds a finished run ({epochs} complete, {step} steps) and train.resume=auto leaves it "
             f"as it is; train again with train.overwrite=true or another train.out_dir, or raise "
             f"{' and '.join(reached)} to continue it")
 

@@ -402,11 +402,11 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         try:
             # every rank decides (or fails) alike before rank 0 writes
             start_mode, last = run.open(cfg, info, data=task_fingerprint(cfg), log=print0,
-                                        ready=functools.partial(ready_to_start, cfg))
+                                        ready=functools.partial(ready_to_start, cfg, info))
             if start_mode == "finished":
                 s = last["train_state"]
                 print0(finished_line(run.path, s, cfg.train), level=RESULT)
-                return {"finished": True, "steps": s["step"]}
+                return {"finished": True, "steps": s.get("step", 0)}
             return Trainer(cfg, info, device, run, start_mode, last).fit()
         except RuntimeError as exc:
             if info.distributed and _lost_a_rank(exc):
@@ -421,10 +421,10 @@ def train_worker(cfg: Config) -> dict[str, Any]:
             cleanup()
 
 
-def ready_to_start(cfg: Config) -> None:
+def ready_to_start(cfg: Config, info: DistInfo) -> None:
     """What a run checks before its folder is taken, so that a run that cannot start writes nothing: the
-    tensorboard package when train.tensorboard is on, and the data's files found."""
-    if cfg.train.tensorboard:
+    tensorboard package when train.tensorboard is on (rank 0, which writes its files), and the data's files found."""
+    if cfg.train.tensorboard and info.is_main:
         summary_writer_class()
     locate_data(cfg)
 
