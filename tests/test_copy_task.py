@@ -43,6 +43,8 @@ def test_copy_yaml_trains_to_perfect_copies(tmp_path, capsys):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     epochs = [r for r in records if r["kind"] == "epoch"]
     assert len(epochs) == 20
+    final = records[-1]  # the run's end, which a sweep counts as finished
+    assert final["kind"] == "final" and final["exact_copies"] == 100 and final["step"] == 400
     # What the user sees is the exact copies above. The val loss falls from its first epoch, but how far it is at
     # the 20th depends on the CPU: late spikes come and go with the GEMM's rounding (0.001 on an Intel AMX CPU,
     # 0.35 on an AMD Zen 5), and best.pt (lowest val loss) is what makes the copies.

@@ -15,6 +15,37 @@ from annotated_transformer.checkpoints import load_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _meter_rank(rank: int, init_file: str, out: str) -> None:
+    """One of two gloo ranks: a meter stopped mid-epoch, saved (a collective), loaded by a fresh one, read."""
+    import torch.distributed as dist
+    from annotated_transformer.harness.loss_meter import LossMeter
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        stopped = LossMeter()
+        stopped.add(torch.tensor([10.0, 40.0][rank]), tokens=100)  # each rank's own batches before the stop
+        saved = stopped.state_dict()
+        resumed = LossMeter()
+        resumed.load_state_dict(saved)
+        resumed.add(torch.tensor(3.0), tokens=30)  # after the resume, on each rank
+        epoch = resumed.read_epoch()
+        if rank == 0:
+            Path(out).write_text(json.dumps({"saved": saved, "epoch": epoch}))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes, each importing torch
+def test_a_resumed_epoch_loss_counts_every_ranks_steps_before_the_stop(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "meter.json"
+    mp.spawn(_meter_rank, args=(str(tmp_path / "init"), str(out)), nprocs=2)
+    result = json.loads(out.read_text())
+    assert result["saved"]["epoch_loss"] == 50.0 and result["saved"]["epoch_tokens"] == 200
+    assert result["epoch"] == pytest.approx((10 + 40 + 3 + 3) / (100 + 100 + 30 + 30))  # not rank 0's sums twice
+
+
 def train_losses(run_dir: Path) -> tuple[list[float], float]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r["loss"] for r in records if r["kind"] == "train"]

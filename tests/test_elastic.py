@@ -181,7 +181,7 @@ def test_a_training_job_survives_a_killed_rank_and_ends_as_an_uninterrupted_one(
     part = tmp_path / "part"
     killed = torchrun_train(tmp_path, 1, "kill", 11, *common, f"train.out_dir={part}")  # epoch 2 is steps 9 to 16
     assert killed.returncode == 0, killed.stdout[-3000:]
-    assert killed.stdout.count(f"resumed {part / 'last.pt'}: epoch 1, step 8") == 1  # rank 0's line, once
+    assert killed.stdout.count(f"resumed {part / 'last.pt'}: after epoch 1 at step 8") == 1  # rank 0's line, once
     assert "connectFullMesh" not in killed.stdout  # the restart's ranks met at fresh addresses
     a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
     clocks = ("train_seconds", "wall_seconds", "target_seconds")  # durations, which no two runs share

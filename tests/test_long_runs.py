@@ -198,7 +198,7 @@ def test_a_run_killed_after_a_step_checkpoint_continues_there_as_if_never_killed
 
     resumed = train(0, part)  # train.resume=auto
     assert resumed.returncode == 0, resumed.stdout[-3000:]
-    assert f"resumed {part / 'last.pt'}: epoch 1, step {saved}" in resumed.stdout
+    assert f"resumed {part / 'last.pt'}: in epoch 2 at step {saved}" in resumed.stdout
     a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
     assert without_clocks(a["train_state"]) == without_clocks(b["train_state"])
     assert a["train_state"]["step"] == 2 * per_epoch

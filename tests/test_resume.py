@@ -85,7 +85,7 @@ def test_resume_takes_the_optimizer_settings_given_now_and_a_finished_run_is_lef
              "train.adam_eps=1e-6"]
     code, out, err = train(capsys, stopped, *given)  # train.resume=auto
     assert code == 0, err
-    assert f"resumed {stopped / 'last.pt'}: epoch 1, step {BATCHES}" in out
+    assert f"resumed {stopped / 'last.pt'}: after epoch 1 at step {BATCHES}" in out
     group = load_checkpoint(stopped / "last.pt")["optimizer"]["param_groups"][0]
     assert tuple(group["betas"]) == (0.8, 0.9) and group["eps"] == 1e-6
     records = [json.loads(line) for line in (stopped / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -358,6 +358,6 @@ def test_a_full_disk_during_training_is_one_line_exit_2_and_the_same_command_res
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or p.name == LOCK_FILE]
     code, stdout, err = train_command(*args)
     assert code == 0, err[-3000:]
-    assert f"resumed {out / 'last.pt'}: epoch 1, step 3" in stdout
+    assert f"resumed {out / 'last.pt'}: after epoch 1 at step 3" in stdout
     assert load_checkpoint(out / "last.pt")["train_state"]["epoch"] == 2
     assert not (out / LOCK_FILE).exists()  # released at the normal end

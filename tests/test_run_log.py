@@ -48,7 +48,8 @@ def test_train_log_holds_the_terminal_lines_with_times_and_a_resume_appends(tiny
     log = (run / "train.log").read_text(encoding="utf-8")
     assert log.startswith(written)  # appended, the first run's lines kept
     second = unstamped(run / "train.log")[len(first):]
-    assert [line for line in second if line.startswith("resumed ")] == [f"resumed {run / 'last.pt'}: epoch 0, step 4"]
+    resumed = [line for line in second if line.startswith("resumed ")]
+    assert resumed == [f"resumed {run / 'last.pt'}: in epoch 1 at step 4"]
     assert any(line.startswith("epoch 1/1 | step 8/") for line in second)
     # --quiet: the terminal shows the run's result alone; train.log still gets every line
     assert quiet.splitlines() == second[-2:] and quiet.splitlines()[0].startswith("done in ")

@@ -209,7 +209,8 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
     assert again.returncode == 0, again.stdout + again.stderr
     assert "3 runs, 0 already finished, 3 to train" in again.stdout
     for run in first_pair:
-        assert f"resumed {run / 'last.pt'}: epoch 0, step {HOLD_AT}" in run.with_name(f"{run.name}.log").read_text()
+        log = run.with_name(f"{run.name}.log").read_text()
+        assert f"resumed {run / 'last.pt'}: in epoch 1 at step {HOLD_AT}" in log
     rows = list(csv.DictReader((out / "sweep.csv").open()))
     assert sorted((r["setting"], r["seed"]) for r in rows) == [(f"train.lr_factor={lr}", "1")
                                                                for lr in ("0.5", "1.0", "2.0")]

@@ -455,7 +455,7 @@ def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, 
 
     code, out, err = train_command(*common, f"train.out_dir={part}")  # train.resume=auto
     assert code == 0, err
-    assert f"resumed {part / 'last.pt'}: epoch 1, step {at}" in out
+    assert f"resumed {part / 'last.pt'}: in epoch 2 at step {at}" in out
     a, b = load_checkpoint(tmp_path / "full" / "last.pt"), load_checkpoint(part / "last.pt")
     assert a["train_state"]["step"] == b["train_state"]["step"] == 2 * per_epoch
     assert without_clocks(a["train_state"]) == without_clocks(b["train_state"])

@@ -62,7 +62,9 @@ class Checkpointer:
         step = self.saved_step = self.run_state.train_state.step
         if self.info.is_main:
             self.run.truncate_metrics(step)
-        log(f"resumed {self.run.last}: epoch {self.run_state.counters.epoch}, step {step}")
+        epoch = self.run_state.counters.epoch  # complete epochs: counted as the stop line counts them
+        log(f"resumed {self.run.last}: " + (f"in epoch {epoch + 1}" if mid_epoch else f"after epoch {epoch}")
+            + f" at step {step}")
         if last.get("ema") is not None and self.run_state.ema is None:
             log(f"{self.run.last} holds a weight average that ema.decay=0 drops: from here on validation scores the "
                 "raw weights (the best model file so far holds the average); resume with its ema.decay to keep it")

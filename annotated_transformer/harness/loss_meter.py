@@ -26,6 +26,11 @@ def world_size() -> int:
     return 1
 
 
+def rank() -> int:
+    """This process's rank (0 when not distributed)."""
+    return dist.get_rank() if world_size() > 1 else 0
+
+
 def all_reduce_sum(tensor: Tensor) -> Tensor:
     """Sum a tensor over ranks in place (no-op when not distributed); returns it."""
     if world_size() > 1:
@@ -90,16 +95,19 @@ class LossMeter:
         return all_reduce_sum(stats).tolist()
 
     def state_dict(self) -> dict[str, float]:
-        """The sums as plain numbers (a host sync), so a resumed epoch reports the whole epoch's loss."""
-        return {"epoch_loss": self.epoch_loss.item(), "epoch_tokens": self.epoch_tokens,
-                "window_loss": self.window_loss.item(), "window_grad_norm": self.window_grad_norm.item(),
-                "window_tokens": self.window_tokens}
+        """The sums over every rank as plain numbers (under torchrun a collective; a host sync), so a resumed epoch
+        reports the whole epoch's loss."""
+        names = ("epoch_loss", "epoch_tokens", "window_loss", "window_grad_norm", "window_tokens")
+        return dict(zip(names, self._over_ranks(*(getattr(self, name) for name in names))))
 
     def load_state_dict(self, state: dict[str, float]) -> None:
-        """Continue from `state_dict()` output."""
+        """Continue from `state_dict()` output: rank 0 holds the saved sums of every rank, the others start from
+        zero (the reads sum over ranks)."""
+        share = 1.0 if rank() == 0 else 0.0
         for name in ("epoch_loss", "window_loss", "window_grad_norm"):
-            getattr(self, name).fill_(state[name])
-        self.epoch_tokens, self.window_tokens = int(state["epoch_tokens"]), int(state["window_tokens"])
+            getattr(self, name).fill_(state[name] * share)
+        self.epoch_tokens = int(state["epoch_tokens"] * share)
+        self.window_tokens = int(state["window_tokens"] * share)
 
 
 def log_window(meter: LossMeter, state: TrainState, optimizer: torch.optim.Optimizer, log: Log | None,

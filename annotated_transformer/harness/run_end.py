@@ -62,6 +62,9 @@ def finish(tr: EndingRun) -> dict[str, Any]:
         k = tr.task.score(tr.model, tr.device)["exact_copies"]
         tr.log(f"exact copies: {k}/100")
         results["exact_copies"] = k
+        if tr.info.is_main:  # the run's end, as a translation's final scores mark it (a sweep reads it)
+            tr.metrics.record({"kind": "final", "step": s.step, "checkpoint": chosen, "exact_copies": k,
+                               "train_seconds": c.train_seconds, "train_flops": c.flops})
     elif t.final_eval:
         chosen_file = final_scores(tr, results, chosen, chosen_file, averaged)
     results["seconds"] = time.perf_counter() - tr.t_start
