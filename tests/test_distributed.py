@@ -43,6 +43,7 @@ def test_a_resumed_epoch_loss_counts_every_ranks_steps_before_the_stop(tmp_path)
     mp.spawn(_meter_rank, args=(str(tmp_path / "init"), str(out)), nprocs=2)
     result = json.loads(out.read_text())
     assert result["saved"]["epoch_loss"] == 50.0 and result["saved"]["epoch_tokens"] == 200
+    assert result["saved"]["ranks"] == 2
     assert result["epoch"] == pytest.approx((10 + 40 + 3 + 3) / (100 + 100 + 30 + 30))  # not rank 0's sums twice
 
 

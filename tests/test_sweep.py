@@ -59,6 +59,9 @@ def test_every_setting_is_validated_before_anything_runs():
     with pytest.raises(ConfigError, match="setting train.lr_factr=2"):
         check_settings("tiny", (), [("train.lr_factor=1",), ("train.lr_factr=2",)])
     assert check_settings("tiny", ("train.bleu_every=1",), [("train.target_bleu=3",), ()]) == 3
+    with pytest.raises(ConfigError, match="--score-test scores BLEU on a test split, which the copy task has not"):
+        check_settings("copy", (), [()], score_tests=True)  # its runs would all train, then fail at the end
+    assert check_settings("copy", (), [()]) == 0
 
 
 def test_runs_are_listed_setting_by_setting_with_their_own_folders(tmp_path):

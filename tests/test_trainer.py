@@ -518,6 +518,18 @@ def test_a_last_pt_from_before_the_run_counters_left_train_state_resumes_every_c
     assert written == [*FLAT_TRAIN_STATE.items(), ("best_step", 0)]  # the same dict, and the step of the best since
 
 
+def test_a_meter_saved_by_one_process_keeps_exact_counts_and_an_older_file_still_loads():
+    stopped = LossMeter()
+    stopped.add(torch.tensor(3.0), tokens=(1 << 24) + 1)  # past float32's exact integers
+    saved = stopped.state_dict()
+    assert saved["epoch_tokens"] == (1 << 24) + 1 and saved["ranks"] == 1
+    older = {k: v for k, v in saved.items() if k != "ranks"}  # a last.pt written before the count of ranks
+    for state in (saved, older):
+        resumed = LossMeter()
+        resumed.load_state_dict(state)
+        assert resumed.epoch_tokens == (1 << 24) + 1 and resumed.read_epoch() == pytest.approx(3.0 / ((1 << 24) + 1))
+
+
 def test_a_resumed_log_window_times_only_the_steps_of_this_process(monkeypatch):
     """A window continued from last.pt keeps its earlier steps' loss, but its tokens/s counts only new steps."""
     import annotated_transformer.harness.loss_meter as loss_meter

@@ -95,15 +95,18 @@ class LossMeter:
         return all_reduce_sum(stats).tolist()
 
     def state_dict(self) -> dict[str, float]:
-        """The sums over every rank as plain numbers (under torchrun a collective; a host sync), so a resumed epoch
-        reports the whole epoch's loss."""
-        names = ("epoch_loss", "epoch_tokens", "window_loss", "window_grad_norm", "window_tokens")
-        return dict(zip(names, self._over_ranks(*(getattr(self, name) for name in names))))
+        """The sums over every rank as plain numbers (under torchrun two collectives; a host sync), so a resumed
+        epoch reports the whole epoch's loss. The token counts stay exact integers."""
+        losses = self._over_ranks(self.epoch_loss, self.window_loss, self.window_grad_norm)
+        counts = torch.tensor([self.epoch_tokens, self.window_tokens], dtype=torch.int64, device=self.device)
+        epoch_tokens, window_tokens = all_reduce_sum(counts).tolist()
+        return {"epoch_loss": losses[0], "epoch_tokens": epoch_tokens, "window_loss": losses[1],
+                "window_grad_norm": losses[2], "window_tokens": window_tokens, "ranks": world_size()}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
         """Continue from `state_dict()` output: rank 0 holds the saved sums of every rank, the others start from
-        zero (the reads sum over ranks)."""
-        share = 1.0 if rank() == 0 else 0.0
+        zero (the reads sum over ranks). A file without "ranks" holds rank 0's sums alone: every rank takes them."""
+        share = 1.0 if rank() == 0 or "ranks" not in state else 0.0
         for name in ("epoch_loss", "window_loss", "window_grad_norm"):
             getattr(self, name).fill_(state[name] * share)
         self.epoch_tokens = int(state["epoch_tokens"] * share)

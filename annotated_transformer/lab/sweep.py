@@ -233,7 +233,8 @@ def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
     return scores
 
 
-def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str, ...]]) -> float:
+def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str, ...]],
+                   score_tests: bool = False) -> float:
     """Validate every setting's config before anything runs (one line for a bad key or value); the target BLEU."""
     targets = set()
     for overrides in settings:
@@ -241,6 +242,9 @@ def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str
             cfg = load_config(config, [*extra, *overrides])
         except ConfigError as exc:
             raise ConfigError(f"setting {_setting_name(overrides)}: {exc}") from None
+        if score_tests and cfg.data.dataset == "copy":
+            raise ConfigError("--score-test scores BLEU on a test split, which the copy task has not (its runs end "
+                              "with their exact copies in metrics.jsonl); leave --score-test out")
         targets.add(cfg.train.target_bleu)
     return max(targets)
 
@@ -249,7 +253,7 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
           extra: tuple[str, ...] = (), parallel: int = 1, score_tests: bool = False,
           data_root: str | None = None, log: Callable[[str], None] = print) -> int:
     """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
-    target = check_settings(config, extra, settings)
+    target = check_settings(config, extra, settings, score_tests)
     runs = grid_runs(settings, seeds, out)
     launcher = Launcher(train_command, config, extra, parallel, log)
 
