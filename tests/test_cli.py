@@ -98,6 +98,20 @@ def test_a_train_shorthand_beside_an_override_that_says_otherwise_is_refused(arg
         parse(["--config", "copy.yaml", "--out", "runs/a/", "train.out_dir=./runs/a"])
 
 
+def test_under_torchrun_a_config_error_is_said_once_a_machine(monkeypatch, capsys):
+    from annotated_transformer.runtime.errors import run_cli
+
+    def bad_key() -> None:
+        raise ConfigError("unknown config key 'train.epoch' (did you mean 'train.epochs'?)")
+
+    line = "error: unknown config key 'train.epoch' (did you mean 'train.epochs'?)\n"
+    for local_rank, said in (("1", ""), ("0", line)):
+        monkeypatch.setenv("LOCAL_RANK", local_rank)  # every rank of the machine reads the same command line
+        with pytest.raises(SystemExit) as done:
+            run_cli(bad_key)
+        assert done.value.code == 2 and capsys.readouterr().err == said
+
+
 def test_every_script_is_a_thin_door_to_a_command():
     scripts = sorted(p for p in (ROOT / "scripts").glob("*.py") if p.name != "_entry.py")
     commands = set()

@@ -10,6 +10,7 @@ whose message names the problem and the fix. The scripts wrap their `main` in
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -78,6 +79,10 @@ def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's `main`, turning `UserError` and Ctrl-C into clean exits."""
     try:
         code = main()
+    except ConfigError as exc:
+        if os.environ.get("LOCAL_RANK", "0") != "0":  # torchrun: every rank of a machine reads the same command line
+            raise SystemExit(exc.exit_code) from None  # and the same config; its first rank says what is wrong, once
+        fail(str(exc), exc.exit_code, getattr(exc, "details", ()))
     except UserError as exc:
         fail(str(exc), exc.exit_code, getattr(exc, "details", ()))
     except KeyboardInterrupt:
