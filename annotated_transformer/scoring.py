@@ -146,9 +146,8 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
 
     `translator` was loaded from `checkpoint`, which places the hypotheses unless `output` does: beside it
     (NAME.SPLIT.beamK.txt) for a split, in eval/ beside it (INPUT.beamK.txt) for files; `limit`ed to fewer
-    sentences than there are, NAME.SPLIT.firstN.beamK.txt (a name the run folder knows as its own). With `overwrite`
-    False an
-    existing hypotheses file is refused before anything is translated. `batch_size`: sentences decoded together
+    sentences than there are, .firstN before .beamK (a name the run folder knows as its own). With `overwrite`
+    False an existing hypotheses file is refused before anything is translated. `batch_size`: sentences decoded together
     (None: the checkpoint's decode.batch_size). The figures are printed (as one JSON object with `as_json`) and
     returned.
     """
@@ -165,17 +164,15 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
             cfg.data.root = data_root
         src_lines, ref_lines = open_corpus(cfg.data).read(split)
         name, where = split, {"split": split}
+        stem = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}")
     else:
         src_lines, ref_lines = read_pair(*files)
         name, where = Path(files[0]).name, {"input": files[0], "ref": files[1]}
+        stem = Path(checkpoint).parent / "eval" / name
     part = f".first{limit}" if limit and limit < len(src_lines) else ""  # never the name of the whole split's file
     if limit:
         src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
-    if files is None:
-        default = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}{part}.beam{k}.txt")
-    else:
-        default = Path(checkpoint).parent / "eval" / f"{name}{part}.beam{k}.txt"
-    out_path = Path(output) if output else default
+    out_path = Path(output) if output else stem.with_name(f"{stem.name}{part}.beam{k}.txt")
     prepare_output(out_path, overwrite)
     t0 = time.perf_counter()
     hyps = translator.translate(src_lines, beam=k, alpha=a, batch_size=batch_size)

@@ -120,7 +120,9 @@ def test_under_auto_the_data_line_counts_the_plan_of_the_device(tiny_config):
     bucket = load_translation_data(tiny_config("data.static_shapes=false"), log=None).stats
     for cuda, plan in ((True, static), (False, bucket)):
         lines: list[str] = []
-        stats = build_task(tiny_config("data.static_shapes=auto"), DistInfo(), log=lines.append, cuda=cuda).data.stats
+        task = build_task(tiny_config("data.static_shapes=auto"), DistInfo(), log=lines.append, cuda=cuda)
+        stats = task.data.stats
+        assert task.static is cuda  # the plan the task's loader takes, decided once
         assert stats["batches_per_epoch"] == plan["batches_per_epoch"] != bucket["batches_per_epoch_notebook"]
         assert stats.get("static_shapes") == plan.get("static_shapes")
         assert f"{plan['batches_per_epoch']} batches/epoch" in lines[-1]

@@ -160,13 +160,15 @@ class TranslationData:
     config: DataConfig = field(default_factory=DataConfig)
 
     def train_loader(self, seed: int, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
-                     resegment: Resegment | None = None, plan_on_served: bool = False) -> TrainLoader:
+                     resegment: Resegment | None = None, plan_on_served: bool = False,
+                     static: bool | None = None) -> TrainLoader:
         """This rank's resumable training batches (data.batching plan, data.batch_tokens budget); `resegment`
         (epoch -> ids of every training pair) replaces the cached ids each epoch, and with `plan_on_served` the
         batches are filled by the lengths it serves. `pin_memory` is what the callers pass for a CUDA device,
-        so it also turns data.static_shapes=auto on."""
+        so it also turns data.static_shapes=auto on, unless `static` is decided already."""
         d, train = self.config, self.splits["train"]
-        static = static_shapes_on(d.static_shapes, cuda=pin_memory, lengths_vary=plan_on_served)
+        if static is None:
+            static = static_shapes_on(d.static_shapes, cuda=pin_memory, lengths_vary=plan_on_served)
         return TrainLoader(train.src, train.tgt, batching=d.batching, batch_tokens=d.batch_tokens, seed=seed,
                            rank=rank, world_size=world_size, pin_memory=pin_memory, num_workers=d.num_workers,
                            pad=self.text.pad_id, resegment=resegment, plan_on_served=plan_on_served,

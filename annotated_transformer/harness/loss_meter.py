@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..runtime.errors import TrainingDiverged
 from ..loop import Log, TrainState
+from .distributed import is_main_process
 
 
 def world_size() -> int:
@@ -24,11 +25,6 @@ def world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return 1
-
-
-def rank() -> int:
-    """This process's rank (0 when not distributed)."""
-    return dist.get_rank() if world_size() > 1 else 0
 
 
 def all_reduce_sum(tensor: Tensor) -> Tensor:
@@ -106,7 +102,7 @@ class LossMeter:
     def load_state_dict(self, state: dict[str, float]) -> None:
         """Continue from `state_dict()` output: rank 0 holds the saved sums of every rank, the others start from
         zero (the reads sum over ranks). A file without "ranks" holds rank 0's sums alone: every rank takes them."""
-        share = 1.0 if rank() == 0 or "ranks" not in state else 0.0
+        share = 1.0 if is_main_process() or "ranks" not in state else 0.0
         for name in ("epoch_loss", "window_loss", "window_grad_norm"):
             getattr(self, name).fill_(state[name] * share)
         self.epoch_tokens = int(state["epoch_tokens"] * share)

@@ -95,6 +95,7 @@ class TranslationTask:
     cfg: Config
     info: DistInfo
     data: Any  # TranslationData
+    static: bool | None = None  # the static-shape plan on or off (build_task decides it on the device)
     name: str = "translation"
 
     @property
@@ -117,7 +118,7 @@ class TranslationTask:
         """Length-bucketed (or the notebook's) batches, sharded by rank; resegmented each epoch (subword sampling)."""
         return self.data.train_loader(self.cfg.train.seed, self.info.rank, self.info.world_size, pin_memory=pin_memory,
                                       resegment=build_resegmentation(self.cfg, self.data),
-                                      plan_on_served=lengths_vary(self.cfg))
+                                      plan_on_served=lengths_vary(self.cfg), static=self.static)
 
     def val_batches(self, static: bool = False) -> list[Batch]:
         """Teacher-forced validation batches of this rank's share of the val split (`static`: of fixed shapes)."""
@@ -178,7 +179,7 @@ def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = 
     varies = lengths_vary(cfg)
     static = static_shapes_on(cfg.data.static_shapes, cuda=cuda, lengths_vary=varies)
     data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log, static=static)
-    return TranslationTask(cfg, info, data)
+    return TranslationTask(cfg, info, data, static)
 
 
 def locate_data(cfg: Config) -> None:

@@ -79,11 +79,11 @@ def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's `main`, turning `UserError` and Ctrl-C into clean exits."""
     try:
         code = main()
-    except ConfigError as exc:
-        if os.environ.get("LOCAL_RANK", "0") != "0":  # torchrun: every rank of a machine reads the same command line
-            raise SystemExit(exc.exit_code) from None  # and the same config; its first rank says what is wrong, once
-        fail(str(exc), exc.exit_code, getattr(exc, "details", ()))
     except UserError as exc:
+        # torchrun: every rank of a machine reads the same command line and config; its first rank says what is
+        # wrong with them, once
+        if isinstance(exc, ConfigError) and os.environ.get("LOCAL_RANK", "0") != "0":
+            raise SystemExit(exc.exit_code) from None
         fail(str(exc), exc.exit_code, getattr(exc, "details", ()))
     except KeyboardInterrupt:
         fail("interrupted", 130)
