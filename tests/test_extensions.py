@@ -341,6 +341,21 @@ def test_merged_groups_cover_every_source_position_once():
     assert not any(layer.self_attn.hooks for layer in model.encoder.layers)  # left as it was
 
 
+@pytest.mark.parametrize("mode", ["merge", "prune"])
+def test_tied_tokens_leave_alike_whether_a_sentence_is_alone_or_padded_in_a_batch(mode):
+    S = 40  # every token alike: every pair's similarity (every token's attention) ties
+    leaving = []
+    for length in (S, 2 * S, 3 * S):  # the sentence alone, then padded beside longer ones
+        mask = (torch.arange(length) < S).view(1, 1, length)
+        keys = torch.cat([torch.ones(1, 2, S, 4), torch.randn(1, 2, length - S, 4)], 2)  # (1, h, L, d_k)
+        probs = torch.full((1, 2, length, length), 1.0 / S)  # (B, h, L, L)
+        merger = TokenMerger(mask, ratio=0.25, mode=mode)
+        merger(torch.randn(1, length, 2), kept(keys=keys, probs=probs))
+        leaving.append(merger.slot[0, :S].tolist())
+    assert leaving[0] == leaving[1] == leaving[2]
+    assert len(set(leaving[0]) - {-1}) == S - S // 4  # a quarter left (merged or pruned): the ties were decided
+
+
 # --------------------------------------------------------------------------- token pruning
 
 

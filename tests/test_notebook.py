@@ -140,6 +140,8 @@ def test_notebook_trains_in_a_folder_it_removes_and_draws_every_chart(venv_kerne
     assert folder.name.startswith("attention_notebook_") and not folder.exists()
     assert f"no run in `{tmp_path / 'no_run'}`" in text_of(cell)
     assert "epoch 1/1 | step 20/20 |" in text_of(cell)  # it trained there
+    said = text_of(cell)  # the finished run's translate command is followed by a word that its folder is gone
+    assert said.index(f"--checkpoint {folder}/") < said.index(f"(the translate command above names {folder}, deleted")
     check_every_chart(nb)
     guided = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("if GUIDED_CHECKPOINT:"))
     assert "the guided-attention chart is skipped" in text_of(guided)

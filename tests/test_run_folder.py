@@ -232,6 +232,26 @@ def test_a_resume_on_edited_training_files_is_refused_before_anything_is_written
     assert {k: v for k, v in after.items() if k != "train.log"} == {k: v for k, v in before.items() if k != "train.log"}
 
 
+@pytest.mark.slow
+def test_a_resume_streams_each_file_of_your_corpus_once(tmp_path, capsys, monkeypatch, no_charts):
+    """The resume's check of the files and the data load share what was read: each file is hashed once."""
+    from annotated_transformer.data import own_files
+
+    corpus, cache, out = write_corpus(tmp_path / "corpus"), tmp_path / "cache", tmp_path / "run"
+    args = ["--config", str(EXAMPLE), *own_args(corpus, cache), f"train.out_dir={out}", "train.best_metric=loss",
+            "train.epochs=1", "train.bleu_every=0"]
+    code, _, err = train(capsys, *args)
+    assert code == 0, err
+    streamed: list[str] = []
+    check_file = own_files.check_file
+    monkeypatch.setattr(own_files, "check_file",
+                        lambda path, *a: streamed.append(Path(path).name) or check_file(path, *a))
+    code, stdout, err = train(capsys, *args, "train.epochs=2")
+    assert code == 0, err
+    assert "resumed" in stdout and "loaded from cache" in stdout
+    assert sorted(streamed) == ["train.xx.gz", "train.yy.gz", "val.xx", "val.yy"]
+
+
 def own_args(corpus: Path, cache: Path, src: str = "xx", tgt: str = "yy") -> list[str]:
     """examples/own_data.yaml's overrides for a small corpus of test_own_data's, as command-line words."""
     return [f"data.train={corpus / 'train'}", f"data.val={corpus / 'val'}", "data.test=null", f"data.src_lang={src}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import signal
@@ -58,10 +59,10 @@ def test_grid_files_that_are_missing_or_not_yaml_are_one_line_errors(tmp_path):
 def test_every_setting_is_validated_before_anything_runs():
     with pytest.raises(ConfigError, match="setting train.lr_factr=2"):
         check_settings("tiny", (), [("train.lr_factor=1",), ("train.lr_factr=2",)])
-    assert check_settings("tiny", ("train.bleu_every=1",), [("train.target_bleu=3",), ()]) == 3
+    assert check_settings("tiny", ("train.bleu_every=1",), [("train.target_bleu=3",), ()]) == (3, False)
     with pytest.raises(ConfigError, match="--score-test scores BLEU on a test split, which the copy task has not"):
         check_settings("copy", (), [()], score_tests=True)  # its runs would all train, then fail at the end
-    assert check_settings("copy", (), [()]) == 0
+    assert check_settings("copy", (), [()]) == (0, True)
 
 
 def test_runs_are_listed_setting_by_setting_with_their_own_folders(tmp_path):
@@ -109,6 +110,25 @@ def test_the_mean_curve_averages_the_seeds_epoch_by_epoch():
     means = [p for p in curve_points(results) if p["kind"] == "mean"]
     assert [(p["minutes"], p["bleu"]) for p in means] == [(2.0, 12.0), (2.0, 20.0)]
     assert len([p for p in curve_points(results) if p["kind"] == "run"]) == 3
+
+
+def test_a_copy_task_sweep_reports_exact_copies_and_val_loss_not_bleu(tmp_path):
+    from annotated_transformer.lab.seed_statistics import collect_results, results_csv
+
+    for seed, copies, loss in ((1, 90, 0.25), (2, 94, 0.75)):
+        run = tmp_path / "base" / f"seed{seed}"
+        run.mkdir(parents=True)
+        lines = [{"kind": "epoch", "epoch": 1, "step": 10, "val_loss": loss, "train_seconds": 60.0},
+                 {"kind": "final", "step": 10, "checkpoint": "best.safetensors", "exact_copies": copies}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    results = collect_results([tmp_path])
+    table = summary_markdown(results, "t", 0.0)
+    header, row = (line for line in table.splitlines() if line.startswith("| s") or line.startswith("| `base`"))
+    assert "exact copies (of 100)" in header and "BLEU" not in table and "target" not in table
+    assert "| 2/2 | 92.0 +/- 2.8 (n=2) | 0.5000 +/- 0.3536 (n=2) |" in row
+    assert "BLEU" in summary_markdown(results, "t", 0.0, copy=False)  # a sweep of translation says so itself
+    rows = list(csv.DictReader(io.StringIO(results_csv(results))))
+    assert [(r["exact_copies"], r["val_loss"]) for r in rows] == [("90", "0.25"), ("94", "0.75")]
 
 
 def test_read_result_of_a_folder_without_metrics_is_unfinished(tmp_path):

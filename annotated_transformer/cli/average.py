@@ -23,5 +23,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..checkpoints import average_into
 
     out = average_into(args.checkpoints, args.out, overwrite=args.overwrite)
-    print(f"averaged {len(args.checkpoints)} checkpoints into {out} (config and vocabulary inside)")
+    n = len(args.checkpoints)
+    print(f"averaged {n} checkpoint{'' if n == 1 else 's'} into {out} (config and vocabulary inside)")
     return 0

@@ -296,11 +296,13 @@ def _batching_stats(data: TranslationData, seed: int, static: bool) -> dict[str,
 
 
 def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
-                          log: Callable[[str], None] | None = print, static: bool | None = None) -> TranslationData:
+                          log: Callable[[str], None] | None = print, static: bool | None = None,
+                          corpus: Corpus | None = None) -> TranslationData:
     """Find (Multi30k: download and verify) the data, tokenise and cache it once, return it ready for the loaders.
 
     `static`: whether the training loader will take the static-shape plan, for the statistics' batch counts (None:
-    when data.static_shapes is true; under 'auto' the device decides, which the caller knows).
+    when data.static_shapes is true; under 'auto' the device decides, which the caller knows). `corpus`: the one
+    `open_corpus` gives, already opened (a resume checked its files): what it checked is not read again.
 
     Under an initialised torch.distributed group, rank 0 does the downloading and building while
     the others wait; an error on rank 0 is raised on every rank (nobody waits forever). `rank` and
@@ -316,7 +318,7 @@ def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
     data = None
     if builder:
         try:
-            corpus = open_corpus(d, log=log)
+            corpus = open_corpus(d, log=log) if corpus is None else corpus
             data, built = _load_cached(d, corpus, log, cfg.train.seed)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, after telling the other ranks
             error = exc
@@ -328,7 +330,7 @@ def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
     if error is not None:
         raise error
     if data is None:  # a waiting rank: the cache is there unless cache_dir is not shared (multi-node)
-        corpus = open_corpus(d, log=None)
+        corpus = open_corpus(d, log=None) if corpus is None else corpus
         data, built = _load_cached(d, corpus, None, cfg.train.seed)
     data.stats.update(_batching_stats(data, cfg.train.seed, d.static_shapes is True if static is None else static))
     data.stats.update(

@@ -134,7 +134,8 @@ class TokenMerger:
         real = self.size > 0  # (B, S)
         received = (probs.float().mean(1) * real.unsqueeze(2)).sum(1)  # (B, S) over heads and real queries
         received = received.masked_fill(~real, float("inf"))  # padding leaves anyway; never counted
-        rank = received.argsort(-1).argsort(-1)  # (B, S) 0 = the least attended
+        # stable: a tie goes to the earlier token, so a sentence prunes alike alone or padded in any batch
+        rank = received.argsort(dim=-1, stable=True).argsort(-1)  # (B, S) 0 = the least attended
         return (rank < self._per_sentence().unsqueeze(1)) & real
 
     def match(self, keys: Tensor) -> tuple[Tensor, Tensor]:
@@ -145,7 +146,8 @@ class TokenMerger:
         sim = sim.masked_fill(self.size[:, 0::2].unsqueeze(2) == 0, float("-inf"))
         sim = sim.masked_fill(self.size[:, 1::2].unsqueeze(1) == 0, float("-inf"))
         best, partner = sim.max(-1)  # (B, Na)
-        rank = best.argsort(-1, descending=True).argsort(-1)  # (B, Na) 0 = the most similar pair
+        # stable: a tie goes to the earlier pair, so a sentence merges alike alone or padded in any batch
+        rank = best.argsort(dim=-1, descending=True, stable=True).argsort(-1)  # (B, Na) 0 = the most similar pair
         return (rank < self._per_sentence().unsqueeze(1)) & (best > float("-inf")), partner
 
     def _per_sentence(self) -> Tensor:

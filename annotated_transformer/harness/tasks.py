@@ -169,36 +169,47 @@ def lengths_vary(cfg: Config) -> bool:
     return any(extension.changes_lengths for extension in cfg.extensions_on("resegmentation"))
 
 
-def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = print, cuda: bool = False):
+def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = print, cuda: bool = False,
+               corpus: Any = None):
     """The task the config names, with its data prepared (downloaded, tokenised, cached); `cuda`: training on a CUDA
-    GPU, where data.static_shapes=auto takes the static-shape plan (the data's line counts the batches served)."""
+    GPU, where data.static_shapes=auto takes the static-shape plan (the data's line counts the batches served);
+    `corpus`: the config's corpus already opened (`TaskFiles.corpus`), whose files' checks are not made again."""
     if cfg.data.dataset == "copy":
         return CopyTask(cfg, info)
     from ..data import load_translation_data
 
     varies = lengths_vary(cfg)
     static = static_shapes_on(cfg.data.static_shapes, cuda=cuda, lengths_vary=varies)
-    data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log, static=static)
+    data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log, static=static,
+                                 corpus=corpus)
     return TranslationTask(cfg, info, data, static)
 
 
-def locate_data(cfg: Config) -> None:
-    """Find the files of your own corpus (data.dataset=files; a DataError names one that is missing); read nothing.
-    Multi30k is found, or downloaded, when the data loads."""
-    if cfg.data.dataset == "files":
-        from ..data.own_files import OwnFiles
+@dataclass
+class TaskFiles:
+    """The files a run's task reads, opened once: found before the run's folder is taken (`locate`), checked for a
+    resume to compare (`fingerprint`), then loaded (`build_task(corpus=)`), every file streamed and hashed once."""
 
-        OwnFiles.from_config(cfg.data)
+    cfg: Config
+    corpus: Any = None  # the Multi30k or OwnFiles of the config, once opened (None: not yet, or the copy task)
 
+    def locate(self) -> None:
+        """Find the files of your own corpus (data.dataset=files; a DataError names one that is missing); read
+        nothing. Multi30k is found, or downloaded, when it is first read."""
+        if self.cfg.data.dataset == "files" and self.corpus is None:
+            from ..data.own_files import OwnFiles
 
-def task_fingerprint(cfg: Config) -> Callable[[], dict[str, Any]] | None:
-    """How to read the data fingerprint of today's files for a resume to compare (None: the copy task has no files)."""
-    if cfg.data.dataset == "copy":
-        return None
+            self.corpus = OwnFiles.from_config(self.cfg.data)
 
-    def read() -> dict[str, Any]:
-        from ..data.translation_data import data_fingerprint
+    def fingerprint(self) -> dict[str, Any]:
+        """The data fingerprint of today's files (`data_fingerprint`), what a resume compares with its last.pt."""
+        from ..data.translation_data import data_fingerprint, open_corpus
 
-        return data_fingerprint(cfg.data, seed=cfg.train.seed)
+        if self.corpus is None:
+            self.corpus = open_corpus(self.cfg.data)
+        return data_fingerprint(self.cfg.data, self.corpus, seed=self.cfg.train.seed)
 
-    return read
+    @property
+    def resume_check(self) -> Callable[[], dict[str, Any]] | None:
+        """What RunDir.open calls for the fingerprint to compare at a resume (None: the copy task has no files)."""
+        return None if self.cfg.data.dataset == "copy" else self.fingerprint

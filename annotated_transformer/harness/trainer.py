@@ -43,7 +43,7 @@ from .resume import RunState, StopSignal
 from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
 from .schedules import build_scheduler
-from .tasks import build_task, locate_data, task_fingerprint
+from .tasks import TaskFiles, build_task
 from .tensorboard_log import summary_writer_class
 
 
@@ -74,7 +74,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, info: DistInfo, device: torch.device, run: RunDir, start_mode: str = "start",
-                 last: dict[str, Any] | None = None) -> None:
+                 last: dict[str, Any] | None = None, files: TaskFiles | None = None) -> None:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
         self.t_start = time.perf_counter()
         self.run = run  # opened (RunDir.open: locked, decided, made the run's) by train_worker, which unlocks it
@@ -83,7 +83,8 @@ class Trainer:
         barrier()
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
-        self.task = build_task(cfg, info, log=self.log, cuda=device.type == "cuda")
+        self.task = build_task(cfg, info, log=self.log, cuda=device.type == "cuda",
+                               corpus=files.corpus if files else None)  # what a resume's check opened, not read again
         text_state = self.task.text.state_dict() if self.task.text is not None else None
         if start_mode == "resume":  # before vocab/ is written: the weights learned the ids of last.pt's tokenizer
             check_same_tokenizer((last or {}).get("text"), text_state, self.run.last)
@@ -398,16 +399,16 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     """
     with run_log_closed():
         info, device = init_distributed(cfg.train.device)
-        run = RunDir(cfg.run_dir())
+        run, files = RunDir(cfg.run_dir()), TaskFiles(cfg)
         try:
             # every rank decides (or fails) alike before rank 0 writes
-            start_mode, last = run.open(cfg, info, data=task_fingerprint(cfg), log=print0,
-                                        ready=functools.partial(ready_to_start, cfg, info))
+            start_mode, last = run.open(cfg, info, data=files.resume_check, log=print0,
+                                        ready=functools.partial(ready_to_start, cfg, info, files))
             if start_mode == "finished":
                 s = last["train_state"]
                 print0(finished_line(run.path, s, cfg.train), level=RESULT)
                 return {"finished": True, "steps": s.get("step", 0)}
-            return Trainer(cfg, info, device, run, start_mode, last).fit()
+            return Trainer(cfg, info, device, run, start_mode, last, files).fit()
         except RuntimeError as exc:
             if info.distributed and _lost_a_rank(exc):
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -421,12 +422,12 @@ def train_worker(cfg: Config) -> dict[str, Any]:
             cleanup()
 
 
-def ready_to_start(cfg: Config, info: DistInfo) -> None:
+def ready_to_start(cfg: Config, info: DistInfo, files: TaskFiles) -> None:
     """What a run checks before its folder is taken, so that a run that cannot start writes nothing: the
     tensorboard package when train.tensorboard is on (rank 0, which writes its files), and the data's files found."""
     if cfg.train.tensorboard and info.is_main:
         summary_writer_class()
-    locate_data(cfg)
+    files.locate()
 
 
 @contextmanager

@@ -40,6 +40,8 @@ class RunResult:
     train_flops: float | None = None  # model FLOPs of the optimizer steps (runs from before the count: None)
     target_flops: float | None = None  # train_flops when val BLEU first reached the target
     flops_curve: tuple[tuple[float, float], ...] = ()  # (training FLOPs, val BLEU) after each scored epoch
+    val_loss: float | None = None  # the last epoch's
+    exact_copies: int | None = None  # the copy task's final record: sequences of 100 copied exactly
 
     @property
     def last_bleu(self) -> float | None:
@@ -59,7 +61,7 @@ def read_result(path: Path, setting: str, seed: int) -> RunResult:
     if epochs:
         last = epochs[-1]
         result.epochs, result.steps = int(last.get("epoch", 0)), int(last.get("step", 0))
-        result.train_seconds = last.get("train_seconds")
+        result.train_seconds, result.val_loss = last.get("train_seconds"), last.get("val_loss")
         result.target_seconds = last.get("target_seconds")
         result.curve = tuple((e["train_seconds"] / 60, e["bleu"]) for e in epochs
                              if isinstance(e.get("bleu"), (int, float)) and "train_seconds" in e)
@@ -72,6 +74,7 @@ def read_result(path: Path, setting: str, seed: int) -> RunResult:
     result.tokens_per_s = statistics.median(speeds) if speeds else None
     if final is not None:
         result.val_bleu, result.steps = final.get("val_bleu"), int(final.get("step", result.steps or 0))
+        result.exact_copies = final.get("exact_copies")
     tests = path / TEST_SCORES
     if tests.is_file():
         try:
@@ -124,8 +127,18 @@ def group(results: Sequence[RunResult]) -> dict[str, list[RunResult]]:
     return groups
 
 
-def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: float | None) -> str:
-    """sweep.md: one row per setting, mean +/- sd over its seeds (sample sd; n = runs with the figure)."""
+def is_copy_task(results: Sequence[RunResult]) -> bool:
+    """Whether the results are the copy task's: a run ended with its exact copies, and none has a BLEU figure."""
+    return (any(r.exact_copies is not None for r in results)
+            and not any(r.val_bleu is not None or r.curve or r.test_bleu is not None for r in results))
+
+
+def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: float | None,
+                     copy: bool | None = None) -> str:
+    """sweep.md: one row per setting, mean +/- sd over its seeds (sample sd; n = runs with the figure). `copy`: the
+    copy task's columns (exact copies, val loss) instead of BLEU's (None: as the results say, `is_copy_task`)."""
+    if copy if copy is not None else is_copy_task(results):
+        return _copy_summary(results, title)
     target = f"val BLEU {target_bleu:g}" if target_bleu else "target"
     lines = [f"# {title}", "",
              f"| setting | runs done | val BLEU | test BLEU (greedy) | test BLEU (beam) | time to {target} | "
@@ -134,14 +147,11 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for setting, rs in group(results).items():
         done = sum(r.finished for r in rs)
-        params = next((r.params for r in rs if r.params), None)
         lines.append(
             f"| `{setting}` | {done}/{len(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
             f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs)} | {_compute_to_target(rs)} | "
             f"{_pm([r.epochs for r in rs], 0)} | {_pm([r.last_bleu for r in rs])} | {_pm([r.steps for r in rs], 0)} | "
-            f"{_pm([r.train_seconds / 60 if r.train_seconds else None for r in rs], 1)} | "
-            f"{_pm([r.train_flops / 1e12 if r.train_flops is not None else None for r in rs], 0)} | "
-            f"{_pm([r.tokens_per_s for r in rs], 0)} | {f'{params / 1e6:.2f}M' if params else '-'} |")
+            f"{_cost_columns(rs)} |")
     lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Val BLEU: the "
               "chosen weights' (best, or avg when it scores higher), greedy, of finished runs. Time to target: "
               "median training minutes (optimizer steps only) [fastest-slowest] (runs that reached it / runs). TFLOP: "
@@ -150,8 +160,34 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
     return "\n".join(lines)
 
 
+def _copy_summary(results: Sequence[RunResult], title: str) -> str:
+    """sweep.md of the copy task: exact copies and validation loss, where translation has BLEU."""
+    lines = [f"# {title}", "",
+             "| setting | runs done | exact copies (of 100) | last epoch's val loss | epochs | steps | training min | "
+             "training TFLOP | tokens/s | params |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for setting, rs in group(results).items():
+        done = sum(r.finished for r in rs)
+        lines.append(f"| `{setting}` | {done}/{len(rs)} | {_pm([r.exact_copies for r in rs], 1)} | "
+                     f"{_pm([r.val_loss for r in rs], 4)} | {_pm([r.epochs for r in rs], 0)} | "
+                     f"{_pm([r.steps for r in rs], 0)} | {_cost_columns(rs)} |")
+    lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Exact copies: of 100 "
+              "fresh sequences, greedy-decoded by the chosen weights at the end of a finished run. TFLOP: training "
+              "compute in 10^12 model FLOPs.", ""]
+    return "\n".join(lines)
+
+
+def _cost_columns(rs: Sequence[RunResult]) -> str:
+    """The training minutes, TFLOP, tokens/s and parameters cells of one setting's row."""
+    params = next((r.params for r in rs if r.params), None)
+    return (f"{_pm([r.train_seconds / 60 if r.train_seconds else None for r in rs], 1)} | "
+            f"{_pm([r.train_flops / 1e12 if r.train_flops is not None else None for r in rs], 0)} | "
+            f"{_pm([r.tokens_per_s for r in rs], 0)} | {f'{params / 1e6:.2f}M' if params else '-'}")
+
+
 CSV_FIELDS = ("setting", "seed", "finished", "epochs", "steps", "params", "val_bleu", "test_bleu", "test_bleu_beam",
-              "train_seconds", "target_seconds", "tokens_per_s", "train_flops", "target_flops")
+              "train_seconds", "target_seconds", "tokens_per_s", "train_flops", "target_flops", "val_loss",
+              "exact_copies")
 
 
 def results_csv(results: Sequence[RunResult]) -> str:
@@ -213,10 +249,11 @@ def collect_results(folders: Sequence[Path]) -> list[RunResult]:
 
 
 def write_report(out: Path, results: Sequence[RunResult], title: str, target_bleu: float | None,
-                 chart: bool = True) -> list[Path]:
-    """sweep.md, sweep.csv and (when `chart` and altair can draw) sweep.html / sweep.png in `out`."""
+                 chart: bool = True, copy: bool | None = None) -> list[Path]:
+    """sweep.md, sweep.csv and (when `chart` and altair can draw) sweep.html / sweep.png in `out`; `copy`: the copy
+    task's table (None: as the results say)."""
     written = []
-    files = (("sweep.md", summary_markdown(results, title, target_bleu)), ("sweep.csv", results_csv(results)))
+    files = (("sweep.md", summary_markdown(results, title, target_bleu, copy)), ("sweep.csv", results_csv(results)))
     for name, text in files:
         path = out / name
         with writing(path):

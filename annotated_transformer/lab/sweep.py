@@ -4,7 +4,8 @@
     <out>/<setting>/seed<N>.log  its output
     <out>/sweep.md  sweep.csv    per setting: mean and standard deviation over seeds of val (and test) BLEU,
                                  time and compute (TFLOP) to train.target_bleu, steps, minutes, compute, tokens/s,
-                                 parameters; one row per run in the CSV
+                                 parameters (the copy task: exact copies and val loss instead of BLEU); one row
+                                 per run in the CSV
     <out>/sweep.html  sweep.png  val BLEU against training minutes, a faint line per run, the mean per setting
 
 A grid is a YAML mapping of dotted keys to lists of values (every combination is a setting), or a
@@ -234,9 +235,10 @@ def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
 
 
 def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str, ...]],
-                   score_tests: bool = False) -> float:
-    """Validate every setting's config before anything runs (one line for a bad key or value); the target BLEU."""
-    targets = set()
+                   score_tests: bool = False) -> tuple[float, bool]:
+    """Validate every setting's config before anything runs (one line for a bad key or value); the target BLEU, and
+    whether every setting trains the copy task (its report counts exact copies, not BLEU)."""
+    targets, tasks = set(), set()
     for overrides in settings:
         try:
             cfg = load_config(config, [*extra, *overrides])
@@ -246,14 +248,15 @@ def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str
             raise ConfigError("--score-test scores BLEU on a test split, which the copy task has not (its runs end "
                               "with their exact copies in metrics.jsonl); leave --score-test out")
         targets.add(cfg.train.target_bleu)
-    return max(targets)
+        tasks.add(cfg.data.dataset)
+    return max(targets), tasks == {"copy"}
 
 
 def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: Path, train_command: tuple[str, ...],
           extra: tuple[str, ...] = (), parallel: int = 1, score_tests: bool = False,
           data_root: str | None = None, log: Callable[[str], None] = print) -> int:
     """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
-    target = check_settings(config, extra, settings, score_tests)
+    target, copy = check_settings(config, extra, settings, score_tests)
     runs = grid_runs(settings, seeds, out)
     launcher = Launcher(train_command, config, extra, parallel, log)
 
@@ -262,7 +265,7 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
         this_grid = {r.path for r in runs}
         others = [r for r in collect_results([out]) if out / r.setting / f"seed{r.seed}" not in this_grid]
         write_report(out, [read_result(r.path, r.setting, r.seed) for r in runs] + others, f"sweep of {config}",
-                     target)
+                     target, copy=copy)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log(f"sweep: signal {signum}, stopping the running trainings (each saves last.pt); start the same "
