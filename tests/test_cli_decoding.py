@@ -250,6 +250,9 @@ def test_average_checkpoints(tiny_checkpoint, tmp_path, command):
             torch.testing.assert_close(avg["model"][k], v + 0.5, rtol=0, atol=1e-6)
     tr = Translator.from_checkpoint(out, device="cpu")  # the average is a usable checkpoint
     assert len(tr.translate(["Ein Mann fährt Fahrrad."])) == 1
+    one = tmp_path / "one.safetensors"  # one file is a copy of its weights, said in the singular
+    code, stdout, stderr = command("average-checkpoints", tiny_checkpoint, "--out", one)
+    assert code == 0 and stdout.decode() == f"averaged 1 checkpoint into {one} (config and vocabulary inside)\n"
 
 
 def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_path, command):

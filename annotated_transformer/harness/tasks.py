@@ -3,7 +3,8 @@ small interface.
 
 `train_worker` asks a task for its vocabulary sizes, its training loader and validation
 batches, and how to score a model (exact copies, or BLEU on a split). Everything else in
-the training loop is the same for both.
+the training loop is the same for both. `TaskFiles` holds the files a translation run reads,
+opened once for the resume's check and the data load.
 """
 
 from __future__ import annotations
@@ -188,9 +189,10 @@ def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = 
 @dataclass
 class TaskFiles:
     """The files a run's task reads, opened once: found before the run's folder is taken (`locate`), checked for a
-    resume to compare (`fingerprint`), then loaded (`build_task(corpus=)`), every file streamed and hashed once."""
+    resume to compare (`fingerprint`), then loaded (`build_task(corpus=)`): every file is checked and hashed once."""
 
     cfg: Config
+    log: Callable[[str], None] | None = None  # where a download of Multi30k says so (rank 0's print)
     corpus: Any = None  # the Multi30k or OwnFiles of the config, once opened (None: not yet, or the copy task)
 
     def locate(self) -> None:
@@ -206,7 +208,7 @@ class TaskFiles:
         from ..data.translation_data import data_fingerprint, open_corpus
 
         if self.corpus is None:
-            self.corpus = open_corpus(self.cfg.data)
+            self.corpus = open_corpus(self.cfg.data, log=self.log)
         return data_fingerprint(self.cfg.data, self.corpus, seed=self.cfg.train.seed)
 
     @property

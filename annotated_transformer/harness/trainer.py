@@ -3,8 +3,8 @@
 The loop itself (`train_step`, `run_epoch`) is the core's (`annotated_transformer.loop`); the parts
 a practical run adds live beside this file: checkpointer.py (the run's checkpoint files, in the format of
 checkpoints.py), resume.py (the run state and signals), progress.py (the log lines, time left, the slow-run warning),
-run_end.py (charts, final scores, the translate command), run_dir.py, distributed.py, tasks.py (Multi30k or
-the copy task), metrics.py (records, TensorBoard, GPU samples).
+run_end.py (charts, final scores, the translate command), run_dir.py, distributed.py, tasks.py (translation,
+on Multi30k or your own files, or the copy task), metrics.py (records, TensorBoard, GPU samples).
 """
 
 from __future__ import annotations
@@ -399,7 +399,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     """
     with run_log_closed():
         info, device = init_distributed(cfg.train.device)
-        run, files = RunDir(cfg.run_dir()), TaskFiles(cfg)
+        run, files = RunDir(cfg.run_dir()), TaskFiles(cfg, log=print0)
         try:
             # every rank decides (or fails) alike before rank 0 writes
             start_mode, last = run.open(cfg, info, data=files.resume_check, log=print0,

@@ -7,6 +7,7 @@
                                  parameters (the copy task: exact copies and val loss instead of BLEU); one row
                                  per run in the CSV
     <out>/sweep.html  sweep.png  val BLEU against training minutes, a faint line per run, the mean per setting
+                                 (not for the copy task, which has no BLEU)
 
 A grid is a YAML mapping of dotted keys to lists of values (every combination is a setting), or a
 list of such mappings (each one setting, for choices that are not a product). Runs are separate
@@ -265,7 +266,7 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
         this_grid = {r.path for r in runs}
         others = [r for r in collect_results([out]) if out / r.setting / f"seed{r.seed}" not in this_grid]
         write_report(out, [read_result(r.path, r.setting, r.seed) for r in runs] + others, f"sweep of {config}",
-                     target, copy=copy)
+                     target, copy=copy if not others else None)  # earlier grids' runs: the results say
 
     def on_signal(signum: int, _frame: Any) -> None:
         log(f"sweep: signal {signum}, stopping the running trainings (each saves last.pt); start the same "
