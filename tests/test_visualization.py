@@ -250,6 +250,8 @@ def test_training_curves_chart_reads_metrics_jsonl(tmp_path):
     assert series == {"train": [(10, 3.0), (20, 2.0), (30, 1.5)], "train (epoch mean)": [(20, 2.4)],
                       "validation": [(20, 2.2), (40, 1.4)]}
     assert [(p["step"], p["value"]) for p in rows(lr)] == [(10, 1e-4), (20, 2e-4)]
+    assert lr["encoding"]["y"]["axis"]["format"] == ".2~e"  # 1e-4, not Vega's "0.0001" or, rounded, "0"
+    assert "axis" not in loss["encoding"]["y"]  # the loss keeps Vega's own tick labels
     assert [(p["step"], p["value"]) for p in rows(bleu)] == [(20, 5.0), (40, 9.5)]
 
     write_metrics(path, bleu=False)

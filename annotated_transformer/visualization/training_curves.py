@@ -29,12 +29,14 @@ def _series(records: list[dict[str, Any]], key: str, name: str) -> list[dict[str
     return points
 
 
-def _curve(points: list[dict[str, Any]], title: str, y_title: str, log_scale: bool = False) -> alt.Chart:
+def _curve(points: list[dict[str, Any]], title: str, y_title: str, log_scale: bool = False,
+           y_format: str | None = None) -> alt.Chart:
     names = list(dict.fromkeys(p["series"] for p in points))  # first-seen order for the legend
     log_scale = log_scale and all(p["value"] > 0 for p in points)  # log of 0 would drop the point
     return alt.Chart(inline_data(points), title=title).mark_line(point=True).encode(
         x=alt.X("step:Q", title="optimizer step"),
-        y=alt.Y("value:Q", title=y_title, scale=alt.Scale(type="log") if log_scale else alt.Scale(zero=False)),
+        y=alt.Y("value:Q", title=y_title, scale=alt.Scale(type="log") if log_scale else alt.Scale(zero=False),
+                axis=alt.Axis(format=y_format) if y_format else alt.Undefined),
         color=alt.Color("series:N", title=None, sort=names),
         tooltip=["series:N", "step:Q", alt.Tooltip("value:Q", format=".4g")],
     ).properties(width=600, height=220)
@@ -58,7 +60,8 @@ def training_curves_chart(metrics_path: str | Path) -> alt.VConcatChart:
     if loss:
         charts.append(_curve(loss, "Loss", "loss per token", log_scale=True))
     if lr:
-        charts.append(_curve(lr, "Learning rate", "learning rate"))
+        # in exponent form: Vega's default rounds a rate of a few 1e-5 (one point, or an early run) to "0"
+        charts.append(_curve(lr, "Learning rate", "learning rate", y_format=".2~e"))
     if bleu:
         charts.append(_curve(bleu, "BLEU", "BLEU"))
     if not charts:
