@@ -392,3 +392,16 @@ def test_every_script_is_named_after_its_command():
 def test_the_older_command_name_still_runs(tmp_path, command):
     line = one_error(command, "average", tmp_path / "a.pt", "--out", tmp_path / "avg.pt")
     assert line == f"checkpoint {tmp_path / 'a.pt'} not found"
+
+
+@pytest.mark.parametrize("name, args, field, expected", [
+    ("train", ["--config", "tiny.yaml", "train.max_steps=20", "--out", "x", "model.N=1"], "overrides",
+     ["train.max_steps=20", "model.N=1"]),
+    ("sweep", ["--config", "tiny.yaml", "--seeds", "1", "train.seed=3", "--parallel", "2", "model.N=1"], "overrides",
+     ["train.seed=3", "model.N=1"]),
+    ("translate", ["--checkpoint", "x", "Ein Hund.", "--beam", "2", "Zwei Katzen."], "text",
+     ["Ein Hund.", "Zwei Katzen."]),
+])
+def test_words_after_an_option_are_read_as_words_before_it(name, args, field, expected):
+    parsed = import_module(f"annotated_transformer.cli.{name}").build_parser(name).parse_args(args)
+    assert getattr(parsed, field) == expected

@@ -96,10 +96,11 @@ class CommandParser(argparse.ArgumentParser):
 
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        """argparse's, with what it does not recognise refused in one line that says what was meant."""
+        """argparse's, with what it does not recognise refused in one line that says what was meant. Words and
+        options may come in any order: an override (or a sentence) after an option is read as one before it."""
         args = self.renamed(sys.argv[1:] if args is None else args)
         self.given = args
-        parsed, extras = super().parse_known_args(args, namespace)  # renamed already
+        parsed, extras = super().parse_known_intermixed_args(args, namespace)  # renamed already
         if extras:
             fail(self.unrecognised(extras, args))
         return parsed
