@@ -90,6 +90,30 @@ def test_engine_greedy_equals_our_greedy(tmp_path, norm_first):
         assert theirs == [tgt_itos[i] for i in strip_special(ours[0].tolist(), 0, 1)]
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_engine_cuts_each_sentence_of_a_batch_at_its_own_limit(tmp_path, beam):
+    """Sources of different lengths in one call: each is cut at its own length + decode.max_len_a, as ours are (the
+    engine takes one limit a call; a random model rarely ends a sentence, so every cut shows)."""
+    from types import SimpleNamespace
+
+    from annotated_transformer.decode.inference import translate_ids
+    from annotated_transformer.deploy.ct2_translator import CT2Translator
+
+    model, cfg = random_model(norm_first=True, tie=False)
+    engine, src_itos, tgt_itos = load_engine(model, cfg, tmp_path)
+    g = torch.Generator().manual_seed(3)
+    sources = [[0, *torch.randint(4, len(src_itos), (n,), generator=g).tolist(), 1] for n in (2, 13, 5, 13, 30)]
+    ours = translate_ids(model, sources, pad=2, bos=0, eos=1, device=torch.device("cpu"), max_len_a=4,
+                         batch_size=8, beam_size=beam, alpha=0.6)
+    text = SimpleNamespace(src_vocab=SimpleNamespace(itos=src_itos),
+                           tgt_vocab=SimpleNamespace(lookup_indices=lambda toks: [tgt_itos.index(t) for t in toks]))
+    config = Config(model=cfg, decode=dataclasses.replace(Config().decode, max_len_a=4))
+    theirs = CT2Translator(engine, text, config, tmp_path).translate_ids(sources, beam_size=beam, alpha=0.6,
+                                                                         batch_size=8)
+    assert theirs == ours
+    assert len({len(t) for t in theirs}) > 1  # cut at several lengths in the one call
+
+
 def test_a_switch_without_an_equivalent_is_refused():
     with_switch = dataclasses.make_dataclass("WithSwitch", [("new_switch", int, dataclasses.field(default=0))],
                                              bases=(ModelConfig,))

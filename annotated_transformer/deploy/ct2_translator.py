@@ -20,6 +20,7 @@ folder was exported from.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -83,9 +84,23 @@ class CT2Translator(TextTranslator):
         # Our ids -> our tokens: the engine sees exactly the (truncated, <unk>-mapped) source we would.
         tokens = [[itos[i] for i in ids[1:-1]] for ids in sources]
         # Our limit: source length (with <s> and </s>) + max_len_a positions, counting the start symbol,
-        # within the positional table; the engine counts generated tokens only (and one limit per call).
-        limit = min(max(map(len, sources)) + dec.max_len_a, self.config.model.max_positions) - 1
-        return self.engine.translate_batch(
-            tokens, beam_size=beam_size, length_penalty=alpha, max_batch_size=batch_size, max_decoding_length=limit,
-            min_decoding_length=0, max_input_length=0, num_hypotheses=n_best, return_scores=scores,
-        )
+        # within the positional table; the engine counts generated tokens only, and takes one limit a call.
+        limits = [min(len(ids) + dec.max_len_a, self.config.model.max_positions) - 1 for ids in sources]
+
+        def search(group: list[int], limit: int) -> list[Any]:
+            return self.engine.translate_batch(
+                [tokens[i] for i in group], beam_size=beam_size, length_penalty=alpha, max_batch_size=batch_size,
+                max_decoding_length=limit, min_decoding_length=0, max_input_length=0, num_hypotheses=n_best,
+                return_scores=scores)
+
+        if beam_size == 1 and not scores:
+            # Greedy: a sentence's first n tokens are the same under any longer limit, so one call with the
+            # longest limit, each output then cut at its own, is what a call a limit would give, in one batch.
+            found = search(list(range(len(sources))), max(limits, default=1))
+            return [SimpleNamespace(hypotheses=[r.hypotheses[0][:limit]]) for r, limit in zip(found, limits)]
+        results: list[Any] = [None] * len(sources)
+        for limit in sorted(set(limits)):  # a beam's choice depends on its limit: a call for each
+            group = [i for i, n in enumerate(limits) if n == limit]
+            for i, result in zip(group, search(group, limit)):
+                results[i] = result
+        return results
