@@ -103,6 +103,8 @@ def test_summary_has_one_row_per_setting_with_mean_sd_and_time_to_target():
     assert "32.00 +/- 2.00 (n=3)" in row_a and "3/3" in row_a
     assert "3.0 min [2.0-4.0] (2/3)" in row_a  # median of 2 and 4 minutes, over the runs that reached it
     assert "not reached (0/1)" in row_b and "20.00 (n=1)" in row_b
+    no_target = next(line for line in summary_markdown(results, "t", 0.0).splitlines() if line.startswith("| `b`"))
+    assert "not reached" not in no_target and "| 20.00 (n=1) | - | - | - | - |" in no_target  # no target: none to reach
 
 
 def test_the_mean_curve_averages_the_seeds_epoch_by_epoch():
@@ -254,6 +256,14 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
         run_command("sweep", args, "sweep.py")
     assert third.value.code == 0 and "3 runs, 3 already finished, 0 to train" in capsys.readouterr().out
 
+    # A finished run counts as done only for the settings it was trained with: a grown budget continues it, a
+    # changed model is handed to the train command (which refuses it in the run's log), as train.py alone does.
+    extra = tuple(args[args.index("--out") + 2:])
+    run = grid_runs([("train.lr_factor=1.0",)], [1], out)[0]
+    assert Launcher(("train.py",), "tiny", extra).is_done(run)
+    assert not Launcher(("train.py",), "tiny", (*extra, f"train.max_steps={MAX_STEPS + 10}")).is_done(run)
+    assert not Launcher(("train.py",), "tiny", (*extra, "model.d_model=32")).is_done(run)
+
 
 def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None:
     run = folder / setting / f"seed{seed}"
@@ -299,6 +309,16 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
         run_command("sweep", ["--compare", str(out), "--out", str(tmp_path / "cmp2")], "sweep.py")
     err = capsys.readouterr().err
     assert empty.value.code == 2 and err.startswith("error: ") and "no runs found" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as missing:  # a folder that is not there is named, not left out of the report
+        run_command("sweep", ["--compare", f"{tmp_path / 'fast'},{tmp_path / 'nosuch'}", "--out", str(tmp_path / "c3")],
+                    "sweep.py")
+    err = capsys.readouterr().err
+    assert missing.value.code == 2 and err == f"error: --compare {tmp_path / 'nosuch'} is not a folder; give the " \
+        "folders that scripts/sweep.py wrote (its --out)\n"
+    assert not (tmp_path / "c3").exists()
+    with pytest.raises(SystemExit) as zero:
+        run_command("sweep", ["--config", "tiny", "--seeds", "1", "--parallel", "0"], "sweep.py")
+    assert zero.value.code == 2 and capsys.readouterr().err == "error: --parallel must be at least 1, got 0\n"
 
 
 def test_a_comparison_times_every_run_to_the_target_it_names():

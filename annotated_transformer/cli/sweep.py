@@ -28,7 +28,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds per setting: 1..N (default 3)")
     parser.add_list("--seed-list", item=int, default=None, metavar="N,N,...",
                     help="explicit seeds (instead of --seeds), e.g. 1,2,3")
-    add_out(parser, "sweep folder (default: runs/sweep_<config>)", old=())
+    add_out(parser, "sweep folder (default: runs/sweep_<config>; with --compare, runs/sweep_compare)", old=())
     add_overwrite(parser, "with --compare: replace the report of an earlier comparison in --out (a sweep's own "
                   "folder is reported anew as its runs finish)")
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -53,11 +53,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             raise UserError(f"--out {out} is one of the --compare folders, whose own report it would replace; "
                             "choose another --out")
         refuse_to_replace(out / "sweep.md", args.overwrite)
+        missing = [folder for folder in args.compare if not Path(folder).is_dir()]
+        if missing:
+            raise UserError(f"--compare {missing[0]} is not a folder; give the folders that scripts/sweep.py wrote "
+                            "(its --out)")
         for path in compare_sweeps([Path(f) for f in args.compare], out, args.target_bleu):
             print(path)
         return 0
-    if args.seeds < 1 or args.parallel < 1:
-        raise ConfigError("--seeds and --parallel must be at least 1")
+    for option, value in (("--seeds", args.seeds), ("--parallel", args.parallel)):
+        if value < 1:
+            raise ConfigError(f"{option} must be at least 1, got {value}")
     seeds = args.seed_list or list(range(1, args.seeds + 1))
     # --data-root DIR is the override data.root=DIR (given first: a dotted override wins, as in train).
     overrides = (*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides)

@@ -149,7 +149,8 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
         done = sum(r.finished for r in rs)
         lines.append(
             f"| `{setting}` | {done}/{len(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
-            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs)} | {_compute_to_target(rs)} | "
+            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs) if target_bleu else '-'} | "
+            f"{_compute_to_target(rs) if target_bleu else '-'} | "
             f"{_pm([r.epochs for r in rs], 0)} | {_pm([r.last_bleu for r in rs])} | {_pm([r.steps for r in rs], 0)} | "
             f"{_cost_columns(rs)} |")
     lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Val BLEU: the "

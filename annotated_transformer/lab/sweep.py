@@ -12,7 +12,8 @@
 A grid is a YAML mapping of dotted keys to lists of values (every combination is a setting), or a
 list of such mappings (each one setting, for choices that are not a product). Runs are separate
 processes of the training script, so a killed sweep loses at most the unfinished epochs of the
-runs it was running, and starting it again skips finished runs and continues the others.
+runs it was running, and starting it again skips finished runs and continues the others (finished as the train
+command judges it: a grown budget continues a run, changed settings are refused in its log).
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import yaml
 
 from ..config import load_config
 from ..config.loading import refuse_library_from_file
-from ..runtime.errors import ConfigError, RunDirError
+from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
-from ..harness.run_dir import read_metrics
+from ..harness.run_dir import RunDir, read_metrics
 from .seed_statistics import TEST_SCORES, collect_results, read_result, write_report
 
 
@@ -143,10 +144,28 @@ class Launcher:
     running: dict[Run, subprocess.Popen] = field(default_factory=dict)
 
     def command(self, run: Run) -> list[str]:
-        """The training command of one run (its seed and run directory last, so they win)."""
-        return [*self.train_command, "--config", self.config, *self.extra, *run.overrides,
-                f"train.seed={run.seed}", f"train.out_dir={run.path}", "train.resume=auto", "train.progress=false",
-                "train.score_test=false"]
+        """The training command of one run."""
+        return [*self.train_command, "--config", self.config, *self.overrides(run)]
+
+    def overrides(self, run: Run) -> list[str]:
+        """One run's overrides: the sweep's, the setting's, then its seed and run directory, so they win."""
+        return [*self.extra, *run.overrides, f"train.seed={run.seed}", f"train.out_dir={run.path}",
+                "train.resume=auto", "train.progress=false", "train.score_test=false"]
+
+    def is_done(self, run: Run) -> bool:
+        """Whether `run` is finished for this sweep: its final record is there, and the train command would find
+        it finished with these settings. One whose budget grew is continued, one whose settings changed is
+        handed to the train command too, which refuses it in one line in the run's log; a finished run without
+        last.pt (deleted to save space) counts as finished, as its final record says."""
+        if not is_finished(run):
+            return False
+        if not (run.path / "last.pt").is_file():
+            return True
+        try:
+            mode, _ = RunDir(run.path).start_mode(load_config(self.config, self.overrides(run)))
+        except UserError:
+            return False
+        return mode == "finished"
 
     def start(self, run: Run) -> None:
         """Start `run` in the background, its output appended to its log file."""
@@ -192,7 +211,7 @@ def run_sweep(runs: list[Run], launcher: Launcher,
               after_each: Callable[[], None] = lambda: None) -> list[tuple[Run, int]]:
     """Train every unfinished run, `launcher.parallel` at a time, calling `after_each` when one ends;
     the (run, exit code) of those that failed."""
-    todo = [r for r in runs if not is_finished(r)]
+    todo = [r for r in runs if not launcher.is_done(r)]
     launcher.log(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
                  f"({launcher.parallel} at a time)")
     failed = []
