@@ -140,14 +140,17 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
                      alpha: float | None = None, output: str | None = None, show: int = 0,
                      as_json: bool = False, data_root: str | None = None,
                      limit: int | None = None, files: tuple[str, str] | None = None,
-                     overwrite: bool = True, batch_size: int | None = None) -> dict[str, Any]:
+                     overwrite: bool = True, batch_size: int | None = None,
+                     reduction: tuple[str, float] | None = None) -> dict[str, Any]:
     """The evaluate command's work: a split of the model's data (Multi30k or its own files), or `files` (a source
     file and its reference file, one sentence a line), translated, its hypotheses written and scored.
 
     `translator` was loaded from `checkpoint`, which places the hypotheses unless `output` does: beside it
     (NAME.SPLIT.beamK.txt) for a split, in eval/ beside it (INPUT.beamK.txt) for files; `limit`ed to fewer
-    sentences than there are, .firstN before .beamK (a name the run folder knows as its own). With `overwrite`
-    False an existing hypotheses file is refused before anything is translated. `batch_size`: sentences decoded together
+    sentences than there are, .firstN before .beamK (a name the run folder knows as its own); `reduction`, the token
+    merging or pruning the translator was given (('merge', 0.1): --merge-ratio 0.1), .merge0.1 before .beamK and
+    said on the summary line. With `overwrite` False an existing hypotheses file is refused before anything is
+    translated. `batch_size`: sentences decoded together
     (None: the checkpoint's decode.batch_size). The figures are printed (as one JSON object with `as_json`) and
     returned.
     """
@@ -170,6 +173,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
         name, where = Path(files[0]).name, {"input": files[0], "ref": files[1]}
         stem = Path(checkpoint).parent / "eval" / name
     part = f".first{limit}" if limit and limit < len(src_lines) else ""  # never the name of the whole split's file
+    part += f".{reduction[0]}{reduction[1]:g}" if reduction else ""  # nor the name of the model's own hypotheses
     if limit:
         src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
     out_path = Path(output) if output else stem.with_name(f"{stem.name}{part}.beam{k}.txt")
@@ -184,11 +188,14 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
         "sentences": len(hyps), "seconds": seconds, "checkpoint": str(checkpoint), "hypotheses": str(out_path),
         "scores": {key: {"score": s.score, "signature": s.signature} for key, s in scores.items()},
     }
+    if reduction:
+        result[f"{reduction[0]}_ratio"] = reduction[1]
     if as_json:
         print(json.dumps(result))
     else:
-        print(f"{name}: {len(hyps)} sentences, beam {k}, {seconds:.1f} s ({len(hyps) / max(seconds, 1e-9):.1f} "
-              f"sentences/s); hypotheses in {out_path}")
+        reduced = f", token {'merging' if reduction[0] == 'merge' else 'pruning'} {reduction[1]:g}" if reduction else ""
+        print(f"{name}: {len(hyps)} sentences, beam {k}{reduced}, {seconds:.1f} s "
+              f"({len(hyps) / max(seconds, 1e-9):.1f} sentences/s); hypotheses in {out_path}")
         print(format_scores(scores))
     if show:
         print(check_outputs(src_lines, ref_lines, hyps, n=show), file=sys.stderr if as_json else sys.stdout)

@@ -226,6 +226,21 @@ def test_evaluate_merges_tokens_at_inference_only(tiny_checkpoint, multi30k_dir,
     assert code == 2 and stderr.decode() == "error: --merge-ratio must be in [0, 0.5], got 0.9\n"
 
 
+def test_evaluate_names_merged_hypotheses_apart_from_the_models_own(tiny_checkpoint, multi30k_dir, tmp_path, command):
+    import shutil
+
+    model = tmp_path / "model.safetensors"  # a copy: the hypotheses go beside it
+    shutil.copy(tiny_checkpoint, model)
+    common = ("evaluate", "--checkpoint", model, "--split", "val", "--limit", "20", "--data-root", multi30k_dir,
+              "--device", "cpu")
+    assert command(*common)[0] == 0
+    code, stdout, stderr = command(*common, "--merge-ratio", "0.4")  # not refused as the same file
+    assert code == 0, stderr.decode()
+    assert "beam 1, token merging 0.4," in stdout.decode()
+    assert sorted(p.name for p in tmp_path.glob("*.txt")) == ["model.val.first20.beam1.txt",
+                                                              "model.val.first20.merge0.4.beam1.txt"]
+
+
 def _val_sources(multi30k_dir: Path, n: int) -> list[str]:
     import gzip
 

@@ -26,7 +26,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
     add_batch_size(parser)
     add_out(parser, "where to write the hypotheses (default: beside the checkpoint, NAME.SPLIT.beamK.txt; with "
                     "--input, eval/INPUT.beamK.txt in the checkpoint's folder; with --limit N, .firstN before "
-                    ".beamK); an existing file is refused unless --overwrite")
+                    ".beamK, with --merge-ratio R or --prune-ratio R, .mergeR or .pruneR); an existing file is "
+                    "refused unless --overwrite")
     add_overwrite(parser, "replace the hypotheses file of an earlier evaluate (never the --input or --ref file)")
     add_limit(parser, "score only the first N sentences (for quick checks)")
     add_device(parser)
@@ -62,9 +63,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     # An exported folder's hypotheses go inside it (model.<split>.beam<k>.txt), a checkpoint's beside it.
     folder = getattr(translator, "folder", None)
     source = str(Path(folder) / "model.bin") if folder is not None else str(translator.checkpoint)
+    reduction = (("merge", args.merge_ratio) if args.merge_ratio else
+                 ("prune", args.prune_ratio) if args.prune_ratio else None)  # a ratio of 0 is the model as trained
     score_translator(translator, source, args.split or "test", beam=args.beam, alpha=args.alpha, output=args.out,
                      show=args.show, as_json=args.json, data_root=root, limit=args.limit, files=files,
-                     overwrite=args.overwrite, batch_size=args.batch_size)
+                     overwrite=args.overwrite, batch_size=args.batch_size, reduction=reduction)
     return 0
 
 
