@@ -234,7 +234,9 @@ def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, 
     assert (out / "model.bin").read_bytes() == b"the earlier export"
     code, stdout, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--overwrite")
     assert code == 0, stderr.decode()
-    assert sorted(p.name for p in out.iterdir()) == first  # the earlier hypotheses went with their model
+    assert sorted(p.name for p in out.iterdir()) == first  # the earlier hypotheses went with their model, said so
+    assert stdout.decode().startswith("--overwrite: removed the earlier export's hypotheses with it (eval/news.de."
+                                      "beam1.txt, model.val.beam1.txt, model.val.first5.beam1.txt)\n")
     assert (out / "model.bin").stat().st_size > 1000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # the old folder removed, no temporary left
 

@@ -35,7 +35,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Export a run's (or a model file's) weights with their vocabulary and decoding settings."""
     args = build_parser(prog).parse_args(argv)
-    from ..deploy.ct2_export import check_export_out, export_ctranslate2
+    from ..deploy.ct2_export import check_export_out, evaluations_in, export_ctranslate2
     from ..deploy.translator import Translator, torch_checkpoint
 
     path = torch_checkpoint(args.checkpoint, "export")
@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     check_export_out(args.out, args.overwrite)
     translator = Translator.from_checkpoint(path, device="cpu")
     weights = CT2_WEIGHTS[args.quantize]
+    stale = evaluations_in(args.out) if args.overwrite else []  # the replaced model's translations go with it
     out = export_ctranslate2(translator.model, translator.text, translator.config, args.out,
                              quantization=weights, overwrite=args.overwrite)
+    if stale:
+        print(f"--overwrite: removed the earlier export's hypotheses with it ({', '.join(stale)})")
     size = (out / "model.bin").stat().st_size / 2**20
     print(f"exported {path} -> {out} (CTranslate2, {weights} weights, "
           f"{translator.model.num_parameters() / 1e6:.2f}M parameters, model.bin {size:.1f} MiB)")

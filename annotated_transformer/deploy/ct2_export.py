@@ -185,6 +185,8 @@ EXPORT_NAMES = re.compile(r"""(?x)^(?:
   | config\.yaml | vocab
   | \.?model\.[\w-]+(?:\.first\d+)?\.beam\d+\.txt(?:\.[A-Za-z0-9_]{6,}\.tmp)? | eval
 )$""")
+# evaluate's hypotheses of a split, in the export folder itself.
+HYPOTHESES = re.compile(r"^model\.[\w-]+(?:\.first\d+)?\.beam\d+\.txt$")
 # What evaluate writes in eval/: INPUT.beamK.txt, and the temporary of a killed write of one.
 EVAL_NAMES = re.compile(r"^(?:.+\.beam\d+\.txt|\..+\.beam\d+\.txt\.[A-Za-z0-9_]{6,}\.tmp)$")
 
@@ -246,6 +248,20 @@ def _replace_folder(new: Path, out: Path) -> None:
         raise
     if old is not None:
         _remove_export(old)
+
+
+def evaluations_in(folder: str | Path) -> list[str]:
+    """The hypotheses files evaluate wrote in an export folder (model.SPLIT.beamK.txt, eval/INPUT.beamK.txt): what
+    replacing the export removes besides the export itself, as they are the replaced model's translations."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p.name for p in folder.iterdir() if p.is_file() and HYPOTHESES.match(p.name)]
+    inner = folder / "eval"
+    if inner.is_dir() and not inner.is_symlink():
+        found += [f"eval/{p.name}" for p in inner.iterdir() if p.is_file() and EVAL_NAMES.match(p.name)
+                  and not p.name.startswith(".")]  # not a killed write's temporary
+    return sorted(found)
 
 
 def _remove_export(folder: Path) -> None:
