@@ -342,6 +342,20 @@ def test_finished_runs_are_skipped_and_earlier_runs_in_the_folder_stay_in_the_re
     assert code == 0 and "1 already finished, 0 to train" in lines[0]
     table = (tmp_path / "sweep.md").read_text()
     assert table.index("`train.lr_factor=1`") < table.index("`model.dropout=0.3`")
+    assert lines[-1].endswith("report in " + str(tmp_path / "sweep.md")) and (tmp_path / "sweep.png").is_file()
+
+
+def test_a_sweep_without_bleu_curves_says_why_it_draws_no_chart(tmp_path):
+    from annotated_transformer.lab.sweep import sweep
+
+    run = tmp_path / "base" / "seed1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "final", "step": 10, "exact_copies": 97}) + "\n")
+    lines = []
+    assert sweep("copy", [()], [1], tmp_path, Path("no-such-train.py"), log=lines.append) == 0
+    assert "exact copies (of 100)" in (tmp_path / "sweep.md").read_text() and not (tmp_path / "sweep.png").exists()
+    assert lines[-1].endswith("(no chart: no run scored val BLEU by epoch; the copy task has none, and "
+                              "train.bleu_every=0 turns it off)")
 
 
 def test_a_run_that_has_not_finished_an_epoch_adds_no_figures(tmp_path):

@@ -280,12 +280,12 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
     runs = grid_runs(settings, seeds, out)
     launcher = Launcher(train_command, config, extra, parallel, log)
 
-    def report() -> None:
+    def report() -> list[Path]:
         """sweep.md/.csv and the chart: this sweep's runs first, then any others in the folder (earlier grids)."""
         this_grid = {r.path for r in runs}
         others = [r for r in collect_results([out]) if out / r.setting / f"seed{r.seed}" not in this_grid]
-        write_report(out, [read_result(r.path, r.setting, r.seed) for r in runs] + others, f"sweep of {config}",
-                     target, copy=copy if not others else None)  # earlier grids' runs: the results say
+        return write_report(out, [read_result(r.path, r.setting, r.seed) for r in runs] + others,
+                            f"sweep of {config}", target, copy=copy if not others else None)  # others: results say
 
     def on_signal(signum: int, _frame: Any) -> None:
         log(f"sweep: signal {signum}, stopping the running trainings (each saves last.pt); start the same "
@@ -305,6 +305,8 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
             if is_finished(run) and not (run.path / TEST_SCORES).is_file():
                 log(f"test scores of {run.setting} seed {run.seed}")
                 score_test(run, data_root)
-    report()
-    log(f"sweep: {len(runs) - len(failed)}/{len(runs)} runs finished; report in {out / 'sweep.md'}")
+    written = report()
+    chart = "" if out / "sweep.png" in written else (" (no chart: no run scored val BLEU by epoch; the copy task "
+                                                      "has none, and train.bleu_every=0 turns it off)")
+    log(f"sweep: {len(runs) - len(failed)}/{len(runs)} runs finished; report in {out / 'sweep.md'}{chart}")
     return 1 if failed else 0
