@@ -246,6 +246,7 @@ def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, 
     (("--engine", "torch", "--checkpoint", "{exported}"), "is an exported model folder; drop --engine"),
     (("--engine", "ctranslate2", "--checkpoint", "{missing}"), "model.bin is missing"),
     (("--checkpoint", "{exported}", "--quantize", "int8"), "quantised when exported (export --quantize int8)"),
+    (("--checkpoint", "{exported}", "--quantize", "bf16"), "quantised when exported (export --quantize bf16)"),
 ])
 def test_wrong_engine_arguments_are_one_line(tmp_path, tiny_checkpoint, exported, args, message, command):
     args = tuple(a.format(missing=tmp_path / "nothing", checkpoint=tiny_checkpoint, exported=exported) for a in args)

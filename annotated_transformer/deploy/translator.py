@@ -127,7 +127,7 @@ def load_translator(checkpoint: str | Path, engine: str | None = None, device: s
     if found == "ctranslate2":
         if quantize != "none":
             raise ConfigError(f"--quantize {quantize} is for PyTorch checkpoints; an exported model is quantised "
-                              "when exported (export --quantize int8)")
+                              f"when exported (export --quantize {quantize}), and decodes with the weights it has")
         if device not in (None, "cpu", "cuda"):
             raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu or cuda")
         return CT2Translator.from_dir(path, device=device or "cpu")
