@@ -319,6 +319,9 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
     with pytest.raises(SystemExit) as zero:
         run_command("sweep", ["--config", "tiny", "--seeds", "1", "--parallel", "0"], "sweep.py")
     assert zero.value.code == 2 and capsys.readouterr().err == "error: --parallel must be at least 1, got 0\n"
+    with pytest.raises(SystemExit) as both:
+        run_command("sweep", ["--config", "tiny", "--seeds", "2", "--seed-list", "1"], "sweep.py")
+    assert both.value.code == 2 and "--seeds and --seed-list both name the seeds" in capsys.readouterr().err
 
 
 def test_a_comparison_times_every_run_to_the_target_it_names():
@@ -415,6 +418,8 @@ def test_the_table_reports_training_compute_to_the_target_and_in_all():
     assert "| 350 [200-500] (2/3) |" in row  # TFLOP to the target: median over the counted runs that reached it
     assert "| 267 +/- 208 (n=3) |" in row  # training TFLOP of every run
     assert "| - |" in summary_markdown([RunResult("b", 1, True, val_bleu=30.0)], "t", 36.5)
+    small = summary_markdown([RunResult("c", 1, True, val_bleu=1.0, train_flops=4e10)], "t", 0.0)
+    assert "| 0.04 (n=1) |" in small  # a short run's compute, not rounded to 0
 
 
 def test_read_result_takes_the_compute_from_the_epoch_records(tmp_path):

@@ -25,7 +25,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
                         help="with --compare: the target line to draw")
     parser.add_argument("--grid", default=None, metavar="FILE",
                         help="YAML: dotted keys to lists of values (default: the config alone)")
-    parser.add_argument("--seeds", type=int, default=3, metavar="N", help="seeds per setting: 1..N (default 3)")
+    parser.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per setting: 1..N (default 3)")
     parser.add_list("--seed-list", item=int, default=None, metavar="N,N,...",
                     help="explicit seeds (instead of --seeds), e.g. 1,2,3")
     add_out(parser, "sweep folder (default: runs/sweep_<config>; with --compare, runs/sweep_compare)", old=())
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         for path in compare_sweeps([Path(f) for f in args.compare], out, args.target_bleu):
             print(path)
         return 0
+    if args.seeds is not None and args.seed_list:
+        raise ConfigError("--seeds and --seed-list both name the seeds; give one of them")
+    args.seeds = 3 if args.seeds is None else args.seeds
     for option, value in (("--seeds", args.seeds), ("--parallel", args.parallel)):
         if value < 1:
             raise ConfigError(f"{option} must be at least 1, got {value}")

@@ -181,8 +181,9 @@ def _copy_summary(results: Sequence[RunResult], title: str) -> str:
 def _cost_columns(rs: Sequence[RunResult]) -> str:
     """The training minutes, TFLOP, tokens/s and parameters cells of one setting's row."""
     params = next((r.params for r in rs if r.params), None)
+    tflop = [r.train_flops / 1e12 if r.train_flops is not None else None for r in rs]  # under 10: two decimals
     return (f"{_pm([r.train_seconds / 60 if r.train_seconds else None for r in rs], 1)} | "
-            f"{_pm([r.train_flops / 1e12 if r.train_flops is not None else None for r in rs], 0)} | "
+            f"{_pm(tflop, 0 if min((t for t in tflop if t is not None), default=10) >= 10 else 2)} | "
             f"{_pm([r.tokens_per_s for r in rs], 0)} | {f'{params / 1e6:.2f}M' if params else '-'}")
 
 
