@@ -405,3 +405,8 @@ def test_the_older_command_name_still_runs(tmp_path, command):
 def test_words_after_an_option_are_read_as_words_before_it(name, args, field, expected):
     parsed = import_module(f"annotated_transformer.cli.{name}").build_parser(name).parse_args(args)
     assert getattr(parsed, field) == expected
+
+
+def test_words_after_a_double_dash_stay_words():
+    parsed = parser_of("translate").parse_args(["--checkpoint", "x", "--", "--beam", "4", "-Ein"])
+    assert parsed.text == ["--beam", "4", "-Ein"] and parsed.beam is None and parsed.checkpoint == "x"

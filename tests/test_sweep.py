@@ -103,7 +103,8 @@ def test_summary_has_one_row_per_setting_with_mean_sd_and_time_to_target():
     assert "32.00 +/- 2.00 (n=3)" in row_a and "3/3" in row_a
     assert "3.0 min [2.0-4.0] (2/3)" in row_a  # median of 2 and 4 minutes, over the runs that reached it
     assert "not reached (0/1)" in row_b and "20.00 (n=1)" in row_b
-    no_target = next(line for line in summary_markdown(results, "t", 0.0).splitlines() if line.startswith("| `b`"))
+    no_target = next(line for line in summary_markdown([_result("b", 1, 20.0)], "t", 0.0).splitlines()
+                     if line.startswith("| `b`"))
     assert "not reached" not in no_target and "| 20.00 (n=1) | - | - | - | - |" in no_target  # no target: none to reach
 
 
@@ -263,6 +264,7 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
     assert Launcher(("train.py",), "tiny", extra).is_done(run)
     assert not Launcher(("train.py",), "tiny", (*extra, f"train.max_steps={MAX_STEPS + 10}")).is_done(run)
     assert not Launcher(("train.py",), "tiny", (*extra, "model.d_model=32")).is_done(run)
+    assert Launcher(("train.py",), "tiny", (*extra, "train.overwrite=true")).is_done(run)  # a restart redoes nothing
 
 
 def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None:
@@ -333,6 +335,8 @@ def test_a_comparison_times_every_run_to_the_target_it_names():
     assert (a.target_seconds, b.target_seconds) == (180.0, None)
     table = summary_markdown([a, b], "t", 40.0)
     assert "| 3.0 min (1/1) |" in table and "| not reached (0/1) |" in table
+    untimed = summary_markdown([own, never], "t", None)  # no target named: each run's own, as it was trained
+    assert "| 2.0 min (1/1) |" in untimed and "| not reached (0/1) |" in untimed
 
 
 def test_finished_runs_are_skipped_and_earlier_runs_in_the_folder_stay_in_the_report(tmp_path):

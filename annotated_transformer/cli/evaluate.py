@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     # An exported folder's hypotheses go inside it (model.<split>.beam<k>.txt), a checkpoint's beside it.
     folder = getattr(translator, "folder", None)
     source = str(Path(folder) / "model.bin") if folder is not None else str(translator.checkpoint)
-    reduction = (("merge", args.merge_ratio) if args.merge_ratio else
-                 ("prune", args.prune_ratio) if args.prune_ratio else None)  # a ratio of 0 is the model as trained
+    # Named in the file whenever given (0 too: it turns off a merging the model was trained with); the ratio in
+    # use first when both are given.
+    given = [(kind, r) for kind, r in (("merge", args.merge_ratio), ("prune", args.prune_ratio)) if r is not None]
+    reduction = next((g for g in given if g[1]), given[0] if given else None)
     score_translator(translator, source, args.split or "test", beam=args.beam, alpha=args.alpha, output=args.out,
                      show=args.show, as_json=args.json, data_root=root, limit=args.limit, files=files,
                      overwrite=args.overwrite, batch_size=args.batch_size, reduction=reduction)

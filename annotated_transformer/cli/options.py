@@ -100,7 +100,10 @@ class CommandParser(argparse.ArgumentParser):
         options may come in any order: an override (or a sentence) after an option is read as one before it."""
         args = self.renamed(sys.argv[1:] if args is None else args)
         self.given = args
-        parsed, extras = super().parse_known_intermixed_args(args, namespace)  # renamed already
+        # Intermixed parsing drops a "--" before the first word, and would read what follows it as options
+        # again: with a "--" the words after it are words, as argparse has always read them.
+        parse = super().parse_known_args if "--" in args else super().parse_known_intermixed_args
+        parsed, extras = parse(args, namespace)  # renamed already
         if extras:
             fail(self.unrecognised(extras, args))
         return parsed

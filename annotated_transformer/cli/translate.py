@@ -42,8 +42,9 @@ def build_parser(prog: str | None) -> CommandParser:
                            "given on the command line, or one per line from a file or a pipe.")
     add_checkpoint(parser)
     parser.add_argument("text", nargs="*", help="sentences to translate: quote each one (\"Ein Mann fährt.\" "
-                        "\"Zwei Kinder spielen.\" gives two lines); words without quotes next to each other are one "
-                        "sentence up to a word ending in . ! ? or … (Ein Mann fährt. is one; Hallo. Danke. are two)")
+                        "\"Zwei Kinder spielen.\" gives two lines); words without quotes next to each other "
+                        "(options between them aside) are one sentence up to a word ending in . ! ? or … (Ein Mann "
+                        "fährt. is one; Hallo. Danke. are two); after --, words that start with - too")
     parser.add_argument("--sentence", action="append", metavar="TEXT", help=argparse.SUPPRESS)  # older spelling
     parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line ('-' for "
                         "standard input; a pipe is read without it)")

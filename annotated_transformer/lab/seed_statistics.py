@@ -140,6 +140,8 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
     if copy if copy is not None else is_copy_task(results):
         return _copy_summary(results, title)
     target = f"val BLEU {target_bleu:g}" if target_bleu else "target"
+    # a target to reach: the one named, or each run's own train.target_bleu (a comparison of sweeps names none)
+    timed = bool(target_bleu) or any(r.target_seconds is not None for r in results)
     lines = [f"# {title}", "",
              f"| setting | runs done | val BLEU | test BLEU (greedy) | test BLEU (beam) | time to {target} | "
              f"TFLOP to {target} | epochs | last epoch's val BLEU | steps | training min | training TFLOP | "
@@ -149,8 +151,8 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
         done = sum(r.finished for r in rs)
         lines.append(
             f"| `{setting}` | {done}/{len(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
-            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs) if target_bleu else '-'} | "
-            f"{_compute_to_target(rs) if target_bleu else '-'} | "
+            f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs) if timed else '-'} | "
+            f"{_compute_to_target(rs) if timed else '-'} | "
             f"{_pm([r.epochs for r in rs], 0)} | {_pm([r.last_bleu for r in rs])} | {_pm([r.steps for r in rs], 0)} | "
             f"{_cost_columns(rs)} |")
     lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Val BLEU: the "

@@ -36,6 +36,7 @@ from ..config.loading import refuse_library_from_file
 from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
 from ..harness.run_dir import RunDir, read_metrics
+from ..harness.tasks import TaskFiles
 from .seed_statistics import TEST_SCORES, collect_results, read_result, write_report
 
 
@@ -153,19 +154,22 @@ class Launcher:
                 "train.resume=auto", "train.progress=false", "train.score_test=false"]
 
     def is_done(self, run: Run) -> bool:
-        """Whether `run` is finished for this sweep: its final record is there, and the train command would find
-        it finished with these settings. One whose budget grew is continued, one whose settings changed is
-        handed to the train command too, which refuses it in one line in the run's log; a finished run without
-        last.pt (deleted to save space) counts as finished, as its final record says."""
+        """Whether `run` is finished for this sweep: its final record is there, and the train command would not
+        continue it with these settings and files. One whose budget grew is continued, one whose settings or
+        data files changed is handed to the train command too, which refuses it in one line in the run's log; a
+        finished run without last.pt (deleted to save space) counts as finished, as its final record says, and
+        so does one that train.overwrite=true among the sweep's overrides would start again (a sweep started
+        again continues, it does not redo what it finished)."""
         if not is_finished(run):
             return False
         if not (run.path / "last.pt").is_file():
             return True
+        cfg = load_config(self.config, self.overrides(run))
         try:
-            mode, _ = RunDir(run.path).start_mode(load_config(self.config, self.overrides(run)))
+            mode, _ = RunDir(run.path).start_mode(cfg, TaskFiles(cfg).resume_check)
         except UserError:
             return False
-        return mode == "finished"
+        return mode != "resume"
 
     def start(self, run: Run) -> None:
         """Start `run` in the background, its output appended to its log file."""
