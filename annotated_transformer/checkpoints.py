@@ -622,6 +622,9 @@ def average_into(paths: Sequence[str | Path], out: str | Path, overwrite: bool =
     """
     if not paths:
         raise CheckpointError("give at least one checkpoint to average")
+    if Path(out).is_dir() or str(out).endswith(("/", os.sep)):  # before NAME gets its .safetensors beside it
+        raise ConfigError(f"--out {out} is a folder; give the path of the model file to write (e.g. "
+                          f"{Path(out) / 'avg.safetensors'})")
     out = Path(out)
     if out.suffix == PAIR_SUFFIX:
         raise ConfigError(f"--out {out}: a model file is one .safetensors file, its config and vocabulary inside; "

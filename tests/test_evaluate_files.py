@@ -135,6 +135,27 @@ def test_out_is_never_a_file_evaluate_reads(tmp_path, command, option):
     assert (src.read_text(encoding="utf-8"), ref.read_text(encoding="utf-8")) == ("Ein Hund.\n", "A dog.\n")
 
 
+@pytest.mark.parametrize("name", ["best.safetensors", "last.pt", "metrics.jsonl", "vocab/text_pipeline.json"])
+def test_out_is_never_a_file_the_run_keeps(tiny_checkpoint, tmp_path, command, name):
+    """A run directory given as --checkpoint: its weights, state, records and vocabulary are never an --out, even
+    with --overwrite (the hypotheses' own names are)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, run)
+    before = (run / name).read_bytes()
+    for cmd, args in (("evaluate", ("--split", "val", "--limit", "3")), ("translate", ("Ein Hund.",))):
+        code, _, stderr = command(cmd, "--checkpoint", run, *args, "--out", run / name, "--overwrite")
+        assert code == 2 and stderr.decode() == (
+            f"error: --out {run / name} is a file of the run or export in {run} (its weights, state, records or "
+            "vocabulary), which the commands read: it is never replaced, not even with --overwrite; choose another "
+            "--out\n")
+    assert (run / name).read_bytes() == before
+    code, _, stderr = command("evaluate", "--checkpoint", run / "best.safetensors", "--split", "val", "--limit", "3",
+                              "--out", run / "last.pt", "--overwrite")  # a model file of the run: its folder too
+    assert code == 2 and "is a file of the run or export in" in stderr.decode()
+
+
 def test_files_that_do_not_pair_up_are_one_line_and_write_nothing(tiny_checkpoint, tmp_path, command):
     src, ref = tmp_path / "a.de", tmp_path / "a.en"
     src.write_text("Ein Hund.\nZwei Katzen.\nEin Mann.\n", encoding="utf-8")

@@ -345,6 +345,8 @@ def test_average_checkpoints_replaces_an_existing_out_only_with_overwrite(tiny_c
     ("{run}/best.pt", "is one of the checkpoints to average"),  # the same file, by the name older scripts use
     ("{tmp}/avg.json", "a model file is one .safetensors file, its config and vocabulary inside; name it"),
     ("{tmp}/avg.bin", "--out should be a .safetensors file"),
+    ("{tmp}", "is a folder; give the path of the model file to write"),  # it wrote {tmp}.safetensors beside it
+    ("{tmp}/new/", "is a folder; give the path of the model file to write"),
 ])
 def test_average_checkpoints_refuses_a_bad_out_in_one_line(tiny_checkpoint, tmp_path, command, out, message):
     run = tiny_checkpoint.parent

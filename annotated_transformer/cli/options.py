@@ -238,9 +238,37 @@ def check_out_file(out: str | Path, overwrite: bool, inputs: dict[str, str | Pat
         if given is not None and str(given) != "-" and same_file(path, Path(given)):
             raise UserError(f"--out {out} is the {option} file, which the command reads: it is never replaced, not "
                             "even with --overwrite; choose another --out")
+    checkpoint = inputs.get("--checkpoint")
+    folder = kept_in_model_folder(path, Path(checkpoint)) if checkpoint is not None else None
+    if folder is not None:
+        raise UserError(f"--out {out} is a file of the run or export in {folder} (its weights, state, records or "
+                        "vocabulary), which the commands read: it is never replaced, not even with --overwrite; "
+                        "choose another --out")
     if path.is_dir():
         raise UserError(f"--out {out} is a folder; give the path of the file to write")
     refuse_to_replace(path, overwrite)
+
+
+def kept_in_model_folder(path: Path, checkpoint: Path) -> Path | None:
+    """The folder of `checkpoint` (a run directory or an exported folder, or the one a model file lies in) when
+    `path` names a file that the run or export keeps there (the names training and export write: weights, last.pt,
+    config.yaml, metrics.jsonl, vocab/, ...); None otherwise, and for evaluate's hypotheses (NAME.beamK.txt)."""
+    import re
+
+    from ..deploy.ct2_export import EXPORT_NAMES
+    from ..harness.run_dir import MARKER, OWN_NAMES
+
+    folder = checkpoint.expanduser() if checkpoint.expanduser().is_dir() else checkpoint.expanduser().parent
+    if not any((folder / name).exists() for name in (MARKER, "last.pt", "config.yaml", "model.bin")):
+        return None  # not a run's or an export's folder: a model file among your own files
+    try:
+        inside = path.expanduser().resolve().relative_to(folder.resolve())
+    except (ValueError, OSError):
+        return None
+    if not inside.parts or re.search(r"\.beam\d+\.txt$", inside.name):
+        return None
+    top = inside.parts[0]
+    return folder if OWN_NAMES.match(top) or EXPORT_NAMES.match(top) else None
 
 
 def add_quantize(parser: CommandParser, help: str = QUANTIZE_HELP, aliases: dict[str, str] | None = None) -> None:
