@@ -331,6 +331,9 @@ def test_visualize_takes_the_sentence_as_translate_does(monkeypatch, command, tm
     assert seen == [("Ein Mann fährt.", None)] * 2  # None: the checkpoint's beam, as in translate
     assert one_error(command, "visualize", "--checkpoint", "r", "Ein", "--sentence", "Mann") == \
         "give the sentence as arguments or with --sentence, not both"
+    assert one_error(command, "visualize", "--checkpoint", "r", "Ein Hund.", "Eine Katze.") == (
+        "visualize charts one sentence, and 2 were given ('Ein Hund.', 'Eine Katze.'); chart them one at a time")
+    assert len(seen) == 2  # refused before anything was charted
 
 
 def test_visualize_decodes_with_the_checkpoints_beam(tiny_checkpoint, tmp_path, monkeypatch):

@@ -256,6 +256,15 @@ def test_wrong_engine_arguments_are_one_line(tmp_path, tiny_checkpoint, exported
     assert stdout == b""
 
 
+def test_an_exported_model_on_cuda_without_a_gpu_is_one_line(exported, command, monkeypatch):
+    monkeypatch.setattr(ct2, "get_cuda_device_count", lambda: 0)  # as on a machine without a usable GPU
+    code, stdout, stderr = command("translate", "--checkpoint", exported, "--device", "cuda", stdin=b"Ein Mann.\n")
+    assert code == 2 and stdout == b""
+    assert stderr.decode() == "error: --device cuda, but CTranslate2 finds no usable CUDA GPU here; use --device cpu\n"
+    code, _, stderr = command("translate", "--checkpoint", exported, "--merge-ratio", "0.2", stdin=b"Ein Mann.\n")
+    assert code == 2 and "need the PyTorch model (a run directory or a model file)" in stderr.decode()
+
+
 # ---------------------------------------------------------------- benchmark --engines
 
 

@@ -53,6 +53,8 @@ class CT2Translator(TextTranslator):
                               "export a checkpoint with scripts/export.py --to ctranslate2")
         cfg = config_from_dict(read_yaml(path / CONFIG_FILE))  # a damaged file is one ConfigError line
         text = TextPipeline.load(path / TEXT_FOLDER)
+        if device == "cuda" and ct2.get_cuda_device_count() == 0:  # not the folder's fault: say so before loading
+            raise ConfigError("--device cuda, but CTranslate2 finds no usable CUDA GPU here; use --device cpu")
         try:
             engine = ct2.Translator(str(path), device=device, inter_threads=1,
                                     intra_threads=threads or torch.get_num_threads())

@@ -55,7 +55,8 @@ def set_token_reduction(translator: Any, merge_ratio: float | None, prune_ratio:
         raise ConfigError("--merge-ratio and --prune-ratio: use one of them")
     model = getattr(translator, "model", None)
     if not isinstance(model, EncoderDecoder):
-        raise ConfigError("--merge-ratio and --prune-ratio need --engine torch (an exported model has neither)")
+        raise ConfigError("--merge-ratio and --prune-ratio need the PyTorch model (a run directory or a model file); "
+                          "an exported folder has neither")
     if isinstance(model, LocalAttentionModel):
         raise ConfigError("--merge-ratio/--prune-ratio: this model was trained with local_attention.window, which "
                           "fewer tokens cannot keep")
