@@ -108,10 +108,17 @@ def test_the_engine_cuts_each_sentence_of_a_batch_at_its_own_limit(tmp_path, bea
     text = SimpleNamespace(src_vocab=SimpleNamespace(itos=src_itos),
                            tgt_vocab=SimpleNamespace(lookup_indices=lambda toks: [tgt_itos.index(t) for t in toks]))
     config = Config(model=cfg, decode=dataclasses.replace(Config().decode, max_len_a=4))
-    theirs = CT2Translator(engine, text, config, tmp_path).translate_ids(sources, beam_size=beam, alpha=0.6,
-                                                                         batch_size=8)
+    translator = CT2Translator(engine, text, config, tmp_path)
+    theirs = translator.translate_ids(sources, beam_size=beam, alpha=0.6, batch_size=8)
     assert theirs == ours
     assert len({len(t) for t in theirs}) > 1  # cut at several lengths in the one call
+    # With scores: each sentence's hypotheses and scores are those of a search within its own limit.
+    found = translator.n_best_ids(sources, beam_size=beam, alpha=0.6, batch_size=8, n_best=beam)
+    for ids, hyps in zip(sources, found):
+        alone = engine.translate_batch([[src_itos[i] for i in ids[1:-1]]], beam_size=beam, length_penalty=0.6,
+                                       max_decoding_length=len(ids) + 4 - 1, num_hypotheses=beam, return_scores=True)[0]
+        assert [h for h, _ in hyps] == [text.tgt_vocab.lookup_indices(h) for h in alone.hypotheses]
+        assert [score for _, score in hyps] == pytest.approx(alone.scores, abs=1e-3)  # batched, or decoded alone
 
 
 def test_a_switch_without_an_equivalent_is_refused():

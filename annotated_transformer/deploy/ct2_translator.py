@@ -95,14 +95,16 @@ class CT2Translator(TextTranslator):
                 max_decoding_length=limit, min_decoding_length=0, max_input_length=0, num_hypotheses=n_best,
                 return_scores=scores)
 
-        if beam_size == 1 and not scores:
-            # Greedy: a sentence's first n tokens are the same under any longer limit, so one call with the
-            # longest limit, each output then cut at its own, is what a call a limit would give, in one batch.
-            found = search(list(range(len(sources))), max(limits, default=1))
-            return [SimpleNamespace(hypotheses=[r.hypotheses[0][:limit]]) for r, limit in zip(found, limits)]
-        results: list[Any] = [None] * len(sources)
-        for limit in sorted(set(limits)):  # a beam's choice depends on its limit: a call for each
-            group = [i for i, n in enumerate(limits) if n == limit]
+        # One call with the longest limit (a call a limit decodes beam search at half the speed), each output then
+        # cut at its own limit: greedy search is exactly ours (a sentence's first n tokens do not depend on the
+        # limit), and a beam that ran on stops where ours would. With scores, a cut hypothesis would keep the
+        # score of its whole length: the few sentences that ran past their limit are searched again within it.
+        results = search(list(range(len(sources))), max(limits, default=1))
+        if not scores:
+            return [SimpleNamespace(hypotheses=[h[:limit] for h in r.hypotheses]) for r, limit in zip(results, limits)]
+        over = [i for i, r in enumerate(results) if any(len(h) > limits[i] for h in r.hypotheses)]
+        for limit in sorted({limits[i] for i in over}):
+            group = [i for i in over if limits[i] == limit]
             for i, result in zip(group, search(group, limit)):
                 results[i] = result
         return results
