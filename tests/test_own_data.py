@@ -190,6 +190,17 @@ def test_bad_data_through_the_train_command_is_one_line_and_exit_2(tmp_path, com
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path, command):
+    corpus, not_a_folder = write_corpus(tmp_path / "corpus"), tmp_path / "notes.txt"
+    not_a_folder.write_text("mine\n")
+    code, _, err = command("prepare-data", "--config", str(EXAMPLE), f"data.train={corpus / 'train'}",
+                           f"data.val={corpus / 'val'}", "data.test=null", "data.src_lang=xx", "data.tgt_lang=yy",
+                           f"data.cache_dir={not_a_folder}")
+    assert code == 2 and err.decode() == (f"error: data.cache_dir {not_a_folder} is a file, not a folder; set "
+                                          "data.cache_dir to a folder (one that does not exist yet is made)\n")
+    assert not_a_folder.read_text() == "mine\n"
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["data.val=null"], r"data\.dataset=files needs data\.val: the path prefix of the xx/yy files"),
     (["data.dataset=multi30k"], r"data\.train, data\.val name your own files, which data\.dataset=multi30k does not"),

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -312,6 +313,9 @@ def load_translation_data(cfg: CoreConfig, rank: int = 0, world_size: int = 1,
     d = cfg.data
     if d.dataset not in DATASETS:
         raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
+    if Path(d.cache_dir).expanduser().exists() and not Path(d.cache_dir).expanduser().is_dir():
+        raise DataError(f"data.cache_dir {d.cache_dir} is a file, not a folder; set data.cache_dir to a folder (one "
+                        "that does not exist yet is made)")
     group = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     builder = not group or dist.get_rank() == 0
     error: BaseException | None = None
