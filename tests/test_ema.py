@@ -88,6 +88,7 @@ def _copy_run(out, *extra: str):
                                 "data.copy_batch_size=16", "model.dropout=0.1", "ema.decay=0.9", *QUIET, *extra])
 
 
+@pytest.mark.slow  # about a second on 2 cores: the fast tier stays under a minute
 def test_validation_scores_the_average_and_the_saved_weights_are_it(tmp_path, no_charts):
     cfg = _copy_run(tmp_path / "r", "train.epochs=1", "train.accum_steps=2", "model.tie_embeddings=true")
     run = RunDir(cfg.run_dir())

@@ -74,6 +74,7 @@ def test_sampled_segmentations_spell_the_same_sentences_and_repeat_for_the_same_
     assert not same(segmentation(subwords, seed=4)(0)[0], src0)  # another run seed, other draws
 
 
+@pytest.mark.slow  # about a second on 2 cores: the fast tier stays under a minute
 def test_only_the_chosen_side_is_resegmented(subwords):
     _, _, _, src, tgt = subwords
     src_only = segmentation(subwords, sides="src")(0)

@@ -76,6 +76,7 @@ def test_resume_refuses_a_different_model(stopped, tmp_path, capsys):
     assert code == 2 and f"{tmp_path / 'none' / 'last.pt'} does not exist" in err
 
 
+@pytest.mark.slow  # about a second on 2 cores: the fast tier stays under a minute
 def test_resume_takes_the_optimizer_settings_given_now_and_a_finished_run_is_left_alone(stopped, capsys):
     """Adam's betas and eps, the lr factor and the warm-up of the resuming command win over last.pt's; the same
     command again finds the run finished."""
@@ -108,6 +109,7 @@ def test_a_run_that_max_steps_ended_names_that_limit_to_continue_it(stopped, cap
     assert code == 0 and f"raise train.epochs (now 1) and train.max_steps (now {BATCHES}) to continue it" in out, err
 
 
+@pytest.mark.slow  # about a second on 2 cores: the fast tier stays under a minute
 def test_resume_may_move_the_data_but_not_change_it(stopped, tmp_path, capsys):
     code, out, err = train(capsys, stopped, "train.epochs=2", f"data.root={tmp_path / 'elsewhere'}",
                            f"data.cache_dir={tmp_path / 'cache'}", "data.num_workers=1")
