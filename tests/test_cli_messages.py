@@ -332,8 +332,11 @@ def test_visualize_takes_the_sentence_as_translate_does(monkeypatch, command, tm
     assert one_error(command, "visualize", "--checkpoint", "r", "Ein", "--sentence", "Mann") == \
         "give the sentence as arguments or with --sentence, not both"
     assert one_error(command, "visualize", "--checkpoint", "r", "Ein Hund.", "Eine Katze.") == (
-        "visualize charts one sentence, and 2 were given ('Ein Hund.', 'Eine Katze.'); chart them one at a time")
+        "visualize charts one sentence, and 'Ein Hund.' came with 1 more argument(s); quote the sentence as one "
+        "argument")
     assert len(seen) == 2  # refused before anything was charted
+    assert one_error(command, "visualize", "--checkpoint", "r", "Dr.", "Müller", "kommt.") == "stop here"
+    assert seen[-1] == ("Dr. Müller kommt.", None)  # words alone are one sentence, whatever ends them
 
 
 def test_visualize_decodes_with_the_checkpoints_beam(tiny_checkpoint, tmp_path, monkeypatch):

@@ -154,6 +154,13 @@ def test_out_is_never_a_file_the_run_keeps(tiny_checkpoint, tmp_path, command, n
     code, _, stderr = command("evaluate", "--checkpoint", run / "best.safetensors", "--split", "val", "--limit", "3",
                               "--out", run / "last.pt", "--overwrite")  # a model file of the run: its folder too
     assert code == 2 and "is a file of the run or export in" in stderr.decode()
+    mine = tmp_path / "mine"  # your own folder, a model file and a config.yaml of yours in it: not a run's
+    (mine / "charts").mkdir(parents=True)
+    shutil.copy(run / "best.safetensors", mine / "m.safetensors")
+    (mine / "config.yaml").write_text("notes: mine\n")
+    code, _, stderr = command("translate", "--checkpoint", mine / "m.safetensors", "Ein Hund.", "--out",
+                              mine / "charts" / "a.txt")
+    assert code == 0, stderr.decode()
 
 
 def test_files_that_do_not_pair_up_are_one_line_and_write_nothing(tiny_checkpoint, tmp_path, command):

@@ -258,8 +258,10 @@ def kept_in_model_folder(path: Path, checkpoint: Path) -> Path | None:
     from ..deploy.ct2_export import EXPORT_NAMES
     from ..harness.run_dir import MARKER, OWN_NAMES
 
-    folder = checkpoint.expanduser() if checkpoint.expanduser().is_dir() else checkpoint.expanduser().parent
-    if not any((folder / name).exists() for name in (MARKER, "last.pt", "config.yaml", "model.bin")):
+    given = checkpoint.expanduser().resolve()
+    folder = given if given.is_dir() else given.parent
+    own = any((folder / name).exists() for name in (MARKER, "last.pt", "model.bin"))
+    if not (own or ((folder / "config.yaml").is_file() and (folder / "vocab").is_dir())):
         return None  # not a run's or an export's folder: a model file among your own files
     try:
         inside = path.expanduser().resolve().relative_to(folder.resolve())

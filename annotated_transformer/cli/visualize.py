@@ -1,6 +1,6 @@
 """`visualize --checkpoint PATH --out DIR "SENTENCE"`: what a trained model attends to on one sentence.
 
-The sentence is given as arguments, read as translate reads them, and must be one (older spelling: --sentence "...").
+The sentence is one quoted argument or its words, joined with spaces (older spelling: --sentence "...").
 Open DIR/index.html: every chart as a PNG, with links to the interactive HTML
 versions (they share DIR/vega.js, the charts' JavaScript, and open without internet).
 """
@@ -20,8 +20,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
 
     parser = CommandParser(prog=prog, description="Chart the attention of a trained model on one sentence.")
     add_checkpoint(parser, help="a run directory (the weights its final scores used) or a model file")
-    parser.add_argument("text", nargs="*", help="the source-language sentence to chart, quoted or as words (read as "
-                        "translate reads them: one sentence)")
+    parser.add_argument("text", nargs="*", help="the source-language sentence to chart: one quoted argument, or its "
+                        "words (joined with spaces)")
     parser.add_argument("--sentence", metavar="TEXT", help=argparse.SUPPRESS)  # older: the sentence as one argument
     parser.add_list("--layers", item=int, metavar="N,N,...",
                     help="layer numbers to chart, from 1 as in the chart titles (default: every layer)")
@@ -43,13 +43,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if not args.text and args.sentence is None:
         raise UserError(f"give the sentence to chart, e.g. {prog or 'visualize'} --checkpoint PATH "
                         "\"Ein Mann fährt Fahrrad.\"")
-    from .translate import sentences_of
-
-    given = sentences_of(args.text) if args.text else [args.sentence]
-    if len(given) > 1:  # read as translate reads its words: each quoted argument is a sentence
-        raise UserError(f"visualize charts one sentence, and {len(given)} were given ({given[0]!r}, {given[1]!r}"
-                        f"{', ...' if len(given) > 2 else ''}); chart them one at a time")
-    sentence = given[0]
+    quoted = [a for a in args.text if len(a.split()) > 1]
+    if len(args.text) > 1 and quoted:  # words alone are one sentence, joined ("Dr. Müller kommt." too)
+        raise UserError(f"visualize charts one sentence, and {args.text[0]!r} came with {len(args.text) - 1} more "
+                        "argument(s); quote the sentence as one argument")
+    sentence = " ".join(args.text) if args.text else args.sentence
     from ..deploy.translator import torch_checkpoint
     from ..visualization import visualize_checkpoint
 

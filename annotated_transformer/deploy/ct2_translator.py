@@ -95,14 +95,14 @@ class CT2Translator(TextTranslator):
                 max_decoding_length=limit, min_decoding_length=0, max_input_length=0, num_hypotheses=n_best,
                 return_scores=scores)
 
-        # One call with the longest limit (a call a limit decodes beam search at half the speed), each output then
-        # cut at its own limit: greedy search is exactly ours (a sentence's first n tokens do not depend on the
-        # limit), and a beam that ran on stops where ours would. With scores, a cut hypothesis would keep the
-        # score of its whole length: the few sentences that ran past their limit are searched again within it.
+        # One call with the longest limit (a call a limit decodes beam search at half the speed). Greedy search:
+        # each output cut at its own limit is exactly ours (a sentence's first n tokens do not depend on the
+        # limit). Beam search, or scores asked: a sentence whose output reached its limit is searched again
+        # within it (few, once a model is trained), where a beam that ran on might have chosen otherwise.
         results = search(list(range(len(sources))), max(limits, default=1))
-        if not scores:
+        if beam_size == 1 and not scores:
             return [SimpleNamespace(hypotheses=[h[:limit] for h in r.hypotheses]) for r, limit in zip(results, limits)]
-        over = [i for i, r in enumerate(results) if any(len(h) > limits[i] for h in r.hypotheses)]
+        over = [i for i, r in enumerate(results) if any(len(h) >= limits[i] for h in r.hypotheses)]
         for limit in sorted({limits[i] for i in over}):
             group = [i for i in over if limits[i] == limit]
             for i, result in zip(group, search(group, limit)):
