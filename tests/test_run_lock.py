@@ -124,7 +124,7 @@ class FakeTrainer:
 
     fail: BaseException | None = None
 
-    def __init__(self, cfg, info, device, run, start_mode, last, files) -> None:
+    def __init__(self, cfg, info, device, run, start_mode, last, corpus) -> None:
         self.path = cfg.run_dir()
 
     def fit(self) -> dict:

@@ -180,13 +180,14 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
 # Every name an export folder holds: CTranslate2's files, ours (config.yaml, vocab/), and what evaluate writes in
 # it (its hypotheses, the temporary of a killed write of them, eval/). --overwrite replaces a folder that holds
 # nothing else.
-EXPORT_NAMES = re.compile(r"""(?x)^(?:
+# evaluate's hypotheses of a split, in the export folder itself.
+_HYPOTHESES = r"model\.[\w-]+(?:\.first\d+)?\.beam\d+\.txt"
+HYPOTHESES = re.compile(rf"^{_HYPOTHESES}$")
+EXPORT_NAMES = re.compile(rf"""(?x)^(?:
     model\.bin | config\.json | (?:shared|source|target)_vocabulary(?:_\d+)?\.(?:json|txt) | vmap\.txt
   | config\.yaml | vocab
-  | \.?model\.[\w-]+(?:\.first\d+)?\.beam\d+\.txt(?:\.[A-Za-z0-9_]{6,}\.tmp)? | eval
+  | \.?{_HYPOTHESES}(?:\.[A-Za-z0-9_]{{6,}}\.tmp)? | eval
 )$""")
-# evaluate's hypotheses of a split, in the export folder itself.
-HYPOTHESES = re.compile(r"^model\.[\w-]+(?:\.first\d+)?\.beam\d+\.txt$")
 # What evaluate writes in eval/: INPUT.beamK.txt, and the temporary of a killed write of one.
 EVAL_NAMES = re.compile(r"^(?:.+\.beam\d+\.txt|\..+\.beam\d+\.txt\.[A-Za-z0-9_]{6,}\.tmp)$")
 

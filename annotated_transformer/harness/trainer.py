@@ -74,7 +74,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, info: DistInfo, device: torch.device, run: RunDir, start_mode: str = "start",
-                 last: dict[str, Any] | None = None, files: TaskFiles | None = None) -> None:
+                 last: dict[str, Any] | None = None, corpus: Any = None) -> None:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
         self.t_start = time.perf_counter()
         self.run = run  # opened (RunDir.open: locked, decided, made the run's) by train_worker, which unlocks it
@@ -83,8 +83,8 @@ class Trainer:
         barrier()
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
-        self.task = build_task(cfg, info, log=self.log, cuda=device.type == "cuda",
-                               corpus=files.corpus if files else None)  # what a resume's check opened, not read again
+        # `corpus`: what the resume's check opened (TaskFiles.corpus), not read again
+        self.task = build_task(cfg, info, log=self.log, cuda=device.type == "cuda", corpus=corpus)
         text_state = self.task.text.state_dict() if self.task.text is not None else None
         if start_mode == "resume":  # before vocab/ is written: the weights learned the ids of last.pt's tokenizer
             check_same_tokenizer((last or {}).get("text"), text_state, self.run.last)
@@ -408,7 +408,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
                 s = last["train_state"]
                 print0(finished_line(run.path, s, cfg.train), level=RESULT)
                 return {"finished": True, "steps": s.get("step", 0)}
-            return Trainer(cfg, info, device, run, start_mode, last, files).fit()
+            return Trainer(cfg, info, device, run, start_mode, last, files.corpus).fit()
         except RuntimeError as exc:
             if info.distributed and _lost_a_rank(exc):
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

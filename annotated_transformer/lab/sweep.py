@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from ..config import load_config
+from ..config import config_to_dict, load_config
 from ..config.loading import refuse_library_from_file
 from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
@@ -143,6 +143,7 @@ class Launcher:
     parallel: int = 1
     log: Any = print
     running: dict[Run, subprocess.Popen] = field(default_factory=dict)
+    files: dict[str, TaskFiles] = field(default_factory=dict)  # by data settings: each corpus opened and hashed once
 
     def command(self, run: Run) -> list[str]:
         """The training command of one run."""
@@ -165,8 +166,10 @@ class Launcher:
         if not (run.path / "last.pt").is_file():
             return True
         cfg = load_config(self.config, self.overrides(run))
+        key = json.dumps([config_to_dict(cfg)["data"], cfg.train.seed], sort_keys=True, default=str)
+        files = self.files.setdefault(key, TaskFiles(cfg))  # the runs of a sweep mostly share their data
         try:
-            mode, _ = RunDir(run.path).start_mode(cfg, TaskFiles(cfg).resume_check)
+            mode, _ = RunDir(run.path).start_mode(cfg, files.resume_check)
         except UserError:
             return False
         return mode != "resume"
