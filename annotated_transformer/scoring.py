@@ -184,7 +184,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     write_hypotheses(out_path, hyps)
     head, scores = score_translations(hyps, ref_lines, translator.text)
     result: dict[str, Any] = {
-        "bleu": head.score, "signature": head.signature, **where, "beam": k, "alpha": a,
+        "bleu": head.score, "signature": head.signature, "headline": head.name, **where, "beam": k, "alpha": a,
         "sentences": len(hyps), "seconds": seconds, "checkpoint": str(checkpoint), "hypotheses": str(out_path),
         "scores": {key: {"score": s.score, "signature": s.signature} for key, s in scores.items()},
     }

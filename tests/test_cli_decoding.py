@@ -178,7 +178,7 @@ def test_evaluate_json(tiny_checkpoint, multi30k_dir, tmp_path, command, word_mo
     assert result["split"] == "val" and result["beam"] == 1 and result["sentences"] == 20 and result["seconds"] > 0
     # word mode: the headline is the lowercased tokenised BLEU; the signature says so
     assert "tok:none" in result["signature"] and "case:lc" in result["signature"]
-    assert result["bleu"] == result["scores"]["bleu_lc"]["score"]
+    assert result["headline"] == "bleu_lc" and result["bleu"] == result["scores"]["bleu_lc"]["score"]
     assert set(result["scores"]) == {"bleu", "bleu_lc", "chrf"}
     hyps = hyp_file.read_text(encoding="utf-8").split("\n")
     assert len(hyps) == 21 and hyps[-1] == ""

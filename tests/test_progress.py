@@ -168,3 +168,59 @@ def test_the_last_line_is_a_translate_command_spelt_as_training_was_started(monk
         monkeypatch.delenv("UV", raising=False)
     assert translate_command(root / "runs" / "x" / "avg.pt") == expected
     assert translate_command(Path("/elsewhere/best.pt")).endswith("--checkpoint /elsewhere/best.pt")
+
+
+# ---------------------------------------------------------------- a CPU shared with other processes
+
+
+def test_the_shared_cpu_warning_judges_the_share_of_the_threads_time(monkeypatch):
+    # measured on a 2-core VM: alone 1.98 cores for 2 threads (1.65 with OMP_WAIT_POLICY=PASSIVE); two trainings 1.0
+    assert progress.shared_cpu_warning(19.8, 10.0, threads=2, cores=2) is None
+    assert progress.shared_cpu_warning(16.5, 10.0, threads=2, cores=2) is None
+    line = progress.shared_cpu_warning(15.0, 15.0, threads=2, cores=2)
+    assert line == ("warning: training got 1.0 cores' time for its 2 threads over the last 15 s, and threads that "
+                    "share cores wait for each other: steps run several times slower; stop the other programs on "
+                    "these 2 cores, or give each its own (e.g. OMP_NUM_THREADS=1 for each of two trainings) "
+                    "(docs/performance.md#sharing-the-cpu)")
+    assert progress.shared_cpu_warning(5.0, 9.9, threads=2, cores=2) is None  # too short a stretch to judge
+    assert progress.shared_cpu_warning(5.0, 10.0, threads=1, cores=2) is None  # one thread waits for nobody
+    assert progress.shared_cpu_warning(150.0, 10.0, threads=16, cores=16) is None
+    assert "OMP_NUM_THREADS=8 for each" in progress.shared_cpu_warning(80.0, 10.0, threads=16, cores=16)
+    more = progress.shared_cpu_warning(20.0, 10.0, threads=8, cores=2)  # more threads than cores: its own doing
+    assert "it runs 8 threads on 2 cores: set OMP_NUM_THREADS=2 or fewer" in more
+    monkeypatch.setattr(progress, "CPU_SHARE_MIN", 0.4)  # the threshold is read at each call
+    assert progress.shared_cpu_warning(15.0, 15.0, threads=2, cores=2) is None
+
+
+def fake_cpu_clocks(cpu_per_second: float):
+    """progress.cpu_clocks as a process would read it that gets `cpu_per_second` cores' time: the wall clock moves
+    one second at every read (a read a step)."""
+    reads = iter(range(1_000_000))
+
+    def clocks():
+        second = next(reads)
+        return cpu_per_second * second, float(second)
+    return clocks
+
+
+@pytest.mark.parametrize("threads, warned", [(2, False), (3, True)])
+def test_a_cpu_run_whose_threads_get_too_little_of_the_cores_says_so_once(tmp_path, monkeypatch, capsys, no_charts,
+                                                                           threads, warned):
+    monkeypatch.setattr(progress, "cpu_clocks", fake_cpu_clocks(2.0))  # 2 cores' time: all of 2 threads', 2/3 of 3
+    monkeypatch.setattr(progress, "CPU_SHARE_SECONDS", 3.0)  # a look every third step
+    monkeypatch.setattr(trainer_module.torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(trainer_module, "usable_cores", lambda: 4)
+    cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=10",
+                               "train.log_every=5", "train.final_eval=false", *SMALL, *QUIET])
+    train_worker(cfg)
+    lines = capsys.readouterr().out.splitlines()
+    found = [i for i, line in enumerate(lines) if line.startswith("warning: training got")]
+    if not warned:  # 20 steps, 6 looks
+        assert found == [] and sum(line.startswith("step ") for line in lines) == 4, lines
+        return
+    assert len(found) == 1, lines  # once a run
+    assert lines[found[0]] == (f"warning: training got 2.0 cores' time for its {threads} threads over the last 3 s, "
+                               "and threads that share cores wait for each other: steps run several times slower; "
+                               "stop the other programs on these 4 cores, or give each its own (e.g. "
+                               "OMP_NUM_THREADS=2 for each of two trainings) (docs/performance.md#sharing-the-cpu)")
+    assert lines[found[0] + 1].startswith("step      5 |")  # after step 3, before the first log line

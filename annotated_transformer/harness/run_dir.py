@@ -644,11 +644,14 @@ class RunDir:
                     log(f"train.overwrite: deleted the earlier run's files in {self.path}, kept what training did "
                         f"not write ({', '.join(sorted(kept))})")
         if not self.marker.is_file():
-            with writing(self.marker, run=self.path):
-                mark = {"format": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-                atomic_write(self.marker, lambda f: f.write((json.dumps(mark) + "\n").encode("utf-8")))
-        with writing(self.config, run=self.path):
-            atomic_write(self.config, lambda f: f.write(config_yaml(cfg).encode("utf-8")))
+            mark = {"format": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            self._write_text(self.marker, json.dumps(mark) + "\n")
+        self._write_text(self.config, config_yaml(cfg))
+
+    def _write_text(self, path: Path, text: str) -> None:
+        """Replace one of the run's text files atomically; a full disk or a refused write is one RunDirError line."""
+        with writing(path, run=self.path):
+            atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
     def _clear(self) -> set[str]:
         """Delete the run's own files (`OWN_NAMES`; inside its folders, only the files `INSIDE` names) but .lock and
@@ -706,6 +709,4 @@ class RunDir:
     def truncate_metrics(self, step: int) -> None:
         """Drop records logged after optimizer step `step` (a resumed run logs them again)."""
         kept = [r for r in self.records() if int(r.get("step", 0)) <= step]
-        text = "".join(json.dumps(r) + "\n" for r in kept)
-        with writing(self.metrics, run=self.path):
-            atomic_write(self.metrics, lambda f: f.write(text.encode("utf-8")))
+        self._write_text(self.metrics, "".join(json.dumps(r) + "\n" for r in kept))

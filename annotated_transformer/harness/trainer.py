@@ -2,9 +2,10 @@
 
 The loop itself (`train_step`, `run_epoch`) is the core's (`annotated_transformer.loop`); the parts
 a practical run adds live beside this file: checkpointer.py (the run's checkpoint files, in the format of
-checkpoints.py), resume.py (the run state and signals), progress.py (the log lines, time left, the slow-run warning),
-run_end.py (charts, final scores, the translate command), run_dir.py, distributed.py, tasks.py (translation,
-on Multi30k or your own files, or the copy task), metrics.py (records, TensorBoard, GPU samples).
+checkpoints.py), resume.py (the run state and signals), progress.py (the log lines, time left, the warnings of
+a slow run and of shared CPU cores), run_end.py (charts, final scores, the translate command), run_dir.py,
+distributed.py, tasks.py (translation, on Multi30k or your own files, or the copy task), metrics.py (records,
+TensorBoard, GPU samples).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from .checkpointer import Checkpointer, improves
 from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, init_distributed, open_run_log, print0,
                           result_lines)
 from .metrics import Metrics
-from .progress import epoch_line, finished_line, log_line_end, speed_warning, start_line, step_line
+from .progress import (epoch_line, finished_line, log_line_end, shared_cpu_warning, speed_warning, start_line,
+                       step_line, usable_cores)
 from .resume import RunState, StopSignal
 from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
@@ -122,6 +124,9 @@ class Trainer:
         self.speed_mark: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
         self.speed_checked = not info.is_main
         self.speed_due = math.inf  # when to look between log lines (perf_counter), in a slow first epoch
+        # (process CPU seconds, perf_counter) when the stretch of steps whose CPU share is next judged began;
+        # None once judged for good (warned once, or not a CPU run's rank 0)
+        self.cpu_mark: tuple[float, float] | None = (0.0, 0.0) if device.type == "cpu" and info.is_main else None
 
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
@@ -178,6 +183,7 @@ class Trainer:
         self.step_clock = time.perf_counter()
         self.run_state.meter.start_clock()
         self._look_again(after=self.step_clock)
+        self._mark_cpu()
         with bar:
             loss = train_loop(
                 self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler, self.train_state,
@@ -213,15 +219,18 @@ class Trainer:
         return flops * getattr(self.objective, "compute_factor", 1.0)
 
     def _after_step(self) -> None:
-        """After each step: the compile step's clock, a look at the speed, a failed background write, and at
+        """After each step: the compile step's clock, looks at the speed and the CPU's share, a failed background
+        write, and at
         multiples of train.val_every_steps / save_every_steps inside an epoch `at_step` (an epoch's last step
         leaves both to the epoch's end, which follows)."""
         if self.metrics.compile_seconds is None:  # the first step of a compiled model: compile, not training
             self.metrics.compile_seconds = time.perf_counter() - self.step_clock
             self.step_clock = time.perf_counter()
             self._look_again(after=self.step_clock)
+            self._mark_cpu()  # compiling runs on one thread: not a share of the cores to judge
         if time.perf_counter() >= self.speed_due:  # slow steps: a minute passed without a log line
             self._warn_if_slow(at_epoch_end=False)
+        self._warn_if_cpu_shared()
         self.checkpoints.check()  # a failed background write stops the run within a step, not an epoch later
         t, step = self.cfg.train, self.train_state.step
         validate, save = every(step, t.val_every_steps), every(step, t.save_every_steps)
@@ -262,6 +271,24 @@ class Trainer:
         self.speed_checked = line is not None or at_epoch_end
         self._look_again(after=time.perf_counter())
 
+    def _mark_cpu(self) -> None:
+        """Begin a stretch of steps whose share of the CPU cores is judged (CPU runs, rank 0)."""
+        if self.cpu_mark is not None:
+            self.cpu_mark = progress.cpu_clocks()
+
+    def _warn_if_cpu_shared(self) -> None:
+        """After a step that ends a long enough stretch since `_mark_cpu`: one warning, once a run, when the training's
+        threads got too little of the cores' time (other processes on them: progress.shared_cpu_warning)."""
+        if self.cpu_mark is None:
+            return
+        (cpu0, wall0), (cpu, wall) = self.cpu_mark, progress.cpu_clocks()
+        if wall - wall0 < progress.CPU_SHARE_SECONDS:
+            return
+        line = shared_cpu_warning(cpu - cpu0, wall - wall0, torch.get_num_threads(), usable_cores())
+        self.cpu_mark = (cpu, wall) if line is None else None
+        if line is not None:
+            self.log(line)
+
     def _look_again(self, after: float) -> None:
         """The next look between log lines: progress.SPEED_AFTER_SECONDS after `after`, or never once settled."""
         self.speed_due = math.inf if self.speed_checked else after + progress.SPEED_AFTER_SECONDS
@@ -291,6 +318,7 @@ class Trainer:
         self.train_model.train()  # validation left the model in eval mode
         self.step_clock = time.perf_counter()  # validating and saving are not training time
         self.run_state.meter.start_clock()
+        self._mark_cpu()
 
     def stop(self, epoch: int) -> dict[str, Any]:
         """A signal stopped training inside `epoch`: save last.pt with the data position, say so, return."""
