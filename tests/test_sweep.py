@@ -352,6 +352,28 @@ def test_finished_runs_are_skipped_and_earlier_runs_in_the_folder_stay_in_the_re
     assert lines[-1].endswith("report in " + str(tmp_path / "sweep.md")) and (tmp_path / "sweep.png").is_file()
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
+def test_a_run_whose_training_fails_counts_as_failed_without_the_figures_its_folder_holds(tmp_path):
+    from annotated_transformer.lab.sweep import sweep
+
+    _fake_run(tmp_path, "train.lr_factor=1", 1, [30.0])  # finished
+    _fake_run(tmp_path, "train.lr_factor=2", 1, [11.0, 99.0])  # trained before, with other settings, say
+    metrics = tmp_path / "train.lr_factor=2" / "seed1" / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines() if '"final"' not in line))
+    refuse = (sys.executable, "-c", "import sys; print('error: the run was trained with other settings'); sys.exit(2)")
+    lines = []
+    code = sweep("tiny", [("train.lr_factor=1",), ("train.lr_factor=2",)], [1], tmp_path, refuse, log=lines.append)
+    assert code == 1 and any(line.startswith("FAILED with exit code 2: train.lr_factor=2 seed 1") for line in lines)
+    assert lines[-1].startswith("sweep: 1/2 runs finished")
+    table = (tmp_path / "sweep.md").read_text()
+    (failed,) = [row for row in table.splitlines() if row.startswith("| `train.lr_factor=2`")]
+    assert "| 0/1, 1 failed |" in failed and "99.00" not in failed and "11.00" not in failed, failed
+    assert "| 1/1 |" in table and "30.00" in table  # the finished run as before
+    rows = {r["setting"]: r for r in csv.DictReader((tmp_path / "sweep.csv").open())}
+    assert rows["train.lr_factor=2"]["failed"] == "True" and rows["train.lr_factor=2"]["epochs"] == ""
+    assert rows["train.lr_factor=1"]["failed"] == "False"
+
+
 def test_a_sweep_without_bleu_curves_says_why_it_draws_no_chart(tmp_path):
     from annotated_transformer.lab.sweep import sweep
 

@@ -42,6 +42,8 @@ class RunResult:
     flops_curve: tuple[tuple[float, float], ...] = ()  # (training FLOPs, val BLEU) after each scored epoch
     val_loss: float | None = None  # the last epoch's
     exact_copies: int | None = None  # the copy task's final record: sequences of 100 copied exactly
+    failed: bool = False  # its training failed in this sweep: what its folder holds (maybe from other settings) is
+    # left out, and its log says why
 
     @property
     def last_bleu(self) -> float | None:
@@ -148,9 +150,8 @@ def summary_markdown(results: Sequence[RunResult], title: str, target_bleu: floa
              "tokens/s | params |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for setting, rs in group(results).items():
-        done = sum(r.finished for r in rs)
         lines.append(
-            f"| `{setting}` | {done}/{len(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
+            f"| `{setting}` | {_runs_done(rs)} | {_pm([r.val_bleu for r in rs])} | {_pm([r.test_bleu for r in rs])} "
             f"| {_pm([r.test_bleu_beam for r in rs])} | {_time_to_target(rs) if timed else '-'} | "
             f"{_compute_to_target(rs) if timed else '-'} | "
             f"{_pm([r.epochs for r in rs], 0)} | {_pm([r.last_bleu for r in rs])} | {_pm([r.steps for r in rs], 0)} | "
@@ -170,14 +171,19 @@ def _copy_summary(results: Sequence[RunResult], title: str) -> str:
              "training TFLOP | tokens/s | params |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for setting, rs in group(results).items():
-        done = sum(r.finished for r in rs)
-        lines.append(f"| `{setting}` | {done}/{len(rs)} | {_pm([r.exact_copies for r in rs], 1)} | "
+        lines.append(f"| `{setting}` | {_runs_done(rs)} | {_pm([r.exact_copies for r in rs], 1)} | "
                      f"{_pm([r.val_loss for r in rs], 4)} | {_pm([r.epochs for r in rs], 0)} | "
                      f"{_pm([r.steps for r in rs], 0)} | {_cost_columns(rs)} |")
     lines += ["", "Mean +/- sample standard deviation over seeds (n: runs that have the figure). Exact copies: of 100 "
               "fresh sequences, greedy-decoded by the chosen weights at the end of a finished run. TFLOP: training "
               "compute in 10^12 model FLOPs.", ""]
     return "\n".join(lines)
+
+
+def _runs_done(rs: Sequence[RunResult]) -> str:
+    """The 'runs done' cell: finished runs of the setting's, and how many failed in this sweep ('1/3, 1 failed')."""
+    failed = sum(r.failed for r in rs)
+    return f"{sum(r.finished for r in rs)}/{len(rs)}" + (f", {failed} failed" if failed else "")
 
 
 def _cost_columns(rs: Sequence[RunResult]) -> str:
@@ -191,7 +197,7 @@ def _cost_columns(rs: Sequence[RunResult]) -> str:
 
 CSV_FIELDS = ("setting", "seed", "finished", "epochs", "steps", "params", "val_bleu", "test_bleu", "test_bleu_beam",
               "train_seconds", "target_seconds", "tokens_per_s", "train_flops", "target_flops", "val_loss",
-              "exact_copies")
+              "exact_copies", "failed")
 
 
 def results_csv(results: Sequence[RunResult]) -> str:

@@ -37,7 +37,7 @@ from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
 from ..harness.run_dir import RunDir, read_metrics
 from ..harness.tasks import TaskFiles
-from .seed_statistics import TEST_SCORES, collect_results, read_result, write_report
+from .seed_statistics import TEST_SCORES, RunResult, collect_results, read_result, write_report
 
 
 @dataclass(frozen=True)
@@ -214,14 +214,14 @@ class Launcher:
         self.running.clear()
 
 
-def run_sweep(runs: list[Run], launcher: Launcher,
-              after_each: Callable[[], None] = lambda: None) -> list[tuple[Run, int]]:
+def run_sweep(runs: list[Run], launcher: Launcher, after_each: Callable[[], None] = lambda: None,
+              failed: list[tuple[Run, int]] | None = None) -> list[tuple[Run, int]]:
     """Train every unfinished run, `launcher.parallel` at a time, calling `after_each` when one ends;
-    the (run, exit code) of those that failed."""
+    the (run, exit code) of those that failed (appended to `failed` as they fail, when given)."""
     todo = [r for r in runs if not launcher.is_done(r)]
     launcher.log(f"sweep: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train "
                  f"({launcher.parallel} at a time)")
-    failed = []
+    failed = [] if failed is None else failed
     queue = list(todo)
     while queue or launcher.running:
         while queue and len(launcher.running) < launcher.parallel:
@@ -287,12 +287,18 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
     runs = grid_runs(settings, seeds, out)
     launcher = Launcher(train_command, config, extra, parallel, log)
 
+    failed: list[tuple[Run, int]] = []
+
     def report() -> list[Path]:
-        """sweep.md/.csv and the chart: this sweep's runs first, then any others in the folder (earlier grids)."""
-        this_grid = {r.path for r in runs}
+        """sweep.md/.csv and the chart: this sweep's runs first, then any others in the folder (earlier grids). A run
+        whose training failed here counts as failed, without the figures its folder holds: a refused run's are
+        those of the settings it was trained with, not the sweep's."""
+        this_grid, gone = {r.path for r in runs}, {run.path for run, _ in failed}
         others = [r for r in collect_results([out]) if out / r.setting / f"seed{r.seed}" not in this_grid]
-        return write_report(out, [read_result(r.path, r.setting, r.seed) for r in runs] + others,
-                            f"sweep of {config}", target, copy=copy if not others else None)  # others: results say
+        mine = [RunResult(r.setting, r.seed, finished=False, failed=True) if r.path in gone
+                else read_result(r.path, r.setting, r.seed) for r in runs]
+        return write_report(out, mine + others, f"sweep of {config}", target,
+                            copy=copy if not others else None)  # others: their results say
 
     def on_signal(signum: int, _frame: Any) -> None:
         log(f"sweep: signal {signum}, stopping the running trainings (each saves last.pt); start the same "
@@ -303,13 +309,14 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        failed = run_sweep(runs, launcher, after_each=report)
+        run_sweep(runs, launcher, after_each=report, failed=failed)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if score_tests:
+        gone = {run.path for run, _ in failed}
         for run in runs:
-            if is_finished(run) and not (run.path / TEST_SCORES).is_file():
+            if run.path not in gone and is_finished(run) and not (run.path / TEST_SCORES).is_file():
                 log(f"test scores of {run.setting} seed {run.seed}")
                 score_test(run, data_root)
     written = report()
