@@ -328,7 +328,8 @@ class CoreConfig:
             raise ConfigError("train.stop_at_target=true needs train.target_bleu (the validation BLEU to stop at)")
         if t.target_bleu and (d.dataset == "copy" or t.bleu_every == 0):
             raise ConfigError("train.target_bleu needs validation BLEU: translation data (data.dataset=multi30k or "
-                              "files) and train.bleu_every of 1 or more; or set train.target_bleu=0 to time no target")
+                              "files) and train.bleu_every of 1 or more; or set train.target_bleu=0 to train without "
+                              "a target")
         if t.epochs == 0 and t.max_steps == 0:
             raise ConfigError("train.epochs and train.max_steps are both 0: set one of them to train")
         if d.dataset != "copy" and t.best_metric == "bleu" and t.bleu_every == 0:

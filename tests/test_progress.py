@@ -173,54 +173,83 @@ def test_the_last_line_is_a_translate_command_spelt_as_training_was_started(monk
 # ---------------------------------------------------------------- a CPU shared with other processes
 
 
-def test_the_shared_cpu_warning_judges_the_share_of_the_threads_time(monkeypatch):
-    # measured on a 2-core VM: alone 1.98 cores for 2 threads (1.65 with OMP_WAIT_POLICY=PASSIVE); two trainings 1.0
+def test_the_shared_cpu_warning_judges_each_threads_share_of_a_core(monkeypatch):
+    # measured on a 2-core VM: alone 1.96-1.98 cores for 2 threads (1.65 with OMP_WAIT_POLICY=PASSIVE); two at once 1.0
     assert progress.shared_cpu_warning(19.8, 10.0, threads=2, cores=2) is None
     assert progress.shared_cpu_warning(16.5, 10.0, threads=2, cores=2) is None
-    line = progress.shared_cpu_warning(15.0, 15.0, threads=2, cores=2)
-    assert line == ("warning: training got 1.0 cores' time for its 2 threads over the last 15 s, and threads that "
-                    "share cores wait for each other: steps run several times slower; stop the other programs on "
-                    "these 2 cores, or give each its own (e.g. OMP_NUM_THREADS=1 for each of two trainings) "
-                    "(docs/performance.md#sharing-the-cpu)")
+    assert progress.shared_cpu_warning(15.0, 15.0, threads=2, cores=2) == (
+        "warning: training's 2 threads got 1.0 core of CPU time over the last 15 s of steps; other programs on these "
+        "2 cores can slow steps several times: stop them, or give each program its own cores (e.g. "
+        "OMP_NUM_THREADS=1 for this training) (docs/performance.md#sharing-the-cpu)")
     assert progress.shared_cpu_warning(5.0, 9.9, threads=2, cores=2) is None  # too short a stretch to judge
     assert progress.shared_cpu_warning(5.0, 10.0, threads=1, cores=2) is None  # one thread waits for nobody
     assert progress.shared_cpu_warning(150.0, 10.0, threads=16, cores=16) is None
-    assert "OMP_NUM_THREADS=8 for each" in progress.shared_cpu_warning(80.0, 10.0, threads=16, cores=16)
+    assert "got 8.0 cores of CPU time" in progress.shared_cpu_warning(80.0, 10.0, threads=16, cores=16)
+    assert "OMP_NUM_THREADS=8 for this training" in progress.shared_cpu_warning(80.0, 10.0, threads=16, cores=16)
+    fewer = progress.shared_cpu_warning(10.0, 10.0, threads=4, cores=16)  # never advice of more threads
+    assert "OMP_NUM_THREADS=1 for this training" in fewer
     more = progress.shared_cpu_warning(20.0, 10.0, threads=8, cores=2)  # more threads than cores: its own doing
-    assert "it runs 8 threads on 2 cores: set OMP_NUM_THREADS=2 or fewer" in more
+    assert "more threads than the 2 cores can slow steps several times: set OMP_NUM_THREADS=2 or fewer" in more
     monkeypatch.setattr(progress, "CPU_SHARE_MIN", 0.4)  # the threshold is read at each call
     assert progress.shared_cpu_warning(15.0, 15.0, threads=2, cores=2) is None
 
 
-def fake_cpu_clocks(cpu_per_second: float):
-    """progress.cpu_clocks as a process would read it that gets `cpu_per_second` cores' time: the wall clock moves
-    one second at every read (a read a step)."""
-    reads = iter(range(1_000_000))
+def test_the_usable_cores_are_the_affinity_masks_or_the_machines(monkeypatch):
+    from annotated_transformer.runtime import device
 
-    def clocks():
-        second = next(reads)
-        return cpu_per_second * second, float(second)
-    return clocks
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0, 3, 5}, raising=False)
+    assert device.usable_cores() == 3
+    monkeypatch.delattr(device.os, "sched_getaffinity", raising=False)  # macOS, Windows
+    monkeypatch.setattr(device.os, "cpu_count", lambda: 6)
+    assert device.usable_cores() == 6
 
 
-@pytest.mark.parametrize("threads, warned", [(2, False), (3, True)])
-def test_a_cpu_run_whose_threads_get_too_little_of_the_cores_says_so_once(tmp_path, monkeypatch, capsys, no_charts,
-                                                                           threads, warned):
-    monkeypatch.setattr(progress, "cpu_clocks", fake_cpu_clocks(2.0))  # 2 cores' time: all of 2 threads', 2/3 of 3
-    monkeypatch.setattr(progress, "CPU_SHARE_SECONDS", 3.0)  # a look every third step
+class FakeClocks:
+    """progress.cpu_clocks of a process whose threads get `cores` cores' time: each read is a second later."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores, self.cpu, self.wall = cores, 0.0, 0.0
+
+    def __call__(self) -> tuple[float, float]:
+        self.cpu, self.wall = self.cpu + self.cores, self.wall + 1.0
+        return self.cpu, self.wall
+
+    def idle(self, seconds: float) -> None:
+        """Time that takes no CPU (a validation waiting for its data, say)."""
+        self.wall += seconds
+
+
+@pytest.mark.parametrize("threads, validate, warned", [
+    (2, 0, False),  # 2 cores' time for 2 threads
+    (3, 0, True),  # 2 for 3 threads: 0.67 of a core each, under the cut of 0.75 set below
+    (2, 2, False),  # validations every 2 steps, each 100 s without CPU: not steps, not judged
+    (3, 2, True),  # stretches of 2 steps, shorter than a judgement: added up across the validations
+])
+def test_a_cpu_run_whose_threads_get_too_little_of_a_core_says_so_once(tmp_path, monkeypatch, capsys, no_charts,
+                                                                        threads, validate, warned):
+    clocks = FakeClocks(2.0)
+    monkeypatch.setattr(progress, "cpu_clocks", clocks)
+    monkeypatch.setattr(progress, "CPU_SHARE_SECONDS", 6.0)
+    monkeypatch.setattr(progress, "CPU_SHARE_MIN", 0.75)
     monkeypatch.setattr(trainer_module.torch, "get_num_threads", lambda: threads)
     monkeypatch.setattr(trainer_module, "usable_cores", lambda: 4)
+    evaluate = trainer_module.Trainer.evaluate
+
+    def slow_evaluate(self, *args, **kwargs):
+        clocks.idle(100.0)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module.Trainer, "evaluate", slow_evaluate)
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=2", "data.copy_batches=10",
-                               "train.log_every=5", "train.final_eval=false", *SMALL, *QUIET])
+                               f"train.val_every_steps={validate}", "train.log_every=5", "train.final_eval=false",
+                               *SMALL, *QUIET])
     train_worker(cfg)
     lines = capsys.readouterr().out.splitlines()
-    found = [i for i, line in enumerate(lines) if line.startswith("warning: training got")]
-    if not warned:  # 20 steps, 6 looks
-        assert found == [] and sum(line.startswith("step ") for line in lines) == 4, lines
+    found = [line for line in lines if line.startswith("warning: training's")]
+    assert sum(line.startswith("epoch ") for line in lines) == 2, lines
+    if not warned:
+        assert found == [], found
         return
-    assert len(found) == 1, lines  # once a run
-    assert lines[found[0]] == (f"warning: training got 2.0 cores' time for its {threads} threads over the last 3 s, "
-                               "and threads that share cores wait for each other: steps run several times slower; "
-                               "stop the other programs on these 4 cores, or give each its own (e.g. "
-                               "OMP_NUM_THREADS=2 for each of two trainings) (docs/performance.md#sharing-the-cpu)")
-    assert lines[found[0] + 1].startswith("step      5 |")  # after step 3, before the first log line
+    assert len(found) == 1, found  # once a run
+    assert found[0].startswith("warning: training's 3 threads got 2.0 cores of CPU time over the last ")
+    assert "(e.g. OMP_NUM_THREADS=2 for this training)" in found[0]  # the cores it got

@@ -18,7 +18,6 @@ so memory follows the chunk, not the corpus.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..runtime.device import usable_cores
 from ..runtime.errors import DataError
 from .cache import CacheWriter, IdsWriter, cache_folder, ids_dtype
 from .own_files import CHUNK_BYTES, picked_lines
@@ -43,13 +43,6 @@ if TYPE_CHECKING:
 
 PROGRESS_EVERY_S = 10.0  # a progress line this often while a long training split is tokenised
 REMAP_IDS = 1 << 24  # word mode's second pass maps about this many stored ids at a time
-
-
-def cores() -> int:
-    """The CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 class Progress:
@@ -97,7 +90,7 @@ def _encode_split(text: TextPipeline, corpus: Corpus, split: str, cache: CacheWr
                   progress: Progress | None, chunk_bytes: int) -> dict[str, int]:
     """Spm mode: both sides of `split` encoded a chunk at a time into the cache; the longest sentence of each."""
     longest = {}
-    threads = cores()
+    threads = usable_cores()
     for side in SIDES:
         ids = cache.ids(split, side, dtype)
         for lines in corpus.chunks(split, side, chunk_bytes):

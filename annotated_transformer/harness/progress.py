@@ -4,7 +4,6 @@ the early warnings of a long run and of CPU cores shared with other processes.""
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sized
 from typing import Any, Protocol
@@ -43,10 +42,10 @@ SLOW_RUN_SECONDS = 3600.0  # a run whose training will take longer than this say
 SPEED_AFTER_STEPS = 20  # the early estimate waits for this many timed optimizer steps at a log line ...
 SPEED_AFTER_SECONDS = 60.0  # ... or for this many seconds of them (then it looks once a minute between log lines)
 SPEED_MIN_STEPS = 3  # and never estimates from fewer steps before an epoch's end
-# A CPU training whose threads got less than this share of their cores' time over at least CPU_SHARE_SECONDS of
-# steps shares its cores: alone, its threads use 0.98-0.99 of them (0.83 with OMP_WAIT_POLICY=PASSIVE); two
-# trainings on the same cores get 0.5 each and run 7-15x slower (docs/performance.md, "Sharing the CPU").
-CPU_SHARE_MIN = 0.75
+# A CPU training whose threads got less than this share of a core each over at least CPU_SHARE_SECONDS of steps
+# shares its cores: alone, its threads got 0.98-0.99 (0.83 with OMP_WAIT_POLICY=PASSIVE); two trainings on the
+# same cores got 0.5 each and ran 13-17x slower (docs/performance.md, "Sharing the CPU").
+CPU_SHARE_MIN = 0.6
 CPU_SHARE_SECONDS = 10.0
 
 
@@ -226,31 +225,25 @@ def cpu_clocks() -> tuple[float, float]:
     return time.process_time(), time.perf_counter()
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def shared_cpu_warning(cpu_seconds: float, wall_seconds: float, threads: int, cores: int) -> str | None:
-    """The one-line warning of a CPU training whose `threads` got under CPU_SHARE_MIN of their time
-    (`cpu_seconds` of the process over `wall_seconds` of steps); None when they got it, or the stretch is short.
+    """The one-line warning of a CPU training whose `threads` got under CPU_SHARE_MIN of a core each (`cpu_seconds`
+    of the process over `wall_seconds` of steps); None when they got it, or the steps were too short to judge.
 
     The threads of one operation wait for each other at its end, so threads that share cores cost far more than
-    their share (one thread alone waits for nobody: not warned); the advice is fewer threads a process, never more.
+    their share (one thread alone waits for nobody: not judged); the advice is fewer threads, never more.
     """
     if wall_seconds < CPU_SHARE_SECONDS or threads < 2:
         return None
     used = cpu_seconds / wall_seconds  # cores' worth of time the process got
     if used >= CPU_SHARE_MIN * threads:
         return None
+    got = f"{used:.1f} {'core' if f'{used:.1f}' == '1.0' else 'cores'}"
     if threads > cores:
-        advice = f"it runs {threads} threads on {cores} cores: set OMP_NUM_THREADS={cores} or fewer"
+        cause = f"more threads than the {cores} cores"
+        fix = f"set OMP_NUM_THREADS={cores} or fewer"
     else:  # other processes, or a CPU quota below the cores it sees
-        advice = (f"stop the other programs on these {cores} cores, or give each its own (e.g. "
-                  f"OMP_NUM_THREADS={max(1, cores // 2)} for each of two trainings)")
-    return (f"warning: training got {used:.1f} cores' time for its {threads} threads over the last "
-            f"{wall_seconds:.0f} s, and threads that share cores wait for each other: steps run several times "
-            f"slower; {advice} (docs/performance.md#sharing-the-cpu)")
+        cause = f"other programs on these {cores} cores"
+        fix = (f"stop them, or give each program its own cores (e.g. OMP_NUM_THREADS="
+               f"{max(1, min(threads - 1, int(used)))} for this training)")
+    return (f"warning: training's {threads} threads got {got} of CPU time over the last {wall_seconds:.0f} s of "
+            f"steps; {cause} can slow steps several times: {fix} (docs/performance.md#sharing-the-cpu)")

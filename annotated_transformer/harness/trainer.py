@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
+from ..runtime.device import usable_cores
 from ..runtime.errors import DistributedError, TrainingDiverged
 from ..decode.static import validation_step
 from ..extensions.builder import build_training
@@ -40,7 +41,7 @@ from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, ini
                           result_lines)
 from .metrics import Metrics
 from .progress import (epoch_line, finished_line, log_line_end, shared_cpu_warning, speed_warning, start_line,
-                       step_line, usable_cores)
+                       step_line)
 from .resume import RunState, StopSignal
 from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
@@ -124,9 +125,12 @@ class Trainer:
         self.speed_mark: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
         self.speed_checked = not info.is_main
         self.speed_due = math.inf  # when to look between log lines (perf_counter), in a slow first epoch
-        # (process CPU seconds, perf_counter) when the stretch of steps whose CPU share is next judged began;
-        # None once judged for good (warned once, or not a CPU run's rank 0)
-        self.cpu_mark: tuple[float, float] | None = (0.0, 0.0) if device.type == "cpu" and info.is_main else None
+        # The CPU's share: (CPU, wall) seconds of the steps not yet judged, None once settled (warned, or not a CPU
+        # run of one process: a rank's waits for the others are no share of the CPU), and the clocks when the
+        # current stretch of steps began (None between stretches: validation and saving are not judged)
+        self.cpu_steps: tuple[float, float] | None = (0.0, 0.0) if device.type == "cpu" and not info.distributed \
+            else None
+        self.cpu_mark: tuple[float, float] | None = None
 
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
@@ -193,6 +197,7 @@ class Trainer:
                                 after_step=self._after_step, should_stop=self._should_stop,
                                 progress=None if bar.disable else bar),
                 meter=self.run_state.meter, objective=self.objective, epoch=self.counters.epoch)
+        self._pause_cpu()
         self.count_training()
         return loss
 
@@ -219,9 +224,8 @@ class Trainer:
         return flops * getattr(self.objective, "compute_factor", 1.0)
 
     def _after_step(self) -> None:
-        """After each step: the compile step's clock, looks at the speed and the CPU's share, a failed background
-        write, and at
-        multiples of train.val_every_steps / save_every_steps inside an epoch `at_step` (an epoch's last step
+        """After each step: the compile step's clock, looks at the speed and the CPU's share, a failed background write,
+        and at multiples of train.val_every_steps / save_every_steps inside an epoch `at_step` (an epoch's last step
         leaves both to the epoch's end, which follows)."""
         if self.metrics.compile_seconds is None:  # the first step of a compiled model: compile, not training
             self.metrics.compile_seconds = time.perf_counter() - self.step_clock
@@ -272,20 +276,31 @@ class Trainer:
         self._look_again(after=time.perf_counter())
 
     def _mark_cpu(self) -> None:
-        """Begin a stretch of steps whose share of the CPU cores is judged (CPU runs, rank 0)."""
-        if self.cpu_mark is not None:
+        """Begin a stretch of steps whose share of the CPU is judged (again, after a compile step: not counted)."""
+        if self.cpu_steps is not None:
             self.cpu_mark = progress.cpu_clocks()
 
+    def _pause_cpu(self) -> None:
+        """End the stretch of steps: its seconds wait, with the earlier ones, for the next judgement."""
+        if self.cpu_steps is not None and self.cpu_mark is not None:
+            self.cpu_steps = self._cpu_seconds()
+        self.cpu_mark = None
+
+    def _cpu_seconds(self) -> tuple[float, float]:
+        """(CPU, wall) seconds of the steps not yet judged, the current stretch's so far included."""
+        (cpu, wall), (cpu0, wall0), (cpu1, wall1) = self.cpu_steps, self.cpu_mark, progress.cpu_clocks()
+        return cpu + cpu1 - cpu0, wall + wall1 - wall0
+
     def _warn_if_cpu_shared(self) -> None:
-        """After a step that ends a long enough stretch since `_mark_cpu`: one warning, once a run, when the training's
-        threads got too little of the cores' time (other processes on them: progress.shared_cpu_warning)."""
-        if self.cpu_mark is None:
+        """After a step, once the steps not yet judged add up to progress.CPU_SHARE_SECONDS: one warning, once a run,
+        when the training's threads got too little of a core each (other programs on them: shared_cpu_warning)."""
+        if self.cpu_steps is None or self.cpu_mark is None:
             return
-        (cpu0, wall0), (cpu, wall) = self.cpu_mark, progress.cpu_clocks()
-        if wall - wall0 < progress.CPU_SHARE_SECONDS:
+        cpu, wall = self._cpu_seconds()
+        if wall < progress.CPU_SHARE_SECONDS:
             return
-        line = shared_cpu_warning(cpu - cpu0, wall - wall0, torch.get_num_threads(), usable_cores())
-        self.cpu_mark = (cpu, wall) if line is None else None
+        line = shared_cpu_warning(cpu, wall, torch.get_num_threads(), usable_cores())
+        self.cpu_steps, self.cpu_mark = ((0.0, 0.0), progress.cpu_clocks()) if line is None else (None, None)
         if line is not None:
             self.log(line)
 
@@ -297,6 +312,7 @@ class Trainer:
         """Inside an epoch: validation (as at an epoch's end, with the epoch's training loss so far; its metrics
         record and the best model file) and/or last.pt with the step's model file; then training goes on."""
         t, c, s = self.cfg.train, self.counters, self.train_state
+        self._pause_cpu()
         self.count_training()  # the clocks and FLOPs up to this step, in the record and in last.pt
         t_eval = time.perf_counter()
         record: dict[str, Any] = {"kind": "step", "epoch": c.epoch + 1, "step": s.step}

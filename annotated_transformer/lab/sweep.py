@@ -33,6 +33,7 @@ import yaml
 
 from ..config import config_to_dict, load_config
 from ..config.loading import refuse_library_from_file
+from ..runtime.device import usable_cores
 from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
 from ..harness.run_dir import RunDir, read_metrics
@@ -180,7 +181,7 @@ class Launcher:
         if pid is not None:
             raise RunDirError(f"{run.path} is still being trained by process {pid} (from an earlier sweep); wait "
                               f"for it or stop it (kill {pid}), then start the sweep again")
-        threads = max(1, (os.cpu_count() or 1) // self.parallel)
+        threads = max(1, usable_cores() // self.parallel)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         with writing(run.log_file, "create the run's folder"):
             run.path.parent.mkdir(parents=True, exist_ok=True)

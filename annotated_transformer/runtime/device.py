@@ -261,6 +261,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def cpu_info(field: str) -> str | None:
     """The first value of `field` ('model name', 'flags', ...) in /proc/cpuinfo; None where there is none."""
     try:
