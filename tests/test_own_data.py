@@ -420,3 +420,21 @@ def test_multi30k_de_en_keeps_its_cache_key_and_tokens(multi30k_data, multi30k_d
         for i in range(0, len(split), len(split) // 20):
             assert split.src[i].tolist() == text.numericalize(word_tokenize(de[i], "de"), "src")
             assert split.tgt[i].tolist() == text.numericalize(word_tokenize(en[i], "en"), "tgt")
+
+
+@pytest.mark.parametrize("device, cuda_here, static", [
+    ("auto", False, False), ("auto", True, True), ("cuda", False, True), ("cpu", True, False)])
+def test_prepare_data_counts_the_batches_of_the_plan_training_takes(tmp_path, command, monkeypatch, device, cuda_here,
+                                                                   static):
+    # data.static_shapes=auto: the static-shape plan where training takes a CUDA GPU, the bucket plan elsewhere
+    monkeypatch.setattr("torch.cuda.is_available", lambda: cuda_here)
+    corpus = write_corpus(tmp_path / "corpus")
+    code, out, err = command("prepare-data", "--config", str(EXAMPLE), f"data.train={corpus / 'train'}",
+                             f"data.val={corpus / 'val'}", "data.test=null", "data.src_lang=xx", "data.tgt_lang=yy",
+                             f"data.cache_dir={tmp_path / 'cache'}", *SMALL, "data.spm_vocab_size=40",
+                             "data.static_shapes=auto", f"train.device={device}", "--json")
+    assert code == 0, err.decode()
+    stats = json.loads(out)
+    assert ("static_shapes" in stats) == static  # the count of the static plan's batch shapes, when it counts them
+    if not static:
+        assert stats["batches_per_epoch"] == stats["batches_per_epoch_bucket"]

@@ -3,7 +3,8 @@ or your own files).
 
 Run it before a multi-GPU job so that no rank spends its start-up tokenising. A long corpus logs its
 progress (sentences tokenised so far) every 10 seconds. With --json, stdout is one JSON object and
-the progress lines go to stderr.
+the progress lines go to stderr. The batches it counts are those training will take on the device the config
+names (under data.static_shapes=auto: the static-shape plan where training takes a CUDA GPU).
 """
 
 from __future__ import annotations
@@ -27,10 +28,18 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Prepare the data a config names and print its statistics."""
     args = build_parser(prog).parse_args(argv)
     cfg = load_config(args.config, args.overrides)
+    import torch
+
     from ..data import load_translation_data
+    from ..data.loader import static_shapes_on
+    from ..harness.tasks import lengths_vary
 
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
-    data = load_translation_data(cfg, log=log)
+    # training's device: a CUDA GPU named, or found here under auto (a GPU node preparing its own job)
+    device = cfg.train.device
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    static = static_shapes_on(cfg.data.static_shapes, cuda=cuda, lengths_vary=lengths_vary(cfg))
+    data = load_translation_data(cfg, log=log, static=static)
     if args.json:
         print(json.dumps(data.stats, sort_keys=True))
     return 0
