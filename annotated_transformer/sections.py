@@ -384,8 +384,8 @@ class CoreConfig:
         d = self.data
         named = [f"data.{key}" for key in ("train", "val", "test") if getattr(d, key)]
         if d.dataset != "files" and named:
-            raise ConfigError(f"{', '.join(named)} name your own files, which data.dataset={d.dataset} does not read; "
-                              "set data.dataset=files")
+            raise ConfigError(f"{', '.join(named)} {'names' if len(named) == 1 else 'name'} your own files, which "
+                              f"data.dataset={d.dataset} does not read; set data.dataset=files")
         if d.dataset == "multi30k" and {d.src_lang, d.tgt_lang} != {"de", "en"}:
             raise ConfigError(f"Multi30k is German and English, not {d.src_lang}->{d.tgt_lang}: set data.src_lang and "
                               "data.tgt_lang to de and en (either way round), or data.dataset=files for your own text")

@@ -416,3 +416,19 @@ def test_words_after_an_option_are_read_as_words_before_it(name, args, field, ex
 def test_words_after_a_double_dash_stay_words():
     parsed = parser_of("translate").parse_args(["--checkpoint", "x", "--", "--beam", "4", "-Ein"])
     assert parsed.text == ["--beam", "4", "-Ein"] and parsed.beam is None and parsed.checkpoint == "x"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--compare", "runs/a", "--grid", "grid.yaml"),
+     "--grid is for a sweep that trains; --compare trains nothing (it reports the runs in its folders): leave it out"),
+    (("--compare", "runs/a", "--seeds", "2"), "--seeds is for a sweep that trains"),
+    (("--compare", "runs/a", "--score-test"), "--score-test is for a sweep that trains"),
+    (("--compare", "runs/a", "train.epochs=2"), "the override train.epochs=2 is for a sweep that trains"),
+    (("--config", "copy", "--target-bleu", "30"),
+     "--target-bleu is for --compare; a sweep that trains is timed to its config's train.target_bleu (an override: "
+     "train.target_bleu=B)"),
+])
+def test_a_sweep_refuses_options_that_mean_nothing_for_what_it_does(args, message, command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert one_error(command, "sweep", *args).startswith(message)
+    assert not any(tmp_path.iterdir())  # nothing written, nothing trained

@@ -204,6 +204,7 @@ def test_a_cache_dir_that_is_a_file_is_one_line(tmp_path, command):
 @pytest.mark.parametrize("overrides, message", [
     (["data.val=null"], r"data\.dataset=files needs data\.val: the path prefix of the xx/yy files"),
     (["data.dataset=multi30k"], r"data\.train, data\.val name your own files, which data\.dataset=multi30k does not"),
+    (["data.dataset=multi30k", "data.val=null"], r"data\.train names your own files, which data\.dataset=multi30k"),
     (["data.src_lang=x/y"], r"data\.src_lang 'x/y' is not a language code"),
 ])
 def test_config_mistakes_about_the_files(tmp_path, overrides, message):

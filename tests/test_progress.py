@@ -57,6 +57,31 @@ def test_the_epoch_line_field_says_how_long_the_rest_takes():
         "at most 7.5 min left")
 
 
+def test_a_resumed_run_goes_at_its_own_pace(tmp_path, monkeypatch, capsys, no_charts):
+    t = load_config("copy", ["train.epochs=10"]).train
+    s, c = TrainState(step=200), RunCounters(epoch=1, wall_seconds=550.0)
+    # 100 steps in 500 s before the resume (a busier machine), 100 in 50 s since: 800 steps at 0.5 s
+    assert time_left(s, c, t, total_steps=1000, since=(100, 500.0)) == "about 6.7 min left"
+    assert time_left(s, c, t, total_steps=1000) == "about 37 min left"  # the whole run's pace: 2.75 s a step
+    assert time_left(s, c, t, total_steps=1000, since=(200, 550.0)) == "about 37 min left"  # no step of its own yet
+
+    paces = []
+    real = progress.time_left
+
+    def spy(s, c, t, total_steps, wall_seconds=None, since=(0, 0.0)):
+        paces.append((s.step, since))
+        return real(s, c, t, total_steps, wall_seconds, since)
+
+    monkeypatch.setattr(progress, "time_left", spy)
+    args = [f"train.out_dir={tmp_path}", "train.epochs=1", "data.copy_batches=20", "train.log_every=5",
+            "train.final_eval=false", "train.resume=auto", *SMALL, *QUIET]
+    train_worker(load_config("copy", [*args, "train.max_steps=10"]))
+    assert paces and all(since == (0, 0.0) for _, since in paces)
+    paces.clear()
+    train_worker(load_config("copy", [*args, "train.max_steps=20"]))  # resumed at step 10
+    assert [step for step, _ in paces][:2] == [15, 20] and all(since[0] == 10 and since[1] > 0 for _, since in paces)
+
+
 def test_the_warning_fires_above_the_threshold_only(monkeypatch):
     kwargs = {"device": "cpu (AMD EPYC, 2 threads)", "length": "20 epochs (1,100 steps)", "tokens_per_s": 1474.4,
               "advice": "for a translator on a CPU in about 12-22 minutes of training use --config cpu_15min.yaml"}
@@ -154,7 +179,9 @@ def test_slow_steps_between_log_lines_are_looked_at_after_a_while(tmp_path, monk
 @pytest.mark.parametrize("argv0, uv, expected", [
     ("scripts/train.py", "/usr/bin/uv", "uv run python scripts/translate.py --checkpoint runs/x/avg.pt"),
     ("scripts/train.py", None, "python scripts/translate.py --checkpoint runs/x/avg.pt"),
-    ("/venv/bin/annotated-transformer", "/usr/bin/uv", "annotated-transformer translate --checkpoint runs/x/avg.pt"),
+    ("/venv/bin/annotated-transformer", "/usr/bin/uv", "uv run annotated-transformer translate --checkpoint "
+     "runs/x/avg.pt"),
+    ("/venv/bin/annotated-transformer", None, "annotated-transformer translate --checkpoint runs/x/avg.pt"),
     ("/venv/lib/annotated_transformer/__main__.py", None, "python -m annotated_transformer translate --checkpoint "
      "runs/x/avg.pt"),
 ])

@@ -17,7 +17,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
                            "file, and score it with sacreBLEU and chrF.", takes_overrides=frozenset({"data.root"}))
     add_checkpoint(parser)
     parser.add_argument("--split", default=None, choices=["val", "test"],
-                        help="which split of the model's data (default: test, the test2016 flickr set)")
+                        help="which split of the model's data (default: test: Multi30k's test2016 flickr set, or the "
+                        "data.test files of a model trained on your own)")
     parser.add_argument("--input", default=None, metavar="SRC",
                         help="score this file instead of a split: UTF-8, one source sentence a line (with --ref)")
     parser.add_argument("--ref", default=None, metavar="REF",
@@ -36,7 +37,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_data_root(parser)
     parser.add_argument("overrides", nargs="*", metavar="data.root=DIR",
-                        help="the folder with the Multi30k files (default: as the checkpoint was trained)")
+                        help="the folder with the Multi30k files (default: as the checkpoint was trained; a model "
+                        "of your own files reads the files its config names)")
     return parser
 
 

@@ -47,6 +47,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..lab.seed_statistics import compare_sweeps
     from ..lab.sweep import read_grid, sweep
 
+    training = {"--grid": args.grid, "--seeds": args.seeds, "--seed-list": args.seed_list,
+                "--parallel": args.parallel != 1, "--score-test": args.score_test, "--data-root": args.data_root,
+                f"the override {(args.overrides or [''])[0]}": args.overrides}
+    if args.compare and any(training.values()):
+        given = next(name for name, value in training.items() if value)
+        raise ConfigError(f"{given} is for a sweep that trains; --compare trains nothing (it reports the runs in its "
+                          "folders): leave it out")
+    if not args.compare and args.target_bleu is not None:
+        raise ConfigError("--target-bleu is for --compare; a sweep that trains is timed to its config's "
+                          "train.target_bleu (an override: train.target_bleu=B)")
     if args.compare:
         out = Path(args.out or "runs/sweep_compare")
         if any(same_file(out, folder) for folder in args.compare):

@@ -72,23 +72,25 @@ def malloc_label(device: torch.device) -> str:
     return f" | malloc {malloc_in_use()}" if device.type == "cpu" else ""
 
 
-def epoch_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int) -> str:
+def epoch_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int,
+               since: tuple[int, float] = (0, 0.0)) -> str:
     """An epoch's log line: the step of the run's steps, losses, val BLEU, the epoch's seconds, both clocks, the
-    target when reached, and the time the rest of the run will take (`time_left`)."""
+    target when reached, and the time the rest of the run will take (`time_left`, at the pace `since`)."""
     reached = (f" | target {t.target_bleu:g} reached at epoch {c.target_epoch} ({c.target_seconds / 60:.1f} min)"
                if c.target_epoch is not None else "")
     of = f"/{t.epochs}" if t.epochs else ""  # train.epochs=0: train.max_steps alone sets the length
     return (f"epoch {record['epoch']}{of} | step {s.step}/{total_steps} | {scores(record)} | "
             f"{record['seconds']:.1f} s | clocks: training {c.train_seconds / 60:.1f} min, epochs "
-            f"{c.wall_seconds / 60:.1f} min{reached} | {time_left(s, c, t, total_steps)}")
+            f"{c.wall_seconds / 60:.1f} min{reached} | {time_left(s, c, t, total_steps, since=since)}")
 
 
-def step_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int) -> str:
+def step_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int,
+              since: tuple[int, float] = (0, 0.0)) -> str:
     """A validation inside an epoch (train.val_every_steps): like an epoch's line, with the epoch's training loss
     so far and the validation's seconds."""
     return (f"validation at step {s.step}/{total_steps} (epoch {record['epoch']}) | {scores(record)} | "
             f"{record['eval_seconds']:.1f} s | clocks: training {c.train_seconds / 60:.1f} min, epochs "
-            f"{c.wall_seconds / 60:.1f} min | {time_left(s, c, t, total_steps)}")
+            f"{c.wall_seconds / 60:.1f} min | {time_left(s, c, t, total_steps, since=since)}")
 
 
 def scores(record: dict[str, Any]) -> str:
@@ -97,10 +99,12 @@ def scores(record: dict[str, Any]) -> str:
     return f"train loss {record['train_loss']:.4f} | val loss {record['val_loss']:.4f}{bleu}"
 
 
-def log_line_end(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int, wall_seconds: float) -> str:
+def log_line_end(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int, wall_seconds: float,
+                 since: tuple[int, float] = (0, 0.0)) -> str:
     """The end of a log line: how much of the run's steps is done and the time left, at the wall time per step so far
     (`wall_seconds`, this epoch's so far included): ' | 12% of 100,000 steps, about 3.2 h left'."""
-    return f" | {s.step / total_steps:.0%} of {total_steps:,} steps, {time_left(s, c, t, total_steps, wall_seconds)}"
+    left = time_left(s, c, t, total_steps, wall_seconds, since)
+    return f" | {s.step / total_steps:.0%} of {total_steps:,} steps, {left}"
 
 
 # --------------------------------------------------------------------------- how long a run will take
@@ -149,13 +153,16 @@ def seconds_left(steps_done: int, total_steps: int, seconds: float, steps_timed:
 
 
 def time_left(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int,
-              wall_seconds: float | None = None) -> str:
+              wall_seconds: float | None = None, since: tuple[int, float] = (0, 0.0)) -> str:
     """The end of an epoch line: 'about 12 min left' at the wall time per step so far (training, validation, BLEU;
     `wall_seconds`, by default the finished epochs' c.wall_seconds), 'at most ...' when the run may stop at
-    train.target_bleu, or 'training done'."""
+    train.target_bleu, or 'training done'. `since`: the (step, wall seconds) this process began at; a resumed run
+    goes at this process's pace, not at that of the processes before it (another machine, or a busier one)."""
     if t.finished(c.epoch, s.step, c.target_epoch is not None):
         return "training done"
-    left = seconds_left(s.step, total_steps, c.wall_seconds if wall_seconds is None else wall_seconds)
+    wall = c.wall_seconds if wall_seconds is None else wall_seconds
+    step0, wall0 = since if s.step > since[0] else (0, 0.0)  # no step of its own yet: the run's pace
+    left = seconds_left(s.step, total_steps, wall - wall0, s.step - step0)
     if left is None:
         return "time left unknown"
     return f"{'at most' if t.stop_at_target else 'about'} {format_duration(left)} left"

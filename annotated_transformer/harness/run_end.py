@@ -90,7 +90,7 @@ def translate_command(checkpoint: Path) -> str:
         program = "annotated-transformer translate"
     else:
         program = "python -m annotated_transformer translate"
-    uv = "uv run " if os.environ.get("UV") and program.startswith("python") else ""  # started by `uv run`
+    uv = "uv run " if os.environ.get("UV") else ""  # started by `uv run`: its environment need not be active
     return f"{uv}{program} --checkpoint {relative(checkpoint)}"
 
 

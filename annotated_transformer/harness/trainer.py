@@ -132,6 +132,11 @@ class Trainer:
             else None
         self.cpu_mark: tuple[float, float] | None = None
 
+    @property
+    def since(self) -> tuple[int, float]:
+        """(step, wall seconds) when this process began training: the time left goes at its own pace."""
+        return self.speed_mark[0], self.speed_mark[2]
+
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
         c = self.counters
@@ -254,7 +259,8 @@ class Trainer:
     def _log_line(self, line: str) -> None:
         """Rank 0's log line, ending with the share of the run's steps done and the time left."""
         wall_seconds = self.counters.wall_seconds + time.perf_counter() - self.wall_clock  # this epoch's so far too
-        self.log(line + log_line_end(self.train_state, self.counters, self.cfg.train, self.total_steps, wall_seconds))
+        self.log(line + log_line_end(self.train_state, self.counters, self.cfg.train, self.total_steps, wall_seconds,
+                                     self.since))
 
     def _on_log(self, figures: dict[str, float]) -> None:
         """A log line's figures (with the objective's, when one is on) go to the metrics; a long run says so."""
@@ -330,7 +336,7 @@ class Trainer:
             self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
         self.prune_steps()
         if validate:
-            self.log(step_line(record, s, c, t, self.total_steps))
+            self.log(step_line(record, s, c, t, self.total_steps, self.since))
         self.train_model.train()  # validation left the model in eval mode
         self.step_clock = time.perf_counter()  # validating and saving are not training time
         self.run_state.meter.start_clock()
@@ -402,7 +408,7 @@ class Trainer:
             self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
         self.prune_steps()
         self._warn_if_slow(at_epoch_end=True)
-        self.log(epoch_line(record, self.train_state, c, t, self.total_steps) + self.metrics.gpu_line())
+        self.log(epoch_line(record, self.train_state, c, t, self.total_steps, self.since) + self.metrics.gpu_line())
 
     def best_file(self, record: dict[str, Any]) -> list[Path]:
         """[the best model file] when `record`'s validation beats the best so far (train.best_metric), which it
