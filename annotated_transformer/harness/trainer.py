@@ -128,8 +128,8 @@ class Trainer:
         # The CPU's share: (CPU, wall) seconds of the steps not yet judged, None once settled (warned, or not a CPU
         # run of one process: a rank's waits for the others are no share of the CPU), and the clocks when the
         # current stretch of steps began (None between stretches: validation and saving are not judged)
-        self.cpu_steps: tuple[float, float] | None = (0.0, 0.0) if device.type == "cpu" and not info.distributed \
-            else None
+        one_cpu_process = device.type == "cpu" and not info.distributed
+        self.cpu_steps: tuple[float, float] | None = (0.0, 0.0) if one_cpu_process else None
         self.cpu_mark: tuple[float, float] | None = None
 
     @property
