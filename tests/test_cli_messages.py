@@ -421,7 +421,10 @@ def test_words_after_a_double_dash_stay_words():
 @pytest.mark.parametrize("args, message", [
     (("--compare", "runs/a", "--grid", "grid.yaml"),
      "--grid is for a sweep that trains; --compare trains nothing (it reports the runs in its folders): leave it out"),
-    (("--compare", "runs/a", "--seeds", "2"), "--seeds is for a sweep that trains"),
+    (("--compare", "runs/a", "--seeds", "0"), "--seeds is for a sweep that trains"),
+    (("--compare", "runs/a", "--seed-list", "1,2"), "--seed-list is for a sweep that trains"),
+    (("--compare", "runs/a", "--parallel", "2"), "--parallel is for a sweep that trains"),
+    (("--compare", "runs/a", "--data-root", ""), "--data-root is for a sweep that trains"),
     (("--compare", "runs/a", "--score-test"), "--score-test is for a sweep that trains"),
     (("--compare", "runs/a", "train.epochs=2"), "the override train.epochs=2 is for a sweep that trains"),
     (("--config", "copy", "--target-bleu", "30"),

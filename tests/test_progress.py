@@ -59,18 +59,22 @@ def test_the_epoch_line_field_says_how_long_the_rest_takes():
 
 def test_a_resumed_run_goes_at_its_own_pace(tmp_path, monkeypatch, capsys, no_charts):
     t = load_config("copy", ["train.epochs=10"]).train
-    s, c = TrainState(step=200), RunCounters(epoch=1, wall_seconds=550.0)
-    # 100 steps in 500 s before the resume (a busier machine), 100 in 50 s since: 800 steps at 0.5 s
-    assert time_left(s, c, t, total_steps=1000, since=(100, 500.0)) == "about 6.7 min left"
+    s, c = TrainState(step=200), RunCounters(epoch=1, wall_seconds=550.0, train_seconds=540.0)
+    # 100 steps in 495 s of training before the resume (a busier machine), 100 in 45 s since; validation and the
+    # rest took 10 s of the run's 200 steps: 800 steps at 0.45 + 0.05 s
+    assert time_left(s, c, t, total_steps=1000, since=(100, 495.0)) == "about 6.7 min left"
     assert time_left(s, c, t, total_steps=1000) == "about 37 min left"  # the whole run's pace: 2.75 s a step
-    assert time_left(s, c, t, total_steps=1000, since=(200, 550.0)) == "about 37 min left"  # no step of its own yet
+    assert time_left(s, c, t, total_steps=1000, since=(200, 540.0)) == "about 37 min left"  # no step of its own yet
+    # resumed at step 990, 10 steps in 1 s, then the epoch's validation took 30 s: spread over the run's steps
+    s, c = TrainState(step=1000), RunCounters(epoch=1, wall_seconds=131.0, train_seconds=100.0)
+    assert time_left(s, c, t, total_steps=2000, since=(990, 99.0)) == "about 2.2 min left"  # 1,000 at 0.1 + 0.031 s
 
     paces = []
     real = progress.time_left
 
-    def spy(s, c, t, total_steps, wall_seconds=None, since=(0, 0.0)):
+    def spy(s, c, t, total_steps, wall_seconds=None, since=(0, 0.0), train_seconds=None):
         paces.append((s.step, since))
-        return real(s, c, t, total_steps, wall_seconds, since)
+        return real(s, c, t, total_steps, wall_seconds, since, train_seconds)
 
     monkeypatch.setattr(progress, "time_left", spy)
     args = [f"train.out_dir={tmp_path}", "train.epochs=1", "data.copy_batches=20", "train.log_every=5",
@@ -189,12 +193,26 @@ def test_the_last_line_is_a_translate_command_spelt_as_training_was_started(monk
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)  # scripts/translate.py is there
     monkeypatch.setattr(sys, "argv", [argv0])
+    monkeypatch.setattr(sys, "prefix", str(root / ".venv"))  # the project's environment, as `uv run` gives
     if uv:
         monkeypatch.setenv("UV", uv)
     else:
         monkeypatch.delenv("UV", raising=False)
     assert translate_command(root / "runs" / "x" / "avg.pt") == expected
     assert translate_command(Path("/elsewhere/best.pt")).endswith("--checkpoint /elsewhere/best.pt")
+
+
+def test_the_translate_command_names_the_project_where_uv_needs_it(monkeypatch, tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/annotated-transformer"])
+    monkeypatch.setenv("UV", "/usr/bin/uv")
+    monkeypatch.setattr(sys, "prefix", str(root / ".venv"))
+    monkeypatch.chdir(tmp_path)  # uv run --project ROOT from the corpus's folder
+    assert translate_command(tmp_path / "run" / "best.safetensors") == (
+        f"uv run --project {root} annotated-transformer translate --checkpoint run/best.safetensors")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "tools" / "annotated-transformer"))  # uvx: no project
+    assert translate_command(tmp_path / "run" / "best.safetensors") == (
+        "annotated-transformer translate --checkpoint run/best.safetensors")
 
 
 # ---------------------------------------------------------------- a CPU shared with other processes

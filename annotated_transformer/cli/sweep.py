@@ -47,9 +47,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..lab.seed_statistics import compare_sweeps
     from ..lab.sweep import read_grid, sweep
 
-    training = {"--grid": args.grid, "--seeds": args.seeds, "--seed-list": args.seed_list,
-                "--parallel": args.parallel != 1, "--score-test": args.score_test, "--data-root": args.data_root,
-                f"the override {(args.overrides or [''])[0]}": args.overrides}
+    training = {"--grid": args.grid is not None, "--seeds": args.seeds is not None,
+                "--seed-list": args.seed_list is not None, "--parallel": args.parallel != 1,
+                "--score-test": args.score_test, "--data-root": args.data_root is not None,
+                f"the override {(args.overrides or [''])[0]}": bool(args.overrides)}
     if args.compare and any(training.values()):
         given = next(name for name, value in training.items() if value)
         raise ConfigError(f"{given} is for a sweep that trains; --compare trains nothing (it reports the runs in its "

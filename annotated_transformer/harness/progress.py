@@ -86,8 +86,8 @@ def epoch_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainCo
 
 def step_line(record: dict[str, Any], s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int,
               since: tuple[int, float] = (0, 0.0)) -> str:
-    """A validation inside an epoch (train.val_every_steps): like an epoch's line, with the epoch's training loss
-    so far and the validation's seconds."""
+    """A validation inside an epoch (train.val_every_steps): like an epoch's line (the time left at the pace `since`),
+    with the epoch's training loss so far and the validation's seconds."""
     return (f"validation at step {s.step}/{total_steps} (epoch {record['epoch']}) | {scores(record)} | "
             f"{record['eval_seconds']:.1f} s | clocks: training {c.train_seconds / 60:.1f} min, epochs "
             f"{c.wall_seconds / 60:.1f} min | {time_left(s, c, t, total_steps, since=since)}")
@@ -100,10 +100,10 @@ def scores(record: dict[str, Any]) -> str:
 
 
 def log_line_end(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int, wall_seconds: float,
-                 since: tuple[int, float] = (0, 0.0)) -> str:
-    """The end of a log line: how much of the run's steps is done and the time left, at the wall time per step so far
-    (`wall_seconds`, this epoch's so far included): ' | 12% of 100,000 steps, about 3.2 h left'."""
-    left = time_left(s, c, t, total_steps, wall_seconds, since)
+                 train_seconds: float, since: tuple[int, float] = (0, 0.0)) -> str:
+    """The end of a log line: how much of the run's steps is done and the time left (`time_left`, with this epoch's
+    wall and training seconds so far): ' | 12% of 100,000 steps, about 3.2 h left'."""
+    left = time_left(s, c, t, total_steps, wall_seconds, since, train_seconds)
     return f" | {s.step / total_steps:.0%} of {total_steps:,} steps, {left}"
 
 
@@ -153,18 +153,25 @@ def seconds_left(steps_done: int, total_steps: int, seconds: float, steps_timed:
 
 
 def time_left(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int,
-              wall_seconds: float | None = None, since: tuple[int, float] = (0, 0.0)) -> str:
-    """The end of an epoch line: 'about 12 min left' at the wall time per step so far (training, validation, BLEU;
-    `wall_seconds`, by default the finished epochs' c.wall_seconds), 'at most ...' when the run may stop at
-    train.target_bleu, or 'training done'. `since`: the (step, wall seconds) this process began at; a resumed run
-    goes at this process's pace, not at that of the processes before it (another machine, or a busier one)."""
+              wall_seconds: float | None = None, since: tuple[int, float] = (0, 0.0),
+              train_seconds: float | None = None) -> str:
+    """The end of an epoch line: 'about 12 min left' at the pace so far, 'at most ...' when the run may stop at
+    train.target_bleu, or 'training done'.
+
+    The pace is a step's training time plus its share of the rest (validation, BLEU, checkpoints: the run's wall
+    time `wall_seconds` less its training time `train_seconds`; by default the counters'). `since`: the (step,
+    training seconds) this process began at; a resumed run trains at this process's pace, not at that of the
+    processes before it (another machine, or a busier one). Compilation is in neither clock's training time.
+    """
     if t.finished(c.epoch, s.step, c.target_epoch is not None):
         return "training done"
     wall = c.wall_seconds if wall_seconds is None else wall_seconds
-    step0, wall0 = since if s.step > since[0] else (0, 0.0)  # no step of its own yet: the run's pace
-    left = seconds_left(s.step, total_steps, wall - wall0, s.step - step0)
-    if left is None:
+    train = c.train_seconds if train_seconds is None else train_seconds
+    step0, train0 = since if s.step > since[0] and train > since[1] else (0, 0.0)  # no step of its own yet
+    if s.step <= 0 or wall <= 0:
         return "time left unknown"
+    pace = (train - train0) / (s.step - step0) + max(wall - train, 0.0) / s.step
+    left = max(total_steps - s.step, 0) * pace
     return f"{'at most' if t.stop_at_target else 'about'} {format_duration(left)} left"
 
 

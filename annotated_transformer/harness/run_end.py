@@ -90,8 +90,21 @@ def translate_command(checkpoint: Path) -> str:
         program = "annotated-transformer translate"
     else:
         program = "python -m annotated_transformer translate"
-    uv = "uv run " if os.environ.get("UV") else ""  # started by `uv run`: its environment need not be active
-    return f"{uv}{program} --checkpoint {relative(checkpoint)}"
+    return f"{uv_run()}{program} --checkpoint {relative(checkpoint)}"
+
+
+def uv_run() -> str:
+    """'uv run ' when `uv run` started this process from a project's environment and the current folder is in the
+    project, 'uv run --project ROOT ' from elsewhere; '' without uv, or without a project (uvx, --no-project)."""
+    environment = Path(sys.prefix)
+    root = environment.parent
+    if not os.environ.get("UV") or environment.name != ".venv" or not (root / "pyproject.toml").is_file():
+        return ""
+    try:
+        Path.cwd().resolve().relative_to(root.resolve())
+    except ValueError:
+        return f"uv run --project {root} "
+    return "uv run "
 
 
 def relative(path: Path) -> str:

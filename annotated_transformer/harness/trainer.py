@@ -134,8 +134,8 @@ class Trainer:
 
     @property
     def since(self) -> tuple[int, float]:
-        """(step, wall seconds) when this process began training: the time left goes at its own pace."""
-        return self.speed_mark[0], self.speed_mark[2]
+        """(step, training seconds) when this process began training: the time left goes at its own pace."""
+        return self.speed_mark[0], self.speed_mark[1]
 
     def done(self) -> bool:
         """Training is over when the epochs are done or the step budget is spent."""
@@ -258,8 +258,10 @@ class Trainer:
 
     def _log_line(self, line: str) -> None:
         """Rank 0's log line, ending with the share of the run's steps done and the time left."""
-        wall_seconds = self.counters.wall_seconds + time.perf_counter() - self.wall_clock  # this epoch's so far too
-        self.log(line + log_line_end(self.train_state, self.counters, self.cfg.train, self.total_steps, wall_seconds,
+        now = time.perf_counter()  # this epoch's wall and training seconds so far too
+        wall = self.counters.wall_seconds + now - self.wall_clock
+        train = self.counters.train_seconds + now - self.step_clock
+        self.log(line + log_line_end(self.train_state, self.counters, self.cfg.train, self.total_steps, wall, train,
                                      self.since))
 
     def _on_log(self, figures: dict[str, float]) -> None:
