@@ -163,7 +163,7 @@ def test_word_mode_streams_in_two_passes_with_the_vocabulary_and_ids_of_one(corp
 def test_chunks_and_threads_change_no_byte_of_the_cache(corpus, tmp_path, monkeypatch):
     cfg = config(corpus, tmp_path / "one")
     one = build(cfg, chunk_bytes=1 << 24)  # every file in one chunk
-    monkeypatch.setattr(tokenise, "cores", lambda: 1)
+    monkeypatch.setattr(tokenise, "usable_cores", lambda: 1)
     cfg = config(corpus, tmp_path / "many")
     many = build(cfg, chunk_bytes=3000)  # many chunks, one thread
     assert one.name == many.name
