@@ -276,8 +276,8 @@ def test_a_cpu_run_whose_threads_get_too_little_of_a_core_says_so_once(tmp_path,
     monkeypatch.setattr(progress, "cpu_clocks", clocks)
     monkeypatch.setattr(progress, "CPU_SHARE_SECONDS", 6.0)
     monkeypatch.setattr(progress, "CPU_SHARE_MIN", 0.75)
-    monkeypatch.setattr(trainer_module.torch, "get_num_threads", lambda: threads)
-    monkeypatch.setattr(trainer_module, "usable_cores", lambda: 4)
+    monkeypatch.setattr(progress.torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(progress, "usable_cores", lambda: 4)
     evaluate = trainer_module.Trainer.evaluate
 
     def slow_evaluate(self, *args, **kwargs):

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..config import Config, TrainConfig
-from ..runtime.device import device_name
+from ..runtime.device import device_name, usable_cores
 from ..loop import TrainState
 from .distributed import DistInfo
 from .malloc import malloc_in_use
@@ -237,6 +237,46 @@ def speed_warning(tr: RunningRun, at_epoch_end: bool) -> str | None:
 def cpu_clocks() -> tuple[float, float]:
     """(the CPU seconds of this process's threads, the wall clock): what the shared-CPU check compares."""
     return time.process_time(), time.perf_counter()
+
+
+class CpuShare:
+    """The CPU time a training's threads get over its steps (validation, saving and a compile step left out, as
+    `start` and `pause` bracket the steps), judged by `shared_cpu_warning` once the steps add up to
+    CPU_SHARE_SECONDS; settled after one warning, or from the start when not `judged` (a GPU run, a rank of many:
+    its waits for the others are no share of the CPU)."""
+
+    def __init__(self, judged: bool = True) -> None:
+        self.settled = not judged
+        self.spent = (0.0, 0.0)  # (CPU, wall) seconds of the steps not yet judged, before the current stretch
+        self.mark: tuple[float, float] | None = None  # the clocks when the current stretch began; None between
+
+    def start(self) -> None:
+        """Begin a stretch of steps (again after a compile step: its time is not counted)."""
+        if not self.settled:
+            self.mark = cpu_clocks()
+
+    def pause(self) -> None:
+        """End the stretch: its seconds wait, with the earlier ones, for the next judgement."""
+        if self.mark is not None:
+            self.spent = self._seconds(cpu_clocks())
+        self.mark = None
+
+    def check(self) -> str | None:
+        """After a step: the warning line, once, when the steps not yet judged add up and torch's threads got too
+        little of a core each; None otherwise."""
+        if self.settled or self.mark is None:
+            return None
+        now = cpu_clocks()
+        cpu, wall = self._seconds(now)
+        if wall < CPU_SHARE_SECONDS:
+            return None
+        line = shared_cpu_warning(cpu, wall, torch.get_num_threads(), usable_cores())
+        self.spent, self.mark, self.settled = (0.0, 0.0), now, line is not None
+        return line
+
+    def _seconds(self, now: tuple[float, float]) -> tuple[float, float]:
+        (cpu, wall), (cpu0, wall0), (cpu1, wall1) = self.spent, self.mark, now
+        return cpu + cpu1 - cpu0, wall + wall1 - wall0
 
 
 def shared_cpu_warning(cpu_seconds: float, wall_seconds: float, threads: int, cores: int) -> str | None:

@@ -27,7 +27,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
-from ..runtime.device import usable_cores
 from ..runtime.errors import DistributedError, TrainingDiverged
 from ..decode.static import validation_step
 from ..extensions.builder import build_training
@@ -40,8 +39,7 @@ from .checkpointer import Checkpointer, improves
 from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, init_distributed, open_run_log, print0,
                           result_lines)
 from .metrics import Metrics
-from .progress import (epoch_line, finished_line, log_line_end, shared_cpu_warning, speed_warning, start_line,
-                       step_line)
+from .progress import CpuShare, epoch_line, finished_line, log_line_end, speed_warning, start_line, step_line
 from .resume import RunState, StopSignal
 from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
@@ -125,12 +123,7 @@ class Trainer:
         self.speed_mark: tuple[int, float, float, int] = (0, 0.0, 0.0, 0)
         self.speed_checked = not info.is_main
         self.speed_due = math.inf  # when to look between log lines (perf_counter), in a slow first epoch
-        # The CPU's share: (CPU, wall) seconds of the steps not yet judged, None once settled (warned, or not a CPU
-        # run of one process: a rank's waits for the others are no share of the CPU), and the clocks when the
-        # current stretch of steps began (None between stretches: validation and saving are not judged)
-        one_cpu_process = device.type == "cpu" and not info.distributed
-        self.cpu_steps: tuple[float, float] | None = (0.0, 0.0) if one_cpu_process else None
-        self.cpu_mark: tuple[float, float] | None = None
+        self.cpu_share = CpuShare(judged=device.type == "cpu" and not info.distributed)  # other programs' cores?
 
     @property
     def since(self) -> tuple[int, float]:
@@ -192,7 +185,7 @@ class Trainer:
         self.step_clock = time.perf_counter()
         self.run_state.meter.start_clock()
         self._look_again(after=self.step_clock)
-        self._mark_cpu()
+        self.cpu_share.start()
         with bar:
             loss = train_loop(
                 self.loader, self.train_model, self.loss_compute, self.optimizer, self.scheduler, self.train_state,
@@ -202,7 +195,7 @@ class Trainer:
                                 after_step=self._after_step, should_stop=self._should_stop,
                                 progress=None if bar.disable else bar),
                 meter=self.run_state.meter, objective=self.objective, epoch=self.counters.epoch)
-        self._pause_cpu()
+        self.cpu_share.pause()
         self.count_training()
         return loss
 
@@ -236,10 +229,12 @@ class Trainer:
             self.metrics.compile_seconds = time.perf_counter() - self.step_clock
             self.step_clock = time.perf_counter()
             self._look_again(after=self.step_clock)
-            self._mark_cpu()  # compiling runs on one thread: not a share of the cores to judge
+            self.cpu_share.start()  # compiling runs on one thread: not a share of the cores to judge
         if time.perf_counter() >= self.speed_due:  # slow steps: a minute passed without a log line
             self._warn_if_slow(at_epoch_end=False)
-        self._warn_if_cpu_shared()
+        shared = self.cpu_share.check()
+        if shared is not None:
+            self.log(shared)
         self.checkpoints.check()  # a failed background write stops the run within a step, not an epoch later
         t, step = self.cfg.train, self.train_state.step
         validate, save = every(step, t.val_every_steps), every(step, t.save_every_steps)
@@ -283,35 +278,6 @@ class Trainer:
         self.speed_checked = line is not None or at_epoch_end
         self._look_again(after=time.perf_counter())
 
-    def _mark_cpu(self) -> None:
-        """Begin a stretch of steps whose share of the CPU is judged (again, after a compile step: not counted)."""
-        if self.cpu_steps is not None:
-            self.cpu_mark = progress.cpu_clocks()
-
-    def _pause_cpu(self) -> None:
-        """End the stretch of steps: its seconds wait, with the earlier ones, for the next judgement."""
-        if self.cpu_steps is not None and self.cpu_mark is not None:
-            self.cpu_steps = self._cpu_seconds()
-        self.cpu_mark = None
-
-    def _cpu_seconds(self) -> tuple[float, float]:
-        """(CPU, wall) seconds of the steps not yet judged, the current stretch's so far included."""
-        (cpu, wall), (cpu0, wall0), (cpu1, wall1) = self.cpu_steps, self.cpu_mark, progress.cpu_clocks()
-        return cpu + cpu1 - cpu0, wall + wall1 - wall0
-
-    def _warn_if_cpu_shared(self) -> None:
-        """After a step, once the steps not yet judged add up to progress.CPU_SHARE_SECONDS: one warning, once a run,
-        when the training's threads got too little of a core each (other programs on them: shared_cpu_warning)."""
-        if self.cpu_steps is None or self.cpu_mark is None:
-            return
-        cpu, wall = self._cpu_seconds()
-        if wall < progress.CPU_SHARE_SECONDS:
-            return
-        line = shared_cpu_warning(cpu, wall, torch.get_num_threads(), usable_cores())
-        self.cpu_steps, self.cpu_mark = ((0.0, 0.0), progress.cpu_clocks()) if line is None else (None, None)
-        if line is not None:
-            self.log(line)
-
     def _look_again(self, after: float) -> None:
         """The next look between log lines: progress.SPEED_AFTER_SECONDS after `after`, or never once settled."""
         self.speed_due = math.inf if self.speed_checked else after + progress.SPEED_AFTER_SECONDS
@@ -320,7 +286,7 @@ class Trainer:
         """Inside an epoch: validation (as at an epoch's end, with the epoch's training loss so far; its metrics
         record and the best model file) and/or last.pt with the step's model file; then training goes on."""
         t, c, s = self.cfg.train, self.counters, self.train_state
-        self._pause_cpu()
+        self.cpu_share.pause()
         self.count_training()  # the clocks and FLOPs up to this step, in the record and in last.pt
         t_eval = time.perf_counter()
         record: dict[str, Any] = {"kind": "step", "epoch": c.epoch + 1, "step": s.step}
@@ -342,7 +308,7 @@ class Trainer:
         self.train_model.train()  # validation left the model in eval mode
         self.step_clock = time.perf_counter()  # validating and saving are not training time
         self.run_state.meter.start_clock()
-        self._mark_cpu()
+        self.cpu_share.start()
 
     def stop(self, epoch: int) -> dict[str, Any]:
         """A signal stopped training inside `epoch`: save last.pt with the data position, say so, return."""
