@@ -31,15 +31,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     import torch
 
     from ..data import load_translation_data
-    from ..data.loader import static_shapes_on
-    from ..harness.tasks import lengths_vary
+    from ..harness.tasks import static_shapes_for
 
     log = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else print
     # training's device: a CUDA GPU named, or found here under auto (a GPU node preparing its own job)
     device = cfg.train.device
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    static = static_shapes_on(cfg.data.static_shapes, cuda=cuda, lengths_vary=lengths_vary(cfg))
-    data = load_translation_data(cfg, log=log, static=static)
+    data = load_translation_data(cfg, log=log, static=static_shapes_for(cfg, cuda))
     if args.json:
         print(json.dumps(data.stats, sort_keys=True))
     return 0

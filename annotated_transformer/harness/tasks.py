@@ -170,6 +170,12 @@ def lengths_vary(cfg: Config) -> bool:
     return any(extension.changes_lengths for extension in cfg.extensions_on("resegmentation"))
 
 
+def static_shapes_for(cfg: Config, cuda: bool) -> bool:
+    """Whether training takes the static-shape plan: data.static_shapes, where 'auto' means on a CUDA GPU (`cuda`)
+    unless a resegmentation serves new lengths every epoch."""
+    return static_shapes_on(cfg.data.static_shapes, cuda=cuda, lengths_vary=lengths_vary(cfg))
+
+
 def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = print, cuda: bool = False,
                corpus: Any = None):
     """The task the config names, with its data prepared (downloaded, tokenised, cached); `cuda`: training on a CUDA
@@ -179,8 +185,7 @@ def build_task(cfg: Config, info: DistInfo, log: Callable[[str], None] | None = 
         return CopyTask(cfg, info)
     from ..data import load_translation_data
 
-    varies = lengths_vary(cfg)
-    static = static_shapes_on(cfg.data.static_shapes, cuda=cuda, lengths_vary=varies)
+    static = static_shapes_for(cfg, cuda)
     data = load_translation_data(cfg, rank=info.rank, world_size=info.world_size, log=log, static=static,
                                  corpus=corpus)
     return TranslationTask(cfg, info, data, static)
