@@ -57,7 +57,7 @@ import re
 import shutil
 import threading
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -308,12 +308,13 @@ class CheckpointWriter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def save(self, *jobs: tuple[dict[str, Any], Sequence[str | Path]]) -> None:
-        """Queue each (payload, paths) job: the payload is written to every path in `paths`."""
+    def save(self, *jobs: tuple[dict[str, Any], Sequence[str | Path]], then: Callable[[], None] | None = None) -> None:
+        """Queue each (payload, paths) job: the payload is written to every path in `paths`; then `then` runs on the
+        writer's thread, once every file is on disk (never after a failed write): what deletes older files."""
         self.wait()
         memo: dict[Any, torch.Tensor] = {}
         snapshots = [(_cpu_copy(payload, memo), tuple(paths)) for payload, paths in jobs]
-        self._thread = threading.Thread(target=self._run, args=(snapshots,), name="checkpoint-writer")
+        self._thread = threading.Thread(target=self._run, args=(snapshots, then), name="checkpoint-writer")
         self._thread.start()
 
     def wait(self) -> None:
@@ -329,7 +330,8 @@ class CheckpointWriter:
         """Whether the last queued writes have ended (on disk, or failed: `wait` then raises at once)."""
         return self._thread is None or not self._thread.is_alive()
 
-    def _run(self, snapshots: list[tuple[dict[str, Any], tuple[str | Path, ...]]]) -> None:
+    def _run(self, snapshots: list[tuple[dict[str, Any], tuple[str | Path, ...]]],
+             then: Callable[[], None] | None) -> None:
         target: str | Path = ""
         try:
             for snapshot, (first, *rest) in snapshots:
@@ -339,6 +341,8 @@ class CheckpointWriter:
                 write_checkpoint(snapshot, first)
                 for target in rest:
                     copy_checkpoint(first, target)
+            if then is not None:
+                then()
         except OSError as exc:
             self._error = run_dir_error(exc, target, run=self.run)
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread by wait()
@@ -574,6 +578,10 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     """
     if len(paths) < 1:
         raise CheckpointError("no checkpoints given to average")
+    for i, path in enumerate(paths):  # a file given twice would weigh twice in a mean meant to be even
+        twin = next((p for p in paths[:i] if same_file(model_file(p), model_file(path))), None)
+        if twin is not None:
+            raise CheckpointError(f"{path} is the same file as {twin}, given earlier; give each checkpoint once")
     first = load_checkpoint(paths[0])
     ref_model_cfg = _architecture(first["config"])
     ref_text = first.get("text")

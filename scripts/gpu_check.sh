@@ -24,6 +24,12 @@ case "${1:-}" in
   run)
     shift
     out="${OUT:-runs}/gpu_check"
+    case " $* " in *" --overwrite "*) ;; *)
+      if [ -e "$out/gpu_check.log" ] || [ -e "$out/gpu.txt" ]; then  # before tee empties an earlier check's log
+        echo "error: $out holds an earlier GPU check; keep it and set OUT to another folder, or add --overwrite" >&2
+        exit 2
+      fi ;;
+    esac
     mkdir -p "$out"
     if ! python3 -c 'import torchdata' 2>/dev/null; then
       python3 -m pip install --quiet --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1

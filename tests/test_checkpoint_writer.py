@@ -43,6 +43,21 @@ def test_writes_land_in_order_and_a_failed_write_reaches_wait(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "not_a_folder"]  # no temporary files
 
 
+def test_what_follows_a_save_runs_only_once_its_files_are_on_disk(tmp_path):
+    """`then` (deleting older files) runs after the writes have landed, and never after a write that failed."""
+    writer, seen = CheckpointWriter(), []
+    path = tmp_path / "e.pt"
+    writer.save(({"model": {"w": torch.ones(3)}, "config": {}}, [path]), then=lambda: seen.append(path.is_file()))
+    writer.wait()
+    assert seen == [True]
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("x")
+    writer.save(({"model": {}, "config": {}}, [blocker / "f.pt"]), then=lambda: seen.append("ran"))
+    with pytest.raises(RunDirError):
+        writer.wait()
+    assert seen == [True]
+
+
 def test_one_save_copies_shared_weights_once_and_writes_every_job(tmp_path):
     writer = CheckpointWriter()
     weights = {"w": torch.arange(10.0)}

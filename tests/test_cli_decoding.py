@@ -289,6 +289,18 @@ def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wide.pt"]
 
 
+def test_average_checkpoints_refuses_a_file_given_twice(tiny_checkpoint, tmp_path, command):
+    link = tmp_path / "same.safetensors"  # another spelling of the same file
+    link.symlink_to(tiny_checkpoint)
+    out = tmp_path / "avg.safetensors"
+    for twice in ([tiny_checkpoint, tiny_checkpoint], [tiny_checkpoint, link]):
+        code, _, stderr = command("average-checkpoints", *twice, "--out", out)
+        err = stderr.decode()
+        assert code == 2 and "is the same file as" in err and "give each checkpoint once" in err, err
+        assert err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same.safetensors"]
+
+
 def test_average_checkpoints_refuses_another_vocabulary(tiny_checkpoint, tmp_path, command):
     payload = load_checkpoint(tiny_checkpoint)
     text = dict(payload["text"], tgt_vocab=list(payload["text"]["tgt_vocab"]))

@@ -137,6 +137,12 @@ def test_bad_file_in_the_download_cache_is_replaced(multi30k_dir, tmp_path, serv
     resolve_multi30k_dir(config(tmp_path), base_url=url, backoff_s=0)
     assert sha256_file(cache / "val.de.gz") == MULTI30K_FILES["val.de.gz"]
     assert dict(server.requests) == {"val.de.gz": 1}
+    corrupt(cache / "val.de.gz", "truncate")  # and offline: the copy is kept until a verified one replaces it
+    damaged = (cache / "val.de.gz").read_bytes()
+    with pytest.raises(DataError, match="cannot download Multi30k file val.de.gz"):
+        resolve_multi30k_dir(config(tmp_path), base_url="http://127.0.0.1:9/offline", retries=1, backoff_s=0)
+    assert (cache / "val.de.gz").read_bytes() == damaged
+    assert sorted(p.name for p in cache.iterdir()) == sorted(MULTI30K_FILES)  # no temporary left
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -38,3 +38,15 @@ def test_a_temporary_tree_gets_default_permissions(tmp_path, umask):
     give_default_permissions(root)
     assert mode(root) == mode(root / "sub") == 0o777 & ~umask
     assert mode(Path(name)) == 0o666 & ~umask
+
+
+def test_a_json_result_that_cannot_be_written_is_one_line(tmp_path):
+    """What a benchmark writes after minutes of measuring: a refused write is one RunDirError line, not a traceback."""
+    from annotated_transformer.runtime.errors import RunDirError
+    from annotated_transformer.runtime.files import write_json
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(RunDirError, match=rf"^cannot write {blocker}: .*; .*choose another place to write$"):
+        write_json(blocker / "r.json", {"tokens_per_s": 1.0})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]

@@ -19,6 +19,23 @@ def test_without_a_gpu_the_check_says_so_in_one_line(command, monkeypatch):
     assert "found no CUDA GPU" in lines[0] and "--device cpu" in lines[0]
 
 
+def test_the_script_keeps_an_earlier_checks_log(tmp_path):
+    """scripts/gpu_check.sh run into a folder that holds a check: refused before its tee empties the log."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.sh"
+    out = tmp_path / "gpu_check"
+    out.mkdir()
+    (out / "gpu_check.log").write_text("the first check's figures\n")
+    done = subprocess.run(["bash", str(script), "run"], env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and "--overwrite" in done.stderr and done.stderr.count("\n") == 1
+    assert (out / "gpu_check.log").read_text() == "the first check's figures\n"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log"]
+
+
 def test_modes_are_checked_before_anything_runs():
     cpu = torch.device("cpu")
     assert check.check_modes(["compiled", "eager"], cpu) == ["eager", "compiled"]  # MODES' order

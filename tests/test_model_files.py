@@ -326,15 +326,14 @@ def test_pruning_an_epoch_removes_its_model_file_and_an_older_json_beside_it(tin
 def test_average_checkpoints_replaces_an_existing_out_only_with_overwrite(tiny_checkpoint, tmp_path, command):
     out = tmp_path / "avg.safetensors"
     out.write_bytes(b"the user's own file")
-    code, stdout, stderr = command("average-checkpoints", tiny_checkpoint, tiny_checkpoint, "--out", out)
+    code, stdout, stderr = command("average-checkpoints", tiny_checkpoint, "--out", out)
     err = stderr.decode()
     assert code == 2 and stdout == b"" and err.count("\n") == 1
     assert f"{out} already exists" in err and "--overwrite" in err
     assert out.read_bytes() == b"the user's own file"
-    code, stdout, stderr = command("average-checkpoints", tiny_checkpoint, tiny_checkpoint, "--out", out,
-                                   "--overwrite")
+    code, stdout, stderr = command("average-checkpoints", tiny_checkpoint, "--out", out, "--overwrite")
     assert code == 0, stderr.decode()
-    assert stdout.decode() == f"averaged 2 checkpoints into {out} (config and vocabulary inside)\n"
+    assert stdout.decode() == f"averaged 1 checkpoint into {out} (config and vocabulary inside)\n"
     assert sorted(os.listdir(tmp_path)) == ["avg.safetensors"]
     assert Translator.from_checkpoint(out, device="cpu").translate(SENTENCES) == \
         Translator.from_checkpoint(tiny_checkpoint, device="cpu").translate(SENTENCES)

@@ -15,9 +15,9 @@ import torch
 
 from annotated_transformer.cli import run as run_command
 from annotated_transformer.config import load_config
-from annotated_transformer.runtime.errors import CheckpointError, ConfigError
+from annotated_transformer.runtime.errors import CheckpointError, ConfigError, RunDirError
 from annotated_transformer.checkpoints import load_checkpoint, save_checkpoint
-from annotated_transformer.harness.run_dir import RunDir
+from annotated_transformer.harness.run_dir import MARKER, RunDir
 from annotated_transformer.harness.trainer import train_worker
 
 BATCHES = 10  # copy batches an epoch: one optimizer step each
@@ -179,8 +179,14 @@ def test_auto_resume_decides_from_what_the_folder_holds(stopped, tmp_path):
     fresh.mkdir()
     assert start_mode_of(fresh) == "start"  # empty
     (fresh / "config.yaml").write_text("x")
-    (fresh / "metrics.jsonl").write_text("")
-    assert start_mode_of(fresh) == "start"  # died before its first checkpoint: starts again
+    (fresh / "metrics.jsonl").write_text('{"kind": "start"}\n')
+    with pytest.raises(RunDirError, match="nothing shows that this project wrote them"):
+        start_mode_of(fresh)  # names alone: anyone's
+    (fresh / MARKER).write_text("{}")
+    assert start_mode_of(fresh) == "start"  # a run that died before its first checkpoint: starts again
+    (fresh / "metrics.jsonl").write_text('{"kind": "start"}\n{"kind": "epoch", "epoch": 1}\n')
+    with pytest.raises(ConfigError, match="holds a run's files but no last.pt"):
+        start_mode_of(fresh)  # it finished an epoch: its checkpoints were deleted, its records are kept
 
     out = stopped  # one of three epochs done
     assert start_mode_of(out) == "resume"

@@ -118,8 +118,48 @@ def test_a_run_of_an_older_version_without_the_marker_is_still_a_run(tmp_path, c
     (mine / "config.yaml").write_text("train:\n  epochs: 3\n")
     assert not RunDir(mine).owned()
     code, _, err = train(capsys, *COPY, f"train.out_dir={mine}")
-    assert code == 2 and "did not write (config.yaml)" in err
+    assert code == 2 and "named as a run's (config.yaml) but nothing shows that this project wrote them" in err
     assert (mine / "config.yaml").read_text() == "train:\n  epochs: 3\n"
+
+
+@pytest.mark.parametrize("extra", [[], ["train.overwrite=true"]])
+def test_another_tools_run_folder_is_not_taken_for_an_old_run(tmp_path, capsys, no_charts, extra):
+    """Names alone do not make a run ours: another trainer's config.yaml, metrics.jsonl, train.log, TensorBoard
+    events and even a last.pt, without the marker, are refused and kept, with train.overwrite too."""
+    theirs = tmp_path / "their_run"
+    (theirs / "tensorboard").mkdir(parents=True)
+    (theirs / "config.yaml").write_text("lr: 0.1\n")
+    (theirs / "metrics.jsonl").write_text('{"loss": 2.5, "step": 100}\n')
+    (theirs / "train.log").write_text("epoch 1 done\n")
+    (theirs / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"tb")
+    for last in (None, b"another trainer's checkpoint"):
+        if last is not None:
+            (theirs / "last.pt").write_bytes(last)
+        assert not RunDir(theirs).owned()
+        before = tree(theirs)
+        code, _, err = train(capsys, *COPY, f"train.out_dir={theirs}", *extra)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1, err
+        assert "nothing shows that this project wrote them" in lines[0] and "choose a new train.out_dir" in lines[0]
+        assert "overwrite" not in lines[0]
+        assert tree(theirs) == before
+
+
+def test_a_finished_run_whose_model_files_were_deleted_keeps_its_records(tmp_path, capsys, no_charts):
+    """Deleting a finished run's checkpoints to save space leaves what a run that died early holds by name; its
+    records say otherwise, so the next start refuses (naming train.overwrite) instead of clearing them."""
+    out = tmp_path / "run"
+    assert train(capsys, *COPY, f"train.out_dir={out}")[0] == 0
+    for model in [out / "last.pt", *out.glob("*.safetensors")]:
+        model.unlink()
+    assert RunDir(out).run_files() <= {"config.yaml", "metrics.jsonl", "train.log", "charts", "tensorboard"}
+    before = tree(out)
+    code, _, err = train(capsys, *COPY, f"train.out_dir={out}")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "holds a run's files but no last.pt" in err and "train.overwrite=true" in err
+    assert tree(out) == before
+    code, _, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true")  # the advice works
+    assert code == 0 and (out / "last.pt").is_file(), err
 
 
 def test_temporaries_of_killed_writes_are_removed_at_the_next_start(tmp_path, capsys, no_charts):
@@ -350,15 +390,17 @@ def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys,
     monkeypatch.setattr(checkpoints, "write_checkpoint", full_disk)
     queue = checkpoints.CheckpointWriter.save
 
-    def queue_and_settle(self, *jobs):  # the failed write is over before step 13: the test races no thread
-        queue(self, *jobs)
+    def queue_and_settle(self, *jobs, **then):  # the failed write is over before step 13: the test races no thread
+        queue(self, *jobs, **then)
         if any(payload["train_state"]["step"] == 12 for payload, _ in jobs):
             self._thread.join()
 
     monkeypatch.setattr(checkpoints.CheckpointWriter, "save", queue_and_settle)
     out = tmp_path / "run"
-    code, _, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6")
+    code, _, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6",
+                         "train.keep_last_epochs=1")
     assert code == 2
+    assert (out / "epoch_01.safetensors").is_file()  # kept: its successor never reached the disk
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     if errname == "ENOSPC":
@@ -371,8 +413,10 @@ def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys,
     assert max(steps) == 13  # the first step after the failure, not the end of epoch 3 (step 18)
     monkeypatch.setattr(checkpoints, "write_checkpoint", write)
     monkeypatch.setattr(checkpoints.CheckpointWriter, "save", queue)
-    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6")
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "data.copy_batches=6",
+                              "train.keep_last_epochs=1")
     assert code == 0 and "resumed" in stdout and "step 6" in stdout, err
+    assert [p.name for p in sorted(out.glob("epoch_*"))] == ["epoch_03.safetensors"]  # pruned once written
 
 
 @pytest.mark.parametrize("craft, message", [

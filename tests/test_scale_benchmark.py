@@ -6,6 +6,7 @@ speed or memory is asserted against a goal here: the goals belong to the benchma
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import tracemalloc
@@ -98,6 +99,28 @@ def test_a_corpus_is_replaced_only_with_overwrite_and_found_only_whole(tmp_path)
     with pytest.raises(UserError, match=r"holds train\.de but no corpus\.json: not a whole synthetic corpus"):
         has_corpus(folder, spec)
     assert (folder / "train.de").is_file()  # nothing removed
+
+
+def test_a_full_disk_while_writing_the_corpus_is_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    """The disk fills during the training split: one line naming the file; the earlier corpus's files stay whole,
+    no temporary is left, and no manifest says the half-made corpus is whole."""
+    import errno
+
+    folder, spec = tmp_path / "c", CorpusSpec(100, 10, 10)
+    write_corpus(folder, spec, fake_multi30k())
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    chunks = synthetic_corpus.joined_chunks
+
+    def filling(*args):
+        yield next(chunks(*args))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(synthetic_corpus, "joined_chunks", filling)
+    with pytest.raises(UserError, match=rf"^cannot write {folder / 'train.de'}: No space left on device; "):
+        write_corpus(folder, CorpusSpec(100, 10, 10, seed=9), fake_multi30k(), overwrite=True)
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert set(after) == set(before) - {"corpus.json"}  # no temporary; the manifest gone: not taken for whole
+    assert all(after[name] == before[name] for name in after)
 
 
 def test_bad_sizes_are_one_line_before_anything_is_written(tmp_path, command):

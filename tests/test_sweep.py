@@ -302,6 +302,14 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
     with pytest.raises(SystemExit) as replaced:  # ... unless --overwrite
         run_command("sweep", [*again, "--overwrite"], "sweep.py")
     assert replaced.value.code == 0 and "| `slow: x=1` |" not in (out / "sweep.md").read_text()
+    mine = tmp_path / "notes"  # a report file of the user's, whichever of the four names it has, is kept
+    mine.mkdir()
+    (mine / "sweep.csv").write_text("my,table\n")
+    with pytest.raises(SystemExit) as kept:
+        run_command("sweep", ["--compare", str(tmp_path / "fast"), "--out", str(mine)], "sweep.py")
+    err = capsys.readouterr().err
+    assert kept.value.code == 2 and f"{mine / 'sweep.csv'} already exists" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["sweep.csv"]
     with pytest.raises(SystemExit) as own:  # never into a compared folder, whose report it would replace
         run_command("sweep", ["--compare", str(tmp_path / "fast"), "--out", str(tmp_path / "fast"), "--overwrite"],
                     "sweep.py")
@@ -324,6 +332,34 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
     with pytest.raises(SystemExit) as both:
         run_command("sweep", ["--config", "tiny", "--seeds", "2", "--seed-list", "1"], "sweep.py")
     assert both.value.code == 2 and "--seeds and --seed-list both name the seeds" in capsys.readouterr().err
+
+
+def test_a_training_sweep_writes_only_into_a_new_folder_or_an_earlier_sweeps(tmp_path, capsys):
+    """--out of the user's files (or a file) is refused before any training; an earlier sweep's folder is not."""
+    from annotated_transformer.cli import run as run_command
+    from annotated_transformer.lab.sweep import check_out
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "sweep.md").write_text("# my plans\n")
+    (notes / "todo.txt").write_text("read the paper\n")
+    for out in (notes, notes / "todo.txt"):
+        with pytest.raises(SystemExit) as refused:
+            run_command("sweep", ["--config", "copy", "--seeds", "1", "--out", str(out)], "sweep.py")
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and err.startswith("error: --out ") and err.count("\n") == 1, err
+        assert ("holds files no sweep wrote (sweep.md, todo.txt)" in err) == (out == notes)
+    assert sorted(p.name for p in notes.iterdir()) == ["sweep.md", "todo.txt"]
+    assert (notes / "sweep.md").read_text() == "# my plans\n"
+    earlier = tmp_path / "sweep"
+    _fake_run(earlier, "base", 1, [10.0])
+    (earlier / "sweep.md").write_text("an earlier report\n")
+    check_out(earlier)  # an earlier sweep's folder: continued
+    check_out(tmp_path / "new")  # a new one
+    started = tmp_path / "started"  # a sweep killed before its first run wrote anything but its log
+    (started / "base").mkdir(parents=True)
+    (started / "base" / "seed1.log").write_text("")
+    check_out(started)
 
 
 def test_a_comparison_times_every_run_to_the_target_it_names():

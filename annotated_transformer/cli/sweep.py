@@ -28,7 +28,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per setting: 1..N (default 3)")
     parser.add_list("--seed-list", item=int, default=None, metavar="N,N,...",
                     help="explicit seeds (instead of --seeds), e.g. 1,2,3")
-    add_out(parser, "sweep folder (default: runs/sweep_<config>; with --compare, runs/sweep_compare)", old=())
+    add_out(parser, "sweep folder: new, or an earlier sweep's, which it continues (default: runs/sweep_<config>; "
+            "with --compare, runs/sweep_compare)", old=())
     add_overwrite(parser, "with --compare: replace the report of an earlier comparison in --out (a sweep's own "
                   "folder is reported anew as its runs finish)")
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -44,7 +45,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train a grid (or only report on finished sweeps with --compare)."""
     args = build_parser(prog).parse_args(argv)
-    from ..lab.seed_statistics import compare_sweeps
+    from ..lab.seed_statistics import REPORT_FILES, compare_sweeps
     from ..lab.sweep import read_grid, sweep
 
     training = {"--grid": args.grid is not None, "--seeds": args.seeds is not None,
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if any(same_file(out, folder) for folder in args.compare):
             raise UserError(f"--out {out} is one of the --compare folders, whose own report it would replace; "
                             "choose another --out")
-        refuse_to_replace(out / "sweep.md", args.overwrite)
+        for name in REPORT_FILES:  # each is replaced by the new report
+            refuse_to_replace(out / name, args.overwrite)
         missing = [folder for folder in args.compare if not Path(folder).is_dir()]
         if missing:
             raise UserError(f"--compare {missing[0]} is not a folder; give the folders that scripts/sweep.py wrote "

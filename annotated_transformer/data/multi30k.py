@@ -166,10 +166,10 @@ def resolve_multi30k_dir(data_cfg: Any, base_url: str | None = None, retries: in
         if problem is None:
             continue
         if problem != "missing":
-            # Our own cache holds a bad copy (a disk fault, an edit): replace it rather than use it.
+            # The cache holds a bad copy (a disk fault, an edit): a verified download replaces it, and only then
+            # (offline, the copy stays, and this says so again next time).
             if log:
                 log(f"cached {path} is {problem}; downloading it again")
-            path.unlink(missing_ok=True)
         elif log:
             log(f"downloading {name} from {base_url}")
         download_file(name, folder, base_url, retries=retries, backoff_s=backoff_s, log=log)

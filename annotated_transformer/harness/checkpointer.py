@@ -6,7 +6,7 @@ run directory, one rank's state and the ranks of a torchrun job.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,10 @@ class Checkpointer:
                 "raw weights (the best model file so far holds the average); resume with its ema.decay to keep it")
         return mid_epoch
 
-    def save(self, mid_epoch: bool, weights_to: Sequence[Path] = (), last: bool = True) -> None:
-        """Queue last.pt (unless `last` is false), and the weights alone to the model files `weights_to`; never from
-        weights that are not finite."""
+    def save(self, mid_epoch: bool, weights_to: Sequence[Path] = (), last: bool = True,
+             then: Callable[[], None] | None = None) -> None:
+        """Queue last.pt (unless `last` is false), and the weights alone to the model files `weights_to`, then `then`
+        (once they are on disk: deleting older files); never from weights that are not finite."""
         step = self.run_state.train_state.step
         if not weights_finite(self.run_state.model):  # a last line of defence: never overwrite good files
             raise TrainingDiverged(f"training diverged: the weights are not finite at step {step}; nothing was "
@@ -91,7 +92,7 @@ class Checkpointer:
             ema, model = self.run_state.ema, unwrap_model(self.run_state.model)
             weights = model.state_dict() if ema is None else ema.averaged_state_dict(model)
             jobs.insert(0, ({**self.common, "model": weights, "train_state": self.run_state.counts()}, weights_to))
-        self.writer.save(*jobs)
+        self.writer.save(*jobs, then=then)
 
     def wait(self) -> None:
         """Until every queued file is on disk; a write that failed is one line naming the last good checkpoint."""

@@ -298,6 +298,7 @@ class RunDir:
         self.path = Path(path)
         self._lock_fd: int | None = None  # the open .lock while this object holds the folder
         self._made_folder = False  # `lock` created the folder: `unlock` removes it again when it stays empty
+        self._legacy_last: bool | None = None  # whether an unmarked folder's last.pt is ours, once read
 
     @property
     def config(self) -> Path:
@@ -371,21 +372,20 @@ class RunDir:
     def prune_epochs(self, keep_after: int) -> None:
         """Delete the weight files of epochs up to `keep_after` (train.keep_last_epochs): the model file, and an older
         version's .json beside it or .pt of the same epoch."""
-        self._delete([path for epoch, path in self.epoch_files() if epoch <= keep_after])
+        self._delete([path for epoch, path in self.epoch_files() if epoch <= keep_after], forms=model_file_forms)
 
     def prune_steps(self, keep: int, newest: int) -> None:
         """Keep the newest `keep` (at least 1) step files, the one of step `newest` (perhaps still being written)
         counted among them: delete the older ones (train.keep_last_steps)."""
         older = [path for step, path in self.step_files() if step < newest]
-        for path in older[:max(len(older) - (keep - 1), 0)]:
-            path.unlink(missing_ok=True)
+        self._delete(older[:max(len(older) - (keep - 1), 0)])  # one form: no version wrote a step_N.pt
 
-    @staticmethod
-    def _delete(paths: list[Path]) -> None:
-        """Delete these model files in every form they may have (model_file_forms)."""
+    def _delete(self, paths: list[Path], forms: Callable[[Path], tuple[Path, ...]] = lambda p: (p,)) -> None:
+        """Delete these files (each in its `forms`); a refusal (a read-only disk) is one RunDirError line."""
         for path in paths:
-            for old in model_file_forms(path):
-                old.unlink(missing_ok=True)
+            for old in forms(path):
+                with writing(old, "delete the older model file", run=self.path):
+                    old.unlink(missing_ok=True)
 
     @property
     def marker(self) -> Path:
@@ -408,11 +408,33 @@ class RunDir:
 
     def owned(self) -> bool:
         """Whether the project made this folder a run's: it carries the marker, or (a run of a version before the
-        marker) it holds only a run's files, among them last.pt or metrics.jsonl."""
+        marker) it holds only a run's files, among them a last.pt that training wrote. Names alone prove nothing:
+        other tools write a config.yaml, a metrics.jsonl or a last.pt too."""
         if self.marker.is_file():
             return True
         entries = self.entries()
-        return entries == self.run_files() and bool(entries & {"last.pt", "metrics.jsonl"})
+        return "last.pt" in entries and entries == self.run_files() and self._last_is_ours()
+
+    def _last_is_ours(self) -> bool:
+        """Whether last.pt loads as this project's checkpoint (read once a RunDir: only an unmarked folder asks)."""
+        if self._legacy_last is None:
+            try:
+                check_resumable(load_checkpoint(self.last), self.last)
+                self._legacy_last = True
+            except (UserError, OSError):
+                self._legacy_last = False
+        return self._legacy_last
+
+    def died_early(self) -> bool:
+        """Whether the folder holds only what a run writes before its first checkpoint (it died in its first
+        epoch): no file but `STARTED_FILES`, and no epoch, validation or final record in metrics.jsonl. A run
+        whose model files were deleted afterwards still has its records: it is not started again unasked."""
+        if not self.run_files() <= STARTED_FILES:
+            return False
+        try:
+            return not any(r.get("kind") in ("epoch", "step", "final") for r in self.records())
+        except (OSError, UnicodeDecodeError):  # unreadable: keep it, the refusal names train.overwrite
+            return False
 
     def lock(self) -> None:
         """Hold the folder for this process until `unlock`; a RunDirError line when a live training holds it.
@@ -438,7 +460,7 @@ class RunDir:
                     return
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise RunDirError(self._in_use(holder)) from None
-                raise run_dir_error(exc, self.lock_file, "lock") from None
+                raise run_dir_error(exc, self.lock_file, "lock", self.path) from None
             if _same_file(fd, self.lock_file):
                 self._hold(fd)
                 return
@@ -580,7 +602,7 @@ class RunDir:
             raise ConfigError(f"run directory {self.path} already holds a run; continue it with train.resume=auto, "
                               "replace it with train.overwrite=true, or choose another train.out_dir")
         if not self.last.is_file():
-            if self.run_files() <= STARTED_FILES:
+            if self.died_early():
                 return "start", None
             raise ConfigError(f"run directory {self.path} holds a run's files but no last.pt, so it cannot be "
                               "continued; start it again with train.overwrite=true (which deletes only the files "
@@ -622,11 +644,16 @@ class RunDir:
     def _not_a_run(self) -> str:
         """The refusal for a folder of someone else's files: never an offer to overwrite them."""
         everything = {p.name for p in self.path.iterdir()} if self.path.is_dir() else set()
-        names = sorted(self.entries() - self.run_files()) or sorted(self.entries()) or sorted(everything)
+        foreign = sorted(self.entries() - self.run_files())
+        names = foreign or sorted(self.entries()) or sorted(everything)
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        return (f"train.out_dir {self.path} holds files this project did not write ({shown}); training never "
-                "writes into such a folder: choose a new train.out_dir (a folder that does not exist yet, or an "
-                "empty one)")
+        choose = ("training never writes into such a folder: choose a new train.out_dir (a folder that does not "
+                  "exist yet, or an empty one)")
+        if foreign or not self.entries():
+            return f"train.out_dir {self.path} holds files this project did not write ({shown}); {choose}"
+        return (f"train.out_dir {self.path} holds files named as a run's ({shown}) but nothing shows that this project "
+                f"wrote them (no {MARKER} marker, no last.pt of its own); {choose}, or delete them yourself if they "
+                "are an old run of yours")
 
     def prepare(self, cfg: Config, start_mode: str, log: Callable[[str], None] | None = None) -> None:
         """Make the folder a run's (created, the marker written; a fresh start deletes the run's own files there)
@@ -636,7 +663,7 @@ class RunDir:
         with writing(self.path, "create the run directory", run=self.path):
             self.path.mkdir(parents=True, exist_ok=True)
             if start_mode == "start" and self.has_run():  # train.overwrite, or a run that died before last.pt
-                if not (cfg.train.overwrite or self.run_files() <= STARTED_FILES):
+                if not (cfg.train.overwrite or self.died_early()):
                     raise RunDirError(f"run directory {self.path} holds a run; decide with RunDir.open (it continues "
                                       "the run, or clears it only with train.overwrite=true)")
                 kept = self._clear()

@@ -15,7 +15,7 @@ import math
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -299,10 +299,9 @@ class Trainer:
         self.count_wall(t_save)
         record["wall_seconds"] = c.wall_seconds
         if save or targets:  # a better validation alone writes the best model file alone
-            self.checkpoints.save(mid_epoch=True, weights_to=targets, last=save)
+            self.checkpoints.save(mid_epoch=True, weights_to=targets, last=save, then=self.pruning())
         if validate and self.info.is_main:
             self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
-        self.prune_steps()
         if validate:
             self.log(step_line(record, s, c, t, self.total_steps, self.since))
         self.train_model.train()  # validation left the model in eval mode
@@ -369,12 +368,10 @@ class Trainer:
         targets = self.best_file(record) + ([] if cut_short else [self.run.epoch(epoch)]) + self.step_file()
         self.count_wall(t_save)  # before the checkpoint, so last.pt holds it
         record["wall_seconds"] = c.wall_seconds
-        self.checkpoints.save(mid_epoch=cut_short, weights_to=targets)
+        old_epochs = epoch - t.keep_last_epochs if t.keep_last_epochs and not cut_short else None
+        self.checkpoints.save(mid_epoch=cut_short, weights_to=targets, then=self.pruning(old_epochs))
         if self.info.is_main:  # copying the weights and waiting for the previous write, not the write itself
             self.metrics.record({**record, "checkpoint_seconds": time.perf_counter() - t_save})
-        if self.info.is_main and t.keep_last_epochs and not cut_short:
-            self.run.prune_epochs(keep_after=epoch - t.keep_last_epochs)
-        self.prune_steps()
         self._warn_if_slow(at_epoch_end=True)
         self.log(epoch_line(record, self.train_state, c, t, self.total_steps, self.since) + self.metrics.gpu_line())
 
@@ -394,11 +391,20 @@ class Trainer:
         step, n = self.train_state.step, self.cfg.train.save_every_steps
         return [self.run.step(step)] if every(step, n) or (n and self.done()) else []
 
-    def prune_steps(self) -> None:
-        """After a step file is queued: the older ones beyond train.keep_last_steps are deleted (rank 0)."""
-        keep, step = self.cfg.train.keep_last_steps, self.train_state.step
-        if self.info.is_main and keep and self.step_file():
-            self.run.prune_steps(keep, newest=step)
+    def pruning(self, old_epochs: int | None = None) -> Callable[[], None]:
+        """What deletes older model files once this save's files are on disk (the checkpoint writer runs it, rank 0
+        alone): the epoch files up to `old_epochs` (train.keep_last_epochs), and with a step file in this save
+        the step files beyond train.keep_last_steps. Deleted before the new file landed, a full disk would
+        leave neither."""
+        keep, step, run = self.cfg.train.keep_last_steps, self.train_state.step, self.run
+        prune_steps = bool(keep and self.step_file())
+
+        def prune() -> None:
+            if old_epochs is not None:
+                run.prune_epochs(keep_after=old_epochs)
+            if prune_steps:
+                run.prune_steps(keep, newest=step)
+        return prune
 
     def finish(self) -> dict[str, Any]:
         """Charts, final scores and example translations (run_end.finish): the run's result, which --quiet shows."""

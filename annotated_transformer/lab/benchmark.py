@@ -43,7 +43,7 @@ import torch
 from ..config import Config, config_from_dict, config_to_dict
 from ..runtime.device import device_name, native_bf16, select_device, synchronize
 from ..runtime.errors import ConfigError
-from ..runtime.files import write_json
+from ..runtime.files import write_json, writing
 from ..harness.malloc import malloc_in_use, training_malloc
 from ..loop import Log
 from ..masks import padding_mask
@@ -296,8 +296,9 @@ def run_benchmark(cfg: Config, steps: int = 10, warmup: int = 2, checkpoint: str
             from ..visualization import save_chart
 
             out = Path(out_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            save_chart(shape_chart(rows, f"{cfg.name} on {result['device']}"), out / "sweep")
+            with writing(out / "sweep.html", "write the chart"):
+                out.mkdir(parents=True, exist_ok=True)
+                save_chart(shape_chart(rows, f"{cfg.name} on {result['device']}"), out / "sweep")
             result["sweep_chart"] = str(out / "sweep.png")
     if out_dir:
         write_json(Path(out_dir) / "benchmark.json", result)

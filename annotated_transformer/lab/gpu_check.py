@@ -42,7 +42,7 @@ import torch
 from ..config import Config
 from ..runtime.device import device_name, resolve_amp_dtype, select_device, synchronize
 from ..runtime.errors import ConfigError
-from ..runtime.files import write_json
+from ..runtime.files import write_json, writing
 from ..runtime.model_flops import train_step_flops
 from ..harness.run_dir import read_metrics
 from ..harness.schedules import rate_on_device
@@ -178,7 +178,9 @@ def train_for(config: str, overrides: list[str], seconds: float, epochs_total: i
            f"train.out_dir={out}", "train.overwrite=true", "train.progress=false"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path = out.with_suffix(".log")
-    with open(log_path, "w", encoding="utf-8") as stream:
+    with writing(log_path, "write the training's log"):
+        stream = open(log_path, "w", encoding="utf-8")
+    with stream:
         proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT, env=env)
         try:
             code = proc.wait(timeout=seconds)

@@ -39,6 +39,7 @@ from ..config import Config
 from ..harness.run_dir import read_metrics
 from ..runtime.device import cpu_info, select_device
 from ..runtime.errors import ConfigError
+from ..runtime.files import writing
 from .speed_report import cpu_flags, machine_line
 from .synthetic_corpus import LANGS, CorpusSpec, check_folder, has_corpus, multi30k_lines, write_corpus
 
@@ -326,7 +327,8 @@ def scale_benchmark(config: str, overrides: Sequence[str], cfg: Config, pairs: i
         log(f"the synthetic corpus of {pairs:,} pairs in {folder}")
     result["corpus"] = corpus
     command = [sys.executable, "-m", "annotated_transformer"]
-    work = Path(tempfile.mkdtemp(prefix="scale-benchmark-", dir=folder))  # the cache and the run, deleted after
+    with writing(folder, "make a work folder in"):  # a read-only corpus folder: one line
+        work = Path(tempfile.mkdtemp(prefix="scale-benchmark-", dir=folder))  # the cache and the run, deleted after
     try:
         data = corpus_overrides(folder, work / "cache")
         log("prepare-data on it, an empty cache ...")

@@ -258,6 +258,9 @@ def collect_results(folders: Sequence[Path]) -> list[RunResult]:
     return results
 
 
+REPORT_FILES = ("sweep.md", "sweep.csv", "sweep.html", "sweep.png")  # what write_report writes
+
+
 def write_report(out: Path, results: Sequence[RunResult], title: str, target_bleu: float | None,
                  chart: bool = True, copy: bool | None = None) -> list[Path]:
     """sweep.md, sweep.csv and (when `chart` and altair can draw) sweep.html / sweep.png in `out`; `copy`: the copy
@@ -272,7 +275,8 @@ def write_report(out: Path, results: Sequence[RunResult], title: str, target_ble
     if chart and any(r.curve for r in results):
         from ..visualization import save_chart
 
-        save_chart(sweep_chart(results, title, target_bleu), out / "sweep")
+        with writing(out / "sweep.html", "write the chart"):
+            save_chart(sweep_chart(results, title, target_bleu), out / "sweep")
         written += [out / "sweep.html", out / "sweep.png"]
     return written
 

@@ -128,6 +128,21 @@ def grid_runs(settings: list[tuple[str, ...]], seeds: list[int], out: Path) -> l
     return [Run(_setting_name(s), s, seed, out / _setting_name(s) / f"seed{seed}") for s in settings for seed in seeds]
 
 
+def check_out(out: Path) -> None:
+    """One line, before anything runs, for an --out that is a file or a folder of other files: a sweep writes its
+    report (sweep.md, .csv, .html, .png) only into a new folder or one an earlier sweep wrote (SETTING/seedN)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give the folder the sweep writes its runs and report into")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    runs = [p for p in out.glob("*/seed*") if p.name.removeprefix("seed").removesuffix(".log").isdigit()]
+    if not runs:
+        names = sorted(p.name for p in out.iterdir())
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(f"--out {out} holds files no sweep wrote ({shown}); a sweep writes its runs and its report "
+                        "there: choose a new --out (a folder that does not exist yet, or an empty one)")
+
+
 def is_finished(run: Run) -> bool:
     """A run is finished when its metrics.jsonl holds the final record (written after the final scores)."""
     metrics = run.path / "metrics.jsonl"
@@ -285,6 +300,7 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
           data_root: str | None = None, log: Callable[[str], None] = print) -> int:
     """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
     target, copy = check_settings(config, extra, settings, score_tests)
+    check_out(out)
     runs = grid_runs(settings, seeds, out)
     launcher = Launcher(train_command, config, extra, parallel, log)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import UserError
-from ..runtime.files import refuse_to_replace, write_json
+from ..runtime.files import give_default_permissions, refuse_to_replace, write_json, writing
 
 LANGS = ("de", "en")
 SPLITS = ("train", "val", "test")  # each split's lines come from the Multi30k split of the same name
@@ -112,14 +113,20 @@ def write_split(folder: Path, split: str, pairs: tuple[Sequence[str], Sequence[s
     of the other splits' sizes."""
     rng = np.random.default_rng([seed, SPLITS.index(split)])
     final = [folder / f"{split}.{lang}" for lang in LANGS]
-    partial = [path.with_name(f".{path.name}.partial") for path in final]
+    partial: list[Path] = []
     try:
-        with partial[0].open("w", encoding="utf-8") as de, partial[1].open("w", encoding="utf-8") as en:
-            for de_text, en_text in joined_chunks(*pairs, lines, rng):
-                de.write(de_text)
-                en.write(en_text)
-        for tmp, path in zip(partial, final):
-            os.replace(tmp, path)
+        with writing(final[0]):  # a full disk (gigabytes at the paper's scale) is one line
+            for path in final:  # names of this process's own: two makers of one folder never share a file
+                fd, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".partial")
+                os.close(fd)
+                partial.append(Path(name))
+            with partial[0].open("w", encoding="utf-8") as de, partial[1].open("w", encoding="utf-8") as en:
+                for de_text, en_text in joined_chunks(*pairs, lines, rng):
+                    de.write(de_text)
+                    en.write(en_text)
+            for tmp, path in zip(partial, final):
+                give_default_permissions(tmp)  # mkstemp's file is owner-only; a corpus file is for reading
+                os.replace(tmp, path)
     finally:
         for tmp in partial:
             tmp.unlink(missing_ok=True)
@@ -147,8 +154,9 @@ def write_corpus(folder: str | Path, spec: CorpusSpec, multi30k: Callable[[str],
     folder = Path(folder).expanduser()
     spec.check()
     check_folder(folder, overwrite, option)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / MANIFEST).unlink(missing_ok=True)
+    with writing(folder, "prepare the corpus folder"):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / MANIFEST).unlink(missing_ok=True)
     for split, lines in spec.sizes().items():
         if log:
             log(f"{split}: {lines:,} pairs, each two Multi30k {split} pairs joined -> {folder}/{split}.de, .en")

@@ -75,7 +75,8 @@ def atomic_write(path: str | Path, write: Callable[[Any], object]) -> None:
 def write_json(path: str | Path, value: Any) -> None:
     """`value` as indented JSON at `path`, atomically (a process killed while writing leaves the earlier file whole)."""
     data = (json.dumps(value, indent=1) + "\n").encode("utf-8")
-    atomic_write(path, lambda f: f.write(data))
+    with writing(path):  # a full disk after minutes of measuring: one line, not a traceback
+        atomic_write(path, lambda f: f.write(data))
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
@@ -97,14 +98,14 @@ def refuse_to_replace(path: str | Path, overwrite: bool, what: str = "--out") ->
         raise UserError(f"{path} already exists (a {kind}); choose another {what}, or pass --overwrite to replace it")
 
 
-_HINTS = {
-    errno.ENOSPC: "free some disk space or choose another train.out_dir",
-    errno.EDQUOT: "free some quota or choose another train.out_dir",
-    errno.EACCES: "check its permissions or choose another train.out_dir",
-    errno.EPERM: "check its permissions or choose another train.out_dir",
-    errno.EROFS: "the filesystem is read-only; choose another train.out_dir",
-    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another train.out_dir",
-    errno.EEXIST: "a file is in the way; remove it or choose another train.out_dir",
+_HINTS = {  # {other}: the run's train.out_dir, or for any other file "place to write"
+    errno.ENOSPC: "free some disk space or choose another {other}",
+    errno.EDQUOT: "free some quota or choose another {other}",
+    errno.EACCES: "check its permissions or choose another {other}",
+    errno.EPERM: "check its permissions or choose another {other}",
+    errno.EROFS: "the filesystem is read-only; choose another {other}",
+    errno.ENOTDIR: "a part of the path is a file, not a folder; choose another {other}",
+    errno.EEXIST: "a file is in the way; remove it or choose another {other}",
 }
 
 
@@ -133,7 +134,8 @@ def run_dir_error(exc: OSError, path: str | Path, what: str = "write", run: str 
                             f"{run}, then run the same command again to {again}")
         error.resumes_from = last if last.is_file() else None  # the line names it: a caller need not again
         return error
-    hint = _HINTS.get(exc.errno or 0, "check the path or choose another train.out_dir")
+    hint = _HINTS.get(exc.errno or 0, "check the path or choose another {other}")
+    hint = hint.format(other="train.out_dir" if run is not None else "place to write")
     return RunDirError(f"cannot {what} {where}: {exc.strerror or exc}; {hint}")
 
 
