@@ -119,6 +119,24 @@ def test_starting_afresh_keeps_the_lock_file(tmp_path):
     run.unlock()
 
 
+def test_a_filesystem_without_locks_runs_unguarded_and_says_so(tmp_path, monkeypatch):
+    """flock refused by the filesystem (ENOLCK on some network mounts): the run goes on, with one warning line."""
+    from annotated_transformer.harness import run_dir as run_dir_module
+    from annotated_transformer.harness.distributed import DistInfo
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(run_dir_module.fcntl, "flock", no_locks)
+    run, lines = RunDir(tmp_path / "run"), []
+    cfg = load_config("copy", [f"train.out_dir={tmp_path / 'run'}", *QUIET])
+    assert run.open(cfg, DistInfo(), log=lines.append)[0] == "start"
+    assert len(lines) == 1 and lines[0].startswith(f"warning: cannot lock {run.lock_file} (No locks available")
+    assert "start one at a time" in lines[0]
+    assert run.marker.is_file()  # the run's folder was made all the same
+    run.unlock()
+
+
 class FakeTrainer:
     """Stands in for the Trainer: checks that the folder is held while it "trains"."""
 

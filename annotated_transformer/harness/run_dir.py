@@ -299,6 +299,7 @@ class RunDir:
         self._lock_fd: int | None = None  # the open .lock while this object holds the folder
         self._made_folder = False  # `lock` created the folder: `unlock` removes it again when it stays empty
         self._legacy_last: bool | None = None  # whether an unmarked folder's last.pt is ours, once read
+        self.unguarded: str | None = None  # why `lock` could not lock (a filesystem without locks), else None
 
     @property
     def config(self) -> Path:
@@ -456,7 +457,8 @@ class RunDir:
             except OSError as exc:
                 holder = os.pread(fd, 512, 0)
                 os.close(fd)
-                if exc.errno in _NO_LOCKING:  # e.g. a network filesystem without locks: run unguarded
+                if exc.errno in _NO_LOCKING:  # e.g. a network filesystem without locks: run unguarded, said once
+                    self.unguarded = exc.strerror or str(exc)
                     return
                 if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise RunDirError(self._in_use(holder)) from None
@@ -538,6 +540,9 @@ class RunDir:
         sees no last.pt (a folder that is not shared) never starts from step 0 while another resumes.
         """
         start_mode, last = self._decide(cfg, info, data, ready)
+        if self.unguarded and log is not None:
+            log(f"warning: cannot lock {self.lock_file} ({self.unguarded}: its filesystem has no file locks); nothing "
+                "stops a second training on this folder, so start one at a time")
         if info.is_main and start_mode != "finished":
             self.prepare(cfg, start_mode, log)
         return start_mode, last
