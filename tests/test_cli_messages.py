@@ -202,6 +202,16 @@ def test_argparse_mistakes_are_one_line_too(command):
         "options)")
 
 
+def test_an_option_of_one_value_given_twice_is_refused(command):
+    """argparse would keep the last one silently: a second --config trained another task into another folder."""
+    twice = "is given twice, and only one value is read; give it once"
+    assert one_error(command, "train", "--config", "tiny", "--config", "copy") == f"--config {twice}"
+    assert one_error(command, "translate", "--checkpoint", "a", "--checkpoint=b", "x") == f"--checkpoint {twice}"
+    assert one_error(command, "average-checkpoints", "a", "--output", "a", "--out", "b") == f"--out {twice}"
+    assert one_error(command, "sweep", "--config", "copy", "--seed-list", "1,2,1") == (
+        "--seed-list names seed 1 twice; its runs would share one folder: give each seed once")
+
+
 def test_an_unknown_command_suggests_the_nearest(capsys):
     with pytest.raises(SystemExit) as done:
         cli_main(["trian", "--config", "copy"])
@@ -435,3 +445,17 @@ def test_a_sweep_refuses_options_that_mean_nothing_for_what_it_does(args, messag
     monkeypatch.chdir(tmp_path)
     assert one_error(command, "sweep", *args).startswith(message)
     assert not any(tmp_path.iterdir())  # nothing written, nothing trained
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    """`command | head`: the closed pipe ends the command with 141, as SIGPIPE would, and no traceback."""
+    import subprocess
+    import sys
+
+    script = ("from annotated_transformer.runtime.errors import run_cli\n"
+              "run_cli(lambda: [print('line', i) for i in range(300000)] and 0)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(20).startswith(b"line 0\n")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == ""

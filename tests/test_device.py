@@ -140,6 +140,8 @@ def test_no_gpu_seen_is_quiet(nvml, capsys, case):
     assert capsys.readouterr().err == ""
     with pytest.raises(ConfigError, match="CUDA is not available here .no NVIDIA GPU found.; use train.device=cpu"):
         select_device("cuda")
+    with pytest.raises(ConfigError, match="^device is 'cuda' but CUDA .*; use cpu or auto$"):
+        select_device("cuda", option="device")  # the API's device= and a command's --device alike
 
 
 def test_the_option_is_named_in_errors():

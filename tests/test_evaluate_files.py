@@ -147,10 +147,18 @@ def test_out_is_never_a_file_the_run_keeps(tiny_checkpoint, tmp_path, command, n
     for cmd, args in (("evaluate", ("--split", "val", "--limit", "3")), ("translate", ("Ein Hund.",))):
         code, _, stderr = command(cmd, "--checkpoint", run, *args, "--out", run / name, "--overwrite")
         assert code == 2 and stderr.decode() == (
-            f"error: --out {run / name} is a file of the run or export in {run} (its weights, state, records or "
-            "vocabulary), which the commands read: it is never replaced, not even with --overwrite; choose another "
-            "--out\n")
-    assert (run / name).read_bytes() == before
+            f"error: --out {run / name} is a file of the run or export in {run} (its weights, state, records, "
+            "charts or vocabulary), which the commands read: it is never replaced, not even with --overwrite; "
+            "choose another --out\n")
+    other = tmp_path / "other_run"  # a run that no --checkpoint names keeps its files too
+    shutil.copytree(tiny_checkpoint.parent, other)
+    code, _, stderr = command("translate", "--checkpoint", run, "Ein Hund.", "--out", other / name, "--overwrite")
+    assert code == 2 and f"is a file of the run or export in {other} " in stderr.decode()
+    if name.endswith(".safetensors") or name.endswith(".pt"):  # an average over a run's own model file
+        code, _, stderr = command("average-checkpoints", run / "best.safetensors", "--out", other / name,
+                                  "--overwrite")
+        assert code == 2 and f"is a file of the run or export in {other} " in stderr.decode(), stderr.decode()
+    assert (run / name).read_bytes() == before and (other / name).read_bytes() == before
     code, _, stderr = command("evaluate", "--checkpoint", run / "best.safetensors", "--split", "val", "--limit", "3",
                               "--out", run / "last.pt", "--overwrite")  # a model file of the run: its folder too
     assert code == 2 and "is a file of the run or export in" in stderr.decode()

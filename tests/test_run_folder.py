@@ -89,6 +89,8 @@ def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts)
     assert (out / MARKER).is_file() and len(list(out.glob("step_*.safetensors"))) == 3  # steps 2, 4 and 6
     (out / "notes.txt").write_text("lr 1e-3 was worse\n")
     (out / "old_epoch_01.safetensors.bak").write_bytes(b"mine")
+    (out / "my_thesis.beam5.txt").write_text("translated by hand\n")  # named like hypotheses, but not evaluate's
+    (out / "best.test.beam1.txt").write_text("evaluate's hypotheses\n")
     (out / "charts").mkdir(exist_ok=True)
     (out / "charts" / "my_plot.svg").write_bytes(b"<svg/>")  # in a folder training writes, still the user's
     (out / "eval" / "other").mkdir(parents=True)
@@ -97,7 +99,9 @@ def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts)
     assert code == 0, err
     assert (out / "notes.txt").read_text() == "lr 1e-3 was worse\n"
     assert (out / "old_epoch_01.safetensors.bak").read_bytes() == b"mine"
-    assert "kept what training did not write (charts, eval, notes.txt, old_epoch_01.safetensors.bak)" in stdout
+    assert ("kept what training did not write (charts, eval, my_thesis.beam5.txt, notes.txt, "
+            "old_epoch_01.safetensors.bak)") in stdout
+    assert (out / "my_thesis.beam5.txt").is_file() and not (out / "best.test.beam1.txt").exists()
     assert (out / "charts" / "my_plot.svg").read_bytes() == b"<svg/>" and (out / "eval" / "other" / MARKER).is_file()
     assert not (out / "epoch_02.safetensors").exists()  # the earlier run's second epoch is gone
     assert not list(out.glob("step_*"))  # and its step files

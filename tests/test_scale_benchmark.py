@@ -123,6 +123,15 @@ def test_a_full_disk_while_writing_the_corpus_is_one_line_and_leaves_no_partial_
     assert all(after[name] == before[name] for name in after)
 
 
+def test_a_corpus_is_never_written_into_a_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".annotated-transformer-run").write_text("{}")
+    with pytest.raises(UserError, match=r"--out .*run is a training run's \(or an export's\) folder"):
+        write_corpus(run, CorpusSpec(100, 10, 10), fake_multi30k())
+    assert sorted(p.name for p in run.iterdir()) == [".annotated-transformer-run"]
+
+
 def test_bad_sizes_are_one_line_before_anything_is_written(tmp_path, command):
     code, stdout, stderr = command("make-synthetic-corpus", "--out", tmp_path / "c", "--val-pairs", "0")
     assert code == 2 and stderr.decode().splitlines() == ["error: --val-pairs must be at least 1, got 0"]

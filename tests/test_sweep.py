@@ -362,6 +362,21 @@ def test_a_training_sweep_writes_only_into_a_new_folder_or_an_earlier_sweeps(tmp
     check_out(started)
 
 
+def test_data_that_is_not_there_is_one_line_before_any_run(tmp_path, capsys):
+    """Every run would fail on it (and a finished run be reported failed): the sweep says so once, runs nothing."""
+    from annotated_transformer.cli import run as run_command
+
+    out = tmp_path / "sw"
+    for data in (f"data.root={tmp_path / 'nope'}", f"data.train={tmp_path / 'corpus' / 'train'}"):
+        extra = [] if data.startswith("data.root") else ["data.dataset=files", "data.src_lang=de", "data.tgt_lang=en",
+                                                          f"data.val={tmp_path / 'corpus' / 'val'}"]
+        with pytest.raises(SystemExit) as refused:
+            run_command("sweep", ["--config", "tiny", "--seeds", "1", "--out", str(out), data, *extra], "sweep.py")
+        err = capsys.readouterr().err
+        assert refused.value.code == 2 and err.startswith("error: setting base: ") and err.count("\n") == 1, err
+        assert not out.exists()
+
+
 def test_a_comparison_times_every_run_to_the_target_it_names():
     from annotated_transformer.lab.seed_statistics import RunResult, summary_markdown, timed_to
 

@@ -426,6 +426,23 @@ def sigterm_at(monkeypatch, step: int) -> None:
     monkeypatch.setattr(Trainer, "_should_stop", should_stop)
 
 
+def test_a_signal_delivered_twice_is_one_stop_and_a_later_ctrl_c_stops_at_once(monkeypatch):
+    """`uv run` without a terminal (or `timeout -s INT`) forwards the SIGINT the process group got: the copy that
+    arrives at once is the same stop, which saves last.pt; a Ctrl-C a while later still stops at once."""
+    from annotated_transformer.harness import resume
+
+    clock = [100.0]
+    monkeypatch.setattr(resume.time, "monotonic", lambda: clock[0])
+    stop = StopSignal()
+    stop._handle(signal.SIGINT, None)
+    clock[0] += 0.01
+    stop._handle(signal.SIGINT, None)  # the forwarded copy
+    assert stop.signum == signal.SIGINT and stop.stop_now(False)
+    clock[0] += resume.SAME_SIGNAL_SECONDS + 0.5
+    with pytest.raises(KeyboardInterrupt):
+        stop._handle(signal.SIGINT, None)
+
+
 @pytest.mark.slow
 def test_sigterm_mid_epoch_then_resume_is_bit_identical(tmp_path, multi30k_dir, data_cache_dir, train_command,
                                                        monkeypatch):

@@ -94,7 +94,7 @@ def test_decoding_settings_are_checked(translator, tiny_checkpoint):
         Translator.load(tiny_checkpoint, beam=0)
     with pytest.raises(TypeError, match="^beam must be a whole number, got str '5'$"):
         Translator.load(tiny_checkpoint, beam="5")
-    with pytest.raises(ConfigError, match="--quantize must be none, int8 or bf16, got 'fp8'"):
+    with pytest.raises(ConfigError, match=r"quantize \(--quantize\) must be none, int8 or bf16, got 'fp8'"):
         Translator.load(tiny_checkpoint, quantize="fp8")
 
 

@@ -93,6 +93,23 @@ def test_a_second_visualize_into_the_folder_needs_overwrite(cli_run, tiny_checkp
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # not one chart replaced
 
 
+def test_the_charts_of_a_run_are_never_visualizes_out(tiny_checkpoint, tmp_path, command):
+    """--out RUN/charts (where training draws its curves) is refused even with --overwrite; RUN/viz is fine."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, run)
+    (run / "charts").mkdir(exist_ok=True)
+    (run / "charts" / "training_curves.html").write_text("the run's curves")
+    before = sorted(p.name for p in (run / "charts").iterdir())
+    code, stdout, stderr = command("visualize", "--checkpoint", run, "--out", run / "charts", "--overwrite",
+                                   "Eine Frau.")
+    assert code == 2 and stdout == b"" and stderr.decode().count("\n") == 1
+    assert f"--out {run / 'charts'} is a file of the run or export in {run} " in stderr.decode()
+    assert sorted(p.name for p in (run / "charts").iterdir()) == before
+    assert (run / "charts" / "training_curves.html").read_text() == "the run's curves"
+
+
 def test_attention_charts_hold_the_translation_tokens_in_order_and_rows_sum_to_one(cli_run):
     _, stdout, _, out = cli_run
     translation = stdout.splitlines()[0].removeprefix("translation: ")

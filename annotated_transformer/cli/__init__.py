@@ -14,15 +14,17 @@ from ..runtime.errors import run_cli
 
 # command -> (module in this package, what it does)
 COMMANDS = {
-    "train": ("train", "train a Transformer from a config (the copy task or Multi30k de->en)"),
+    "train": ("train", "train a Transformer from a config (Multi30k, your own parallel text, or the copy task)"),
     "translate": ("translate", "translate sentences: typed at a prompt, given as arguments, a file or a pipe"),
-    "evaluate": ("evaluate", "score a trained model on a Multi30k split with sacreBLEU and chrF"),
+    "evaluate": ("evaluate", "score a trained model with sacreBLEU and chrF (a split of its data, or "
+                 "--input/--ref files)"),
     "export": ("export", "export a trained model to CTranslate2 (float32, int8 or bf16 weights)"),
     "visualize": ("visualize", "chart what a trained model attends to on one sentence"),
     "average-checkpoints": ("average", "average the weights of several checkpoints of one run"),
     "sweep": ("sweep", "train a grid of settings x seeds and report mean +/- sd"),
     "benchmark": ("benchmark", "measure training and decoding speed against baselines"),
-    "prepare-data": ("prepare_data", "download, verify, tokenise and cache Multi30k; print statistics"),
+    "prepare-data": ("prepare_data", "check, tokenise and cache a config's data (Multi30k or your own files); "
+                     "print statistics"),
     "make-synthetic-corpus": ("make_synthetic_corpus", "write a parallel corpus of WMT length from Multi30k's lines "
                               "(benchmark --scale)"),
 }

@@ -20,7 +20,13 @@ def build_parser(prog: str | None = None) -> CommandParser:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Average the parameters of the given checkpoints into --out."""
     args = build_parser(prog).parse_args(argv)
-    from ..checkpoints import average_into
+    from pathlib import Path
+
+    from ..checkpoints import average_into, model_file_forms
+    from .options import kept_by_a_run, refuse_a_runs_file
+
+    for out in (Path(args.out), model_file_forms(args.out)[0]):  # as given, and the .safetensors file written
+        refuse_a_runs_file(args.out, kept_by_a_run(out))
 
     out = average_into(args.checkpoints, args.out, overwrite=args.overwrite)
     n = len(args.checkpoints)

@@ -81,6 +81,21 @@ class CommandParser(argparse.ArgumentParser):
                 i += len(words)
         return out
 
+    def given_twice(self, args: Sequence[str]) -> str | None:
+        """The first option of one value that `args` give more than once (argparse keeps the last silently: a
+        second --config or --checkpoint would replace the first unseen); None when there is none."""
+        seen: set[str] = set()
+        for arg in args:
+            if arg == "--":
+                break
+            action = self._option_string_actions.get(self.full_name(arg.partition("=")[0]))
+            if not arg.startswith("--") or not isinstance(action, argparse._StoreAction):
+                continue
+            if action.dest in seen:
+                return action.option_strings[-1]
+            seen.add(action.dest)
+        return None
+
     def full_name(self, option: str) -> str:
         """The option `option` names: itself, or the one option it is the start of (argparse's abbreviation)."""
         names = self._option_string_actions
@@ -100,6 +115,9 @@ class CommandParser(argparse.ArgumentParser):
         options may come in any order: an override (or a sentence) after an option is read as one before it."""
         args = self.renamed(sys.argv[1:] if args is None else args)
         self.given = args
+        twice = self.given_twice(args)
+        if twice:
+            fail(f"{twice} is given twice, and only one value is read; give it once")
         # Intermixed parsing drops a "--" before the first word, and would read what follows it as options
         # again: with a "--" the words after it are words, as argparse has always read them.
         parse = super().parse_known_args if "--" in args else super().parse_known_intermixed_args
@@ -240,13 +258,31 @@ def check_out_file(out: str | Path, overwrite: bool, inputs: dict[str, str | Pat
                             "even with --overwrite; choose another --out")
     checkpoint = inputs.get("--checkpoint")
     folder = kept_in_model_folder(path, Path(checkpoint)) if checkpoint is not None else None
-    if folder is not None:
-        raise UserError(f"--out {out} is a file of the run or export in {folder} (its weights, state, records or "
-                        "vocabulary), which the commands read: it is never replaced, not even with --overwrite; "
-                        "choose another --out")
+    refuse_a_runs_file(out, folder or kept_by_a_run(path))
     if path.is_dir():
         raise UserError(f"--out {out} is a folder; give the path of the file to write")
     refuse_to_replace(path, overwrite)
+
+
+def refuse_a_runs_file(out: str | Path, folder: Path | None) -> None:
+    """The one line for an --out that names what the run or export in `folder` keeps (None: nothing to refuse)."""
+    from ..runtime.errors import UserError
+
+    if folder is not None:
+        raise UserError(f"--out {out} is a file of the run or export in {folder} (its weights, state, records, "
+                        "charts or vocabulary), which the commands read: it is never replaced, not even with "
+                        "--overwrite; choose another --out")
+
+
+def kept_by_a_run(path: Path) -> Path | None:
+    """The run or export folder above `path` (one that holds the run marker, last.pt or an export's model.bin) when
+    `path` is a file or folder it keeps there (`kept_in_model_folder`); None otherwise."""
+    from ..harness.run_dir import MARKER
+
+    for folder in path.expanduser().resolve().parents:
+        if any((folder / name).exists() for name in (MARKER, "last.pt", "model.bin")):
+            return kept_in_model_folder(path, folder)
+    return None
 
 
 def kept_in_model_folder(path: Path, checkpoint: Path) -> Path | None:

@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if value < 1:
             raise ConfigError(f"{option} must be at least 1, got {value}")
     seeds = args.seed_list or list(range(1, args.seeds + 1))
+    if len(set(seeds)) < len(seeds):
+        twice = next(seed for seed in seeds if seeds.count(seed) > 1)
+        raise ConfigError(f"--seed-list names seed {twice} twice; its runs would share one folder: give each seed once")
     # --data-root DIR is the override data.root=DIR (given first: a dotted override wins, as in train).
     overrides = (*([f"data.root={args.data_root}"] if args.data_root else []), *args.overrides)
     root = overridden(overrides, "data.root")  # the runs' data, for their test scores too

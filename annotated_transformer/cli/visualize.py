@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..runtime.errors import UserError
 from .options import CommandParser, add_beam, add_checkpoint, add_device, add_out, add_overwrite
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..deploy.translator import torch_checkpoint
     from ..visualization import visualize_checkpoint
 
+    from .options import kept_by_a_run, refuse_a_runs_file
+
+    refuse_a_runs_file(args.out, kept_by_a_run(Path(args.out)))  # e.g. a run's charts/: its training curves
     path = torch_checkpoint(args.checkpoint, "visualize (the attention weights)")
     result = visualize_checkpoint(path, sentence, args.out, layer_numbers=args.layers,
                                   beam_size=args.beam, formats=args.formats, device=args.device,

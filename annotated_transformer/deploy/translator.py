@@ -117,7 +117,7 @@ def load_translator(checkpoint: str | Path, engine: str | None = None, device: s
     """The translator a --checkpoint names: `Translator` (optionally int8 or bf16) on a model file or run directory, or
     `CT2Translator` on an exported folder; `engine`, when given, must agree. A wrong combination is one line."""
     if quantize not in ("none", "int8", "bf16"):
-        raise ConfigError(f"--quantize must be none, int8 or bf16, got {quantize!r}")
+        raise ConfigError(f"quantize (--quantize) must be none, int8 or bf16, got {quantize!r}")
     found, path = resolve_checkpoint(checkpoint)
     if engine is not None and not Path(checkpoint).expanduser().exists():
         found = engine  # nothing there to contradict it: the engine's loader names what is missing

@@ -161,12 +161,18 @@ class RunState:
 # Under torchrun the ranks compare their signal flags about this often (seconds of training).
 CHECK_SECONDS = 1.0
 
+# A signal sent to the process group reaches training twice under a launcher that forwards it as well (`uv run`
+# without a terminal, `timeout -s INT`): a second SIGINT this soon after the first is the same one, not a second
+# Ctrl-C that asks to stop without saving.
+SAME_SIGNAL_SECONDS = 1.0
+
 
 class StopSignal:
     """Turns SIGTERM / SIGINT into a flag the training loop reads between steps (host only)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self._signalled = 0.0  # time.monotonic() of the first signal
         self._previous: dict[int, Any] = {}
         self._every = self._steps_left = 1  # under torchrun: steps between comparisons, and steps to the next
         self._last_check = time.perf_counter()
@@ -186,9 +192,11 @@ class StopSignal:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
+        now = time.monotonic()
+        if self.signum is not None and signum == signal.SIGINT and now - self._signalled > SAME_SIGNAL_SECONDS:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
-        self.signum = signum
+        if self.signum is None:
+            self.signum, self._signalled = signum, now
 
     def stop_now(self, distributed: bool, rank: int = 0, force: bool = False) -> bool:
         """Asked after every step (and with `force` at an epoch's end): whether training stops here.

@@ -66,7 +66,8 @@ MARKER_FORMAT = "annotated-transformer/run/1"
 OWN_NAMES = re.compile(r"""(?x)^(?:
     config\.yaml | vocab | metrics\.jsonl | train\.log | charts | tensorboard | last\.pt | eval | test_scores\.json
   | (?:best|avg|epoch_\d+)\.(?:safetensors|json|pt) | step_\d+\.safetensors
-  | [\w.-]+\.beam\d+\.txt
+  | (?:(?:best|avg|last|epoch_\d+|step_\d+)\.(?:val|test)(?:\.first\d+)?(?:\.(?:merge|prune)[\d.e+-]+)?
+     | test)\.beam\d+\.txt
   | \.annotated-transformer-run | \.lock
 )$""")
 

@@ -279,14 +279,21 @@ def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
 
 def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str, ...]],
                    score_tests: bool = False) -> tuple[float, bool]:
-    """Validate every setting's config before anything runs (one line for a bad key or value); the target BLEU, and
-    whether every setting trains the copy task (its report counts exact copies, not BLEU)."""
-    targets, tasks = set(), set()
+    """Validate every setting's config and find its data files before anything runs (one line for a bad key or
+    value, or files that are not there: every run would fail on them); the target BLEU, and whether every setting
+    trains the copy task (its report counts exact copies, not BLEU)."""
+    from ..data.translation_data import open_corpus
+
+    targets, tasks, found = set(), set(), set()
     for overrides in settings:
         try:
             cfg = load_config(config, [*extra, *overrides])
-        except ConfigError as exc:
-            raise ConfigError(f"setting {_setting_name(overrides)}: {exc}") from None
+            data = json.dumps(config_to_dict(cfg)["data"], sort_keys=True, default=str)
+            if cfg.data.dataset != "copy" and data not in found:
+                open_corpus(cfg.data, log=print)  # Multi30k verified (or downloaded), your own files found
+                found.add(data)
+        except UserError as exc:
+            raise type(exc)(f"setting {_setting_name(overrides)}: {exc}") from None
         if score_tests and cfg.data.dataset == "copy":
             raise ConfigError("--score-test scores BLEU on a test split, which the copy task has not (its runs end "
                               "with their exact copies in metrics.jsonl); leave --score-test out")

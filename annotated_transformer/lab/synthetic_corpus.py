@@ -137,6 +137,10 @@ def check_folder(folder: Path, overwrite: bool, option: str = "--out") -> None:
     corpus file there unless `overwrite`."""
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{option} {folder} is a file; give the folder to write the corpus into")
+    # a run's marker (harness.run_dir.MARKER: named, not imported, as making a corpus loads no torch), an export's
+    if any((folder / name).exists() for name in (".annotated-transformer-run", "last.pt", "model.bin")):
+        raise UserError(f"{option} {folder} is a training run's (or an export's) folder; give the corpus a folder of "
+                        "its own")
     for path in corpus_files(folder):
         refuse_to_replace(path, overwrite, option)
 

@@ -92,6 +92,12 @@ def select_device(spec: str = "auto", local_rank: int = 0, option: str = "train.
     return device
 
 
+def _setting(option: str, value: str) -> str:
+    """How to set `option` to `value` in a message: an override (train.device=cpu); a --flag or a Python keyword
+    (the device a command's --device and the API's device= both name): the value alone."""
+    return f"{option}={value}" if "." in option else value
+
+
 def _select_device(spec: str, local_rank: int, option: str) -> torch.device:
     if spec == "auto":
         if torch.cuda.is_available():
@@ -110,13 +116,13 @@ def _select_device(spec: str, local_rank: int, option: str) -> torch.device:
             found = unusable_gpu()
             if found is None:
                 raise ConfigError(f"{option} is '{spec}' but CUDA is not available here (no NVIDIA GPU found); "
-                                  f"use {option}=cpu or auto")
+                                  f"use {_setting(option, 'cpu')} or auto")
             problem, fix = found
-            raise ConfigError(f"{option} is '{spec}' but {problem}. Fix: {fix}, or use {option}=cpu")
+            raise ConfigError(f"{option} is '{spec}' but {problem}. Fix: {fix}, or use {_setting(option, 'cpu')}")
         if device.index is None:
             device = torch.device("cuda", local_rank % torch.cuda.device_count())
     if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ConfigError(f"{option} is 'mps' but MPS is not available here; use {option}=cpu or auto")
+        raise ConfigError(f"{option} is 'mps' but MPS is not available here; use {_setting(option, 'cpu')} or auto")
     return device
 
 

@@ -79,6 +79,12 @@ def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's `main`, turning `UserError` and Ctrl-C into clean exits."""
     try:
         code = main()
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+    except BrokenPipeError:
+        # The reader of our output went away (`... | head`): stop quietly, as a Unix tool killed by SIGPIPE does;
+        # what is still buffered goes nowhere, so that the flush at exit raises nothing either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(141) from None
     except UserError as exc:
         # torchrun: every rank of a machine reads the same command line and config; its first rank says what is
         # wrong with them, once
