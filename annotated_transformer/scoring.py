@@ -154,8 +154,8 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     (None: the checkpoint's decode.batch_size). The figures are printed (as one JSON object with `as_json`) and
     returned.
     """
-    from .data import open_corpus
-    from .runtime.errors import ConfigError
+    from .data.translation_data import read_one_split
+    from .runtime.errors import ConfigError, DataError
 
     cfg = translator.config
     k = beam or cfg.decode.beam_size
@@ -165,7 +165,12 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
             raise ConfigError(f"--split must be 'val' or 'test', got {split!r}")
         if data_root is not None:
             cfg.data.root = data_root
-        src_lines, ref_lines = open_corpus(cfg.data).read(split)
+        try:
+            src_lines, ref_lines = read_one_split(cfg.data, split)
+        except DataError as exc:
+            if cfg.data.dataset != "files":
+                raise
+            raise DataError(f"{exc}; or score the files by name: --input SRC --ref REF") from None
         name, where = split, {"split": split}
         stem = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}")
     else:

@@ -224,6 +224,10 @@ def test_export_refuses_an_existing_folder_and_keeps_it(tiny_checkpoint, tmp_pat
         assert ("already exists" if not extra else "is not a folder written by export") in err, err
         assert sorted(p.name for p in out.iterdir()) == ["mine.txt"] and (out / "mine.txt").read_text() == "keep me"
         assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # no temporary folder left behind
+    empty = tmp_path / "made_for_it"  # an empty folder replaces nothing: taken without --overwrite
+    empty.mkdir()
+    code, _, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", empty)
+    assert code == 0 and (empty / "model.bin").is_file(), stderr.decode()
 
 
 def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, command):

@@ -50,6 +50,33 @@ def test_a_pair_of_files_scores_as_the_same_sentences_of_a_split(tiny_checkpoint
         assert files["scores"][key]["score"] == pytest.approx(split["scores"][key]["score"], abs=1e-9), key
 
 
+def test_scoring_a_split_reads_only_that_splits_files(tiny_checkpoint, multi30k_dir, tmp_path, command):
+    """The vocabulary is in the model file: a folder with only val's two Multi30k files scores val; own files
+    whose training split is gone score their val split; a missing split names --input/--ref."""
+    import shutil
+
+    from annotated_transformer.config import load_config
+    from annotated_transformer.data.translation_data import read_one_split
+
+    val_only = tmp_path / "val_only"
+    val_only.mkdir()
+    for name in ("val.de.gz", "val.en.gz"):
+        shutil.copy(multi30k_dir / name, val_only / name)
+    code, out, err = command("evaluate", "--checkpoint", tiny_checkpoint, "--split", "val", "--limit", "3", "--json",
+                             "--out", tmp_path / "val.txt", f"data.root={val_only}")
+    assert code == 0 and json.loads(out)["sentences"] == 3, err.decode()
+    code, _, err = command("evaluate", "--checkpoint", tiny_checkpoint, "--split", "test", "--limit", "3",
+                           "--out", tmp_path / "test.txt", f"data.root={val_only}")
+    assert code == 2 and "test_2016_flickr.de.gz is missing" in err.decode()
+    corpus = tmp_path / "corpus"  # your own files, the training split deleted since
+    corpus.mkdir()
+    (corpus / "val.xx").write_text("a b\nc d\n")
+    (corpus / "val.yy").write_text("b a\nd c\n")
+    cfg = load_config("tiny", ["data.dataset=files", "data.src_lang=xx", "data.tgt_lang=yy",
+                               f"data.train={corpus / 'train'}", f"data.val={corpus / 'val'}"]).data
+    assert read_one_split(cfg, "val") == (["a b", "c d"], ["b a", "d c"])
+
+
 def test_hypotheses_go_to_eval_in_the_run_and_are_never_overwritten_unasked(tiny_checkpoint, multi30k_dir, tmp_path,
                                                                           command):
     name = f"pair_{tmp_path.name}"  # a name of its own in the session's run directory

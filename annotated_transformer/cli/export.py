@@ -23,8 +23,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser = CommandParser(prog=prog, description="Export a trained model as a CTranslate2 model folder.")
     add_checkpoint(parser, help="a run directory (the weights its final scores used) or a model file")
     parser.add_argument("--to", default="ctranslate2", choices=["ctranslate2"], help="the engine to export to")
-    add_out(parser, "the model folder to write, outside the run it reads (an existing one is refused unless "
-                    "--overwrite)", required=True, old=())
+    add_out(parser, "the model folder to write, outside the run it reads (new or empty; an existing export is "
+                    "replaced only with --overwrite)", required=True, old=())
     add_quantize(parser, "the weights in the folder: none (float32, exact), int8 or bf16", aliases=OLD_VALUES)
     add_overwrite(parser, "replace the folder of an earlier export at --out (a folder holding anything else is "
                           "refused)")

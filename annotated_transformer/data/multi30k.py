@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,11 +83,16 @@ def verification_problem(path: Path) -> str | None:
                                    f"expected {expected[:12]}...)")
 
 
-def verify_dir(folder: Path, source: str) -> Path:
-    """Check that `folder` holds the six canonical files; raise one clear DataError otherwise."""
+def split_files(split: str) -> tuple[str, ...]:
+    """The two file names of one split (both languages): all that scoring that split reads."""
+    return tuple(f"{SPLIT_FILES[split]}.{lang}.gz" for lang in ("de", "en"))
+
+
+def verify_dir(folder: Path, source: str, names: Sequence[str] = tuple(MULTI30K_FILES)) -> Path:
+    """Check that `folder` holds the canonical files `names` (all six unless told); one clear DataError otherwise."""
     if not folder.is_dir():
         raise DataError(f"{source} points at {folder}, which is not a folder; {_FIX}")
-    for name in MULTI30K_FILES:
+    for name in names:
         problem = verification_problem(folder / name)
         if problem == "missing":
             raise DataError(f"Multi30k file {folder / name} is missing ({source}); {_FIX}")
@@ -150,17 +155,19 @@ def download_file(name: str, dest_dir: Path, base_url: str, retries: int = 3, ba
 
 
 def resolve_multi30k_dir(data_cfg: Any, base_url: str | None = None, retries: int = 3, backoff_s: float = 1.0,
-                         log: Callable[[str], None] | None = None) -> Path:
-    """The folder holding the six verified files: data.root, else $MULTI30K_DIR, else a download to the cache."""
+                         log: Callable[[str], None] | None = None, names: Sequence[str] = tuple(MULTI30K_FILES)
+                         ) -> Path:
+    """The folder holding the verified files `names` (all six unless told: scoring one split needs its two):
+    data.root, else $MULTI30K_DIR, else a download to the cache."""
     root = getattr(data_cfg, "root", None)
     if root:
-        return verify_dir(Path(root).expanduser(), "data.root")
+        return verify_dir(Path(root).expanduser(), "data.root", names)
     env = os.environ.get(DIR_ENV)
     if env:
-        return verify_dir(Path(env).expanduser(), DIR_ENV)
+        return verify_dir(Path(env).expanduser(), DIR_ENV, names)
     folder = Path(data_cfg.cache_dir).expanduser() / "multi30k"
     base_url = base_url or os.environ.get(URL_ENV) or DEFAULT_URL
-    for name in MULTI30K_FILES:
+    for name in names:
         path = folder / name
         problem = verification_problem(path)
         if problem is None:

@@ -45,8 +45,8 @@ from .buckets import (
 from .cache import CacheUnreadable, corpus_settings, discard_cache, find_cache_folder, read_cache
 from .ids import RaggedIds
 from .loader import Resegment, TrainLoader, static_shapes_on
-from .multi30k import Multi30k, resolve_multi30k_dir
-from .own_files import OwnFiles, picked_lines
+from .multi30k import Multi30k, resolve_multi30k_dir, split_files
+from .own_files import OwnFiles, find_file, picked_lines
 from .text import TextPipeline
 from .tokenise import build_cache
 
@@ -222,6 +222,22 @@ def open_corpus(d: DataConfig, log: Callable[[str], None] | None = None) -> Corp
     if d.dataset != "multi30k":
         raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
     return Multi30k(resolve_multi30k_dir(d, log=log), d.src_lang, d.tgt_lang)
+
+
+def read_one_split(d: DataConfig, split: str, log: Callable[[str], None] | None = None
+                   ) -> tuple[list[str], list[str]]:
+    """The source and target lines of one split, finding and checking only its two files: scoring a split needs no
+    training data (the vocabulary is in the model file)."""
+    if d.dataset == "files":
+        prefix = getattr(d, split, None)
+        if not prefix:
+            raise DataError(f"there is no {split} split: set data.{split} to the prefix of its files")
+        files = {split: tuple(find_file(prefix, lang, f"data.{split}") for lang in (d.src_lang, d.tgt_lang))}
+        return OwnFiles(files, d.src_lang, d.tgt_lang).read(split)
+    if d.dataset != "multi30k":
+        raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
+    root = resolve_multi30k_dir(d, log=log, names=split_files(split))
+    return Multi30k(root, d.src_lang, d.tgt_lang).read(split)
 
 
 def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None, seed: int | None = None

@@ -202,6 +202,8 @@ def check_export_out(out: str | Path, overwrite: bool) -> None:
     from ..runtime.files import refuse_to_replace
 
     out = Path(out)
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        return  # an empty folder (made for it, as for a training's train.out_dir): nothing to replace
     refuse_to_replace(out, overwrite)
     if not out.exists() and not out.is_symlink():
         return
