@@ -170,7 +170,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
         except DataError as exc:
             if cfg.data.dataset != "files":
                 raise
-            raise DataError(f"{exc}; or score the files by name: --input SRC --ref REF") from None
+            raise DataError(f"{exc}; score files by name instead: --input SRC --ref REF") from None
         name, where = split, {"split": split}
         stem = Path(checkpoint).with_name(f"{Path(checkpoint).stem}.{split}")
     else:

@@ -24,6 +24,10 @@ case "${1:-}" in
   run)
     shift
     out="${OUT:-runs}/gpu_check"
+    case " $* " in *" --out "*|*" --out="*)
+      echo "error: the check writes into \$OUT/gpu_check (here $out); set OUT instead of passing --out" >&2
+      exit 2 ;;
+    esac
     case " $* " in *" --overwrite "*) ;; *)
       if [ -e "$out/gpu_check.log" ] || [ -e "$out/gpu.txt" ]; then  # before tee empties an earlier check's log
         echo "error: $out holds an earlier GPU check; keep it and set OUT to another folder, or add --overwrite" >&2
@@ -38,8 +42,11 @@ case "${1:-}" in
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     [ -d .gpu-data ] && export MULTI30K_DIR="$PWD/.gpu-data"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
+    config=(--config base.yaml)  # unless the arguments name another config
+    case " $* " in *" --config "*|*" --config="*) config=() ;; esac
     # The whole check stays under the device call's limit, so that what it printed and wrote comes back.
-    timeout "${GPU_CHECK_SECONDS:-540}" python3 scripts/benchmark.py --config base.yaml --gpu --out "$out" "$@" 2>&1 \
+    timeout "${GPU_CHECK_SECONDS:-540}" python3 scripts/benchmark.py ${config[@]+"${config[@]}"} --gpu --out "$out" \
+      "$@" 2>&1 \
       | tee "$out/gpu_check.log"
     exit "${PIPESTATUS[0]}"
     ;;

@@ -459,3 +459,14 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and err == ""
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_not_hidden():
+    """A worker's or a child's pipe breaking is a fault: it propagates (stdout, here pytest's, is still open)."""
+    from annotated_transformer.runtime.errors import run_cli
+
+    def main():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        run_cli(main)

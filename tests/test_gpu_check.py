@@ -34,6 +34,10 @@ def test_the_script_keeps_an_earlier_checks_log(tmp_path):
     assert done.stderr.startswith("error: ") and "--overwrite" in done.stderr and done.stderr.count("\n") == 1
     assert (out / "gpu_check.log").read_text() == "the first check's figures\n"
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log"]
+    done = subprocess.run(["bash", str(script), "run", "--out", str(tmp_path / "x")],  # its folder is $OUT's
+                          env={"OUT": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "set OUT instead of passing --out" in done.stderr
 
 
 def test_modes_are_checked_before_anything_runs():

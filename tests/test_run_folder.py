@@ -423,6 +423,20 @@ def test_a_failed_background_write_stops_the_run_within_a_step(tmp_path, capsys,
     assert [p.name for p in sorted(out.glob("epoch_*"))] == ["epoch_03.safetensors"]  # pruned once written
 
 
+def test_an_old_model_file_that_cannot_be_deleted_is_a_warning(tmp_path, capsys, monkeypatch, no_charts):
+    """train.keep_last_epochs deletes after the new files landed; a refusal to delete is one warning, not a stop."""
+    def refused(self, keep_after):
+        raise RunDirError(f"cannot delete the older model file {self.epoch(keep_after)}: Permission denied")
+
+    monkeypatch.setattr(RunDir, "prune_epochs", refused)
+    out = tmp_path / "run"
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3", "train.keep_last_epochs=1")
+    assert code == 0, err
+    warnings = [line for line in (stdout + err).splitlines() if "training goes on, the older model files stay" in line]
+    assert len(warnings) == 3 and "Permission denied" in warnings[0]  # after each epoch
+    assert (out / "last.pt").is_file() and (out / "epoch_03.safetensors").is_file()
+
+
 @pytest.mark.parametrize("craft, message", [
     (lambda p: {**p, "config": [1, 2]}, "its config is not a mapping"),
     (lambda p: {**p, "train_state": "x"}, "its train_state is not a mapping"),

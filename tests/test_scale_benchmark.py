@@ -116,7 +116,7 @@ def test_a_full_disk_while_writing_the_corpus_is_one_line_and_leaves_no_partial_
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(synthetic_corpus, "joined_chunks", filling)
-    with pytest.raises(UserError, match=rf"^cannot write {folder / 'train.de'}: No space left on device; "):
+    with pytest.raises(UserError, match=rf"^cannot write the train split into {folder}: No space left on device; "):
         write_corpus(folder, CorpusSpec(100, 10, 10, seed=9), fake_multi30k(), overwrite=True)
     after = {p.name: p.read_bytes() for p in folder.iterdir()}
     assert set(after) == set(before) - {"corpus.json"}  # no temporary; the manifest gone: not taken for whole
@@ -124,12 +124,14 @@ def test_a_full_disk_while_writing_the_corpus_is_one_line_and_leaves_no_partial_
 
 
 def test_a_corpus_is_never_written_into_a_run(tmp_path):
+    from annotated_transformer.harness.run_dir import MARKER  # the name the corpus check spells out
+
     run = tmp_path / "run"
     run.mkdir()
-    (run / ".annotated-transformer-run").write_text("{}")
+    (run / MARKER).write_text("{}")
     with pytest.raises(UserError, match=r"--out .*run is a training run's \(or an export's\) folder"):
         write_corpus(run, CorpusSpec(100, 10, 10), fake_multi30k())
-    assert sorted(p.name for p in run.iterdir()) == [".annotated-transformer-run"]
+    assert sorted(p.name for p in run.iterdir()) == [MARKER]
 
 
 def test_bad_sizes_are_one_line_before_anything_is_written(tmp_path, command):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from annotated_transformer.runtime.errors import ConfigError
+from annotated_transformer.runtime.errors import ConfigError, DataError
 from annotated_transformer.checkpoints import load_checkpoint
 from annotated_transformer.harness.run_dir import read_metrics
 from annotated_transformer.lab.sweep import Launcher, Run, check_settings, parse_grid, grid_runs, read_grid
@@ -375,6 +375,10 @@ def test_data_that_is_not_there_is_one_line_before_any_run(tmp_path, capsys):
         err = capsys.readouterr().err
         assert refused.value.code == 2 and err.startswith("error: setting base: ") and err.count("\n") == 1, err
         assert not out.exists()
+    missing = (f"data.root={tmp_path / 'nope'}",)  # a setting whose runs are all finished trains nothing: not needed
+    assert check_settings("tiny", missing, [()], trains=lambda setting: False) == (0.0, False)
+    with pytest.raises(DataError, match=r"^setting base: data.root points at .*nope"):
+        check_settings("tiny", missing, [()], score_tests=True, trains=lambda setting: False)  # test needs them
 
 
 def test_a_comparison_times_every_run_to_the_target_it_names():

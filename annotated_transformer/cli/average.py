@@ -25,8 +25,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..checkpoints import average_into, model_file_forms
     from .options import kept_by_a_run, refuse_a_runs_file
 
-    for out in (Path(args.out), model_file_forms(args.out)[0]):  # as given, and the .safetensors file written
-        refuse_a_runs_file(args.out, kept_by_a_run(out))
+    written = model_file_forms(args.out)[0]  # the .safetensors file NAME, NAME.pt or NAME.safetensors means
+    if written.stem != "avg":  # a run's avg file is an average of its checkpoints: this command may write it
+        for path in (Path(args.out), written):
+            refuse_a_runs_file(path, kept_by_a_run(path))
 
     out = average_into(args.checkpoints, args.out, overwrite=args.overwrite)
     n = len(args.checkpoints)

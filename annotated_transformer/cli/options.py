@@ -275,12 +275,14 @@ def refuse_a_runs_file(out: str | Path, folder: Path | None) -> None:
 
 
 def kept_by_a_run(path: Path) -> Path | None:
-    """The run or export folder above `path` (one that holds the run marker, last.pt or an export's model.bin) when
-    `path` is a file or folder it keeps there (`kept_in_model_folder`); None otherwise."""
+    """The run or export folder above `path` when `path` is a file or folder it keeps there (`kept_in_model_folder`);
+    None otherwise. A run's folder holds the run marker (or, from an older version, last.pt beside metrics.jsonl),
+    an export's model.bin beside config.json: another tool's last.pt alone makes no folder a run's."""
     from ..harness.run_dir import MARKER
 
+    signs = ((MARKER,), ("last.pt", "metrics.jsonl"), ("model.bin", "config.json"))
     for folder in path.expanduser().resolve().parents:
-        if any((folder / name).exists() for name in (MARKER, "last.pt", "model.bin")):
+        if any(all((folder / name).exists() for name in sign) for sign in signs):
             return kept_in_model_folder(path, folder)
     return None
 

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from ..runtime.errors import UserError
-from .options import CommandParser, add_beam, add_checkpoint, add_device, add_out, add_overwrite
+from .options import (CommandParser, add_beam, add_checkpoint, add_device, add_out, add_overwrite, kept_by_a_run,
+                      refuse_a_runs_file)
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
@@ -51,8 +52,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     sentence = " ".join(args.text) if args.text else args.sentence
     from ..deploy.translator import torch_checkpoint
     from ..visualization import visualize_checkpoint
-
-    from .options import kept_by_a_run, refuse_a_runs_file
 
     refuse_a_runs_file(args.out, kept_by_a_run(Path(args.out)))  # e.g. a run's charts/: its training curves
     path = torch_checkpoint(args.checkpoint, "visualize (the attention weights)")

@@ -231,7 +231,7 @@ def read_one_split(d: DataConfig, split: str, log: Callable[[str], None] | None 
     if d.dataset == "files":
         prefix = getattr(d, split, None)
         if not prefix:
-            raise DataError(f"there is no {split} split: set data.{split} to the prefix of its files")
+            raise DataError(f"there is no {split} split: the config names no data.{split} files")
         files = {split: tuple(find_file(prefix, lang, f"data.{split}") for lang in (d.src_lang, d.tgt_lang))}
         return OwnFiles(files, d.src_lang, d.tgt_lang).read(split)
     if d.dataset != "multi30k":

@@ -300,6 +300,7 @@ class RunDir:
         self._lock_fd: int | None = None  # the open .lock while this object holds the folder
         self._made_folder = False  # `lock` created the folder: `unlock` removes it again when it stays empty
         self._legacy_last: bool | None = None  # whether an unmarked folder's last.pt is ours, once read
+        self._legacy_error = ""  # why it is not, when it is not
         self.unguarded: str | None = None  # why `lock` could not lock (a filesystem without locks), else None
 
     @property
@@ -423,8 +424,8 @@ class RunDir:
             try:
                 check_resumable(load_checkpoint(self.last), self.last)
                 self._legacy_last = True
-            except (UserError, OSError):
-                self._legacy_last = False
+            except (UserError, OSError) as exc:
+                self._legacy_last, self._legacy_error = False, str(exc)
         return self._legacy_last
 
     def died_early(self) -> bool:
@@ -657,9 +658,10 @@ class RunDir:
                   "exist yet, or an empty one)")
         if foreign or not self.entries():
             return f"train.out_dir {self.path} holds files this project did not write ({shown}); {choose}"
+        why = f" ({self._legacy_error})" if self._legacy_error else ""
         return (f"train.out_dir {self.path} holds files named as a run's ({shown}) but nothing shows that this project "
-                f"wrote them (no {MARKER} marker, no last.pt of its own); {choose}, or delete them yourself if they "
-                "are an old run of yours")
+                f"wrote them (no {MARKER} marker, no last.pt of its own{why}); {choose}, or delete them yourself if "
+                "they are an old run of yours")
 
     def prepare(self, cfg: Config, start_mode: str, log: Callable[[str], None] | None = None) -> None:
         """Make the folder a run's (created, the marker written; a fresh start deletes the run's own files there)

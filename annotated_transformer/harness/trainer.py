@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
-from ..runtime.errors import DistributedError, TrainingDiverged
+from ..runtime.errors import DistributedError, TrainingDiverged, UserError
 from ..decode.static import validation_step
 from ..extensions.builder import build_training
 from ..loop import TrainState
@@ -396,14 +396,17 @@ class Trainer:
         alone): the epoch files up to `old_epochs` (train.keep_last_epochs), and with a step file in this save
         the step files beyond train.keep_last_steps. Deleted before the new file landed, a full disk would
         leave neither."""
-        keep, step, run = self.cfg.train.keep_last_steps, self.train_state.step, self.run
+        keep, step, run, log = self.cfg.train.keep_last_steps, self.train_state.step, self.run, self.log
         prune_steps = bool(keep and self.step_file())
 
         def prune() -> None:
-            if old_epochs is not None:
-                run.prune_epochs(keep_after=old_epochs)
-            if prune_steps:
-                run.prune_steps(keep, newest=step)
+            try:
+                if old_epochs is not None:
+                    run.prune_epochs(keep_after=old_epochs)
+                if prune_steps:
+                    run.prune_steps(keep, newest=step)
+            except UserError as exc:  # the new files are whole: an old one that stays is no reason to stop
+                log(f"warning: {exc}; training goes on, the older model files stay")
         return prune
 
     def finish(self) -> dict[str, Any]:

@@ -277,11 +277,12 @@ def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
     return scores
 
 
-def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str, ...]],
-                   score_tests: bool = False) -> tuple[float, bool]:
-    """Validate every setting's config and find its data files before anything runs (one line for a bad key or
-    value, or files that are not there: every run would fail on them); the target BLEU, and whether every setting
-    trains the copy task (its report counts exact copies, not BLEU)."""
+def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str, ...]], score_tests: bool = False,
+                   trains: Callable[[tuple[str, ...]], bool] = lambda overrides: True,
+                   log: Callable[[str], None] | None = None) -> tuple[float, bool]:
+    """Validate every setting's config before anything runs, and find the data files of each that `trains` (or
+    scores test): one line for a bad key or value, or for files that are not there, on which every run would fail;
+    the target BLEU, and whether every setting trains the copy task (its report counts exact copies, not BLEU)."""
     from ..data.translation_data import open_corpus
 
     targets, tasks, found = set(), set(), set()
@@ -289,11 +290,12 @@ def check_settings(config: str, extra: tuple[str, ...], settings: list[tuple[str
         try:
             cfg = load_config(config, [*extra, *overrides])
             data = json.dumps(config_to_dict(cfg)["data"], sort_keys=True, default=str)
-            if cfg.data.dataset != "copy" and data not in found:
-                open_corpus(cfg.data, log=print)  # Multi30k verified (or downloaded), your own files found
+            if cfg.data.dataset != "copy" and data not in found and (score_tests or trains(overrides)):
+                open_corpus(cfg.data, log=log)  # Multi30k verified (or downloaded), your own files found
                 found.add(data)
         except UserError as exc:
-            raise type(exc)(f"setting {_setting_name(overrides)}: {exc}") from None
+            exc.args = (f"setting {_setting_name(overrides)}: {exc}",)  # its kind and details kept
+            raise
         if score_tests and cfg.data.dataset == "copy":
             raise ConfigError("--score-test scores BLEU on a test split, which the copy task has not (its runs end "
                               "with their exact copies in metrics.jsonl); leave --score-test out")
@@ -306,9 +308,10 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
           extra: tuple[str, ...] = (), parallel: int = 1, score_tests: bool = False,
           data_root: str | None = None, log: Callable[[str], None] = print) -> int:
     """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
-    target, copy = check_settings(config, extra, settings, score_tests)
     check_out(out)
     runs = grid_runs(settings, seeds, out)
+    target, copy = check_settings(config, extra, settings, score_tests, log=log,
+                                  trains=lambda s: any(not is_finished(r) for r in runs if r.overrides == s))
     launcher = Launcher(train_command, config, extra, parallel, log)
 
     failed: list[tuple[Run, int]] = []

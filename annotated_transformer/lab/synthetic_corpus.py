@@ -115,7 +115,7 @@ def write_split(folder: Path, split: str, pairs: tuple[Sequence[str], Sequence[s
     final = [folder / f"{split}.{lang}" for lang in LANGS]
     partial: list[Path] = []
     try:
-        with writing(final[0]):  # a full disk (gigabytes at the paper's scale) is one line
+        with writing(folder, f"write the {split} split into"):  # a full disk (gigabytes at the paper's scale)
             for path in final:  # names of this process's own: two makers of one folder never share a file
                 fd, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".partial")
                 os.close(fd)

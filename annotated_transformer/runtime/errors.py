@@ -11,6 +11,7 @@ whose message names the problem and the fix. The scripts wrap their `main` in
 from __future__ import annotations
 
 import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -75,12 +76,25 @@ def fail(message: str, code: int = 2, details: Sequence[str] = ()) -> NoReturn:
     raise SystemExit(code)
 
 
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no file behind stdout
+        return False
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
-    """Run a script's `main`, turning `UserError` and Ctrl-C into clean exits."""
+    """Run a script's `main`, turning `UserError` and Ctrl-C into clean exits, and a closed output pipe (`| head`)
+    into a quiet exit 141."""
     try:
         code = main()
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
+        if not _stdout_closed():  # another pipe (a worker's, a child's): a fault to show, not a reader gone
+            raise
         # The reader of our output went away (`... | head`): stop quietly, as a Unix tool killed by SIGPIPE does;
         # what is still buffered goes nowhere, so that the flush at exit raises nothing either.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
