@@ -107,6 +107,9 @@ def test_in_fresh_process_runs_the_function_in_another_process_and_names_a_failu
     (["--config", "tiny", "--steps", "0"], "--steps must be at least 1"),
     (["--config", "copy"], "needs a Multi30k config"),
     (["--config", "tiny", "train.precison=bf16"], "did you mean 'train.precision'"),
+    (["--config", "tiny", "--one-sentence", "0"], "--one-sentence must be at least 1, got 0"),  # ZeroDivisionError
+    (["--config", "tiny", "--limit", "0"], "--limit must be at least 1, got 0"),  # it decoded every sentence
+    (["--config", "tiny", "--skip-train", "--skip-decode"], "leaves nothing to measure"),
 ])
 def test_benchmark_bad_input_is_one_clear_line(args, needle, command):
     code, stdout, stderr = command("benchmark", *args)

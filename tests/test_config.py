@@ -68,6 +68,18 @@ def test_validate_checks_cross_field_rules():
         cfg.validate()
 
 
+@pytest.mark.parametrize("override, message", [
+    ("train.seed=-1", "train.seed must be a whole number from 0 to 2..32 - 1, got -1"),  # numpy's traceback before
+    ("train.lr_factor=inf", "train.lr_factor must be a positive number, got inf"),  # "training diverged" before
+    ("train.lr_factor=nan", "train.lr_factor must be a positive number, got nan"),
+    ("train.adam_eps=0", "train.adam_eps must be a positive number"),
+    ("decode.alpha=-0.5", "decode.alpha must be a number of at least 0, got -0.5"),  # evaluate refused it only
+])
+def test_a_value_that_cannot_train_or_decode_is_refused_up_front(override, message):
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        load_config("tiny", [override])
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config("nope")
@@ -92,6 +104,9 @@ def test_yaml_unknown_key_names_the_file(tmp_path):
     f.write_text("train:\n  epoch: 3\n")
     with pytest.raises(ConfigError,
                        match=r"x.yaml: unknown config key 'train.epoch' \(did you mean 'train.epochs'\?\)"):
+        load_config(str(f))
+    f.write_text("trian:\n  epochs: 3\n")  # a section's name mistyped: the section meant, not one of its keys
+    with pytest.raises(ConfigError, match=r"x.yaml: unknown config section 'trian' \(did you mean 'train'\?\)$"):
         load_config(str(f))
 
 

@@ -176,6 +176,19 @@ def test_mid_epoch_resume_continues_with_the_next_batch(multi30k_data, num_worke
     assert len(epoch_batches(second, 3)) == len(full)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(0, 1), (1, 0)])
+def test_a_resume_may_change_the_loader_workers(multi30k_data, before, after, mid_epoch_resume):
+    """data.num_workers may change at a resume (the loader's own state differs with worker processes): the epoch
+    goes on with its next batch all the same."""
+    workers = iter([before, before, after])  # the uninterrupted loader, the stopped one, the resumed one
+    state, second, full = mid_epoch_resume(
+        lambda: with_data(multi30k_data, batch_tokens=4096, num_workers=next(workers)).train_loader(seed=11),
+        epoch=2, taken=17)
+    assert second.taken == len(full)
+    assert len(epoch_batches(second, 3)) == len(full)  # the next epoch from its first batch
+
+
 def test_resume_at_epoch_end_and_mismatched_world_size(multi30k_data, weights_only_roundtrip):
     loader = multi30k_data.train_loader(seed=3)
     loader.set_epoch(0)

@@ -439,3 +439,15 @@ def test_prepare_data_counts_the_batches_of_the_plan_training_takes(tmp_path, co
     assert ("static_shapes" in stats) == static  # the count of the static plan's batch shapes, when it counts them
     if not static:
         assert stats["batches_per_epoch"] == stats["batches_per_epoch_bucket"]
+
+
+def test_a_prefix_given_as_a_folder_or_with_its_language_says_what_a_prefix_is(tmp_path):
+    from annotated_transformer.data.own_files import find_file
+    from annotated_transformer.runtime.errors import DataError
+
+    (tmp_path / "corpus").mkdir()
+    with pytest.raises(DataError, match=r"data.train is the files' prefix, not their folder: e.g. "
+                                        rf"data.train={tmp_path / 'corpus' / 'train'} for .*train\.de$"):
+        find_file(f"{tmp_path / 'corpus'}/", "de", "data.train")
+    with pytest.raises(DataError, match=rf"the prefix leaves out the language code: data.val={tmp_path / 'val'}$"):
+        find_file(str(tmp_path / "val.de"), "de", "data.val")

@@ -91,6 +91,8 @@ def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts)
     (out / "old_epoch_01.safetensors.bak").write_bytes(b"mine")
     (out / "my_thesis.beam5.txt").write_text("translated by hand\n")  # named like hypotheses, but not evaluate's
     (out / "best.test.beam1.txt").write_text("evaluate's hypotheses\n")
+    (out / "epoch_1.safetensors").write_bytes(b"mine")  # not as training names epoch and step files
+    (out / "step_123.safetensors").write_bytes(b"mine")
     (out / "charts").mkdir(exist_ok=True)
     (out / "charts" / "my_plot.svg").write_bytes(b"<svg/>")  # in a folder training writes, still the user's
     (out / "eval" / "other").mkdir(parents=True)
@@ -99,13 +101,32 @@ def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts)
     assert code == 0, err
     assert (out / "notes.txt").read_text() == "lr 1e-3 was worse\n"
     assert (out / "old_epoch_01.safetensors.bak").read_bytes() == b"mine"
-    assert ("kept what training did not write (charts, eval, my_thesis.beam5.txt, notes.txt, "
-            "old_epoch_01.safetensors.bak)") in stdout
+    assert ("kept what training did not write (charts, epoch_1.safetensors, eval, my_thesis.beam5.txt, notes.txt, "
+            "old_epoch_01.safetensors.bak, step_123.safetensors)") in stdout
     assert (out / "my_thesis.beam5.txt").is_file() and not (out / "best.test.beam1.txt").exists()
     assert (out / "charts" / "my_plot.svg").read_bytes() == b"<svg/>" and (out / "eval" / "other" / MARKER).is_file()
     assert not (out / "epoch_02.safetensors").exists()  # the earlier run's second epoch is gone
-    assert not list(out.glob("step_*"))  # and its step files
+    assert [p.name for p in out.glob("step_*")] == ["step_123.safetensors"]  # its step files gone, yours kept
     assert (out / "epoch_01.safetensors").is_file()
+
+
+def test_overwrite_deletes_nothing_when_the_new_run_cannot_start(tiny_checkpoint, tmp_path, capsys, no_charts):
+    """train.overwrite=true with a compile mode this device lacks, or data that fails to build: one line, and the
+    trained run is still there (it was deleted first, then the start refused)."""
+    out = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, out)
+    before = tree(out)
+    code, _, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true", "train.compile=captured")
+    assert code == 2 and "train.compile=captured replays CUDA graphs" in err and tree(out) == before, err
+    corpus = tmp_path / "corpus"  # your own files, one line short on the English side: fails as it is read
+    write_split(corpus / "train", "de", "en", [("Ein Hund.", "A dog."), ("Eine Katze.", "A cat.")])
+    (corpus / "train.en").write_text("A dog.\n")
+    write_split(corpus / "val", "de", "en", [("Ein Hund.", "A dog.")])
+    own = ["--config", "tiny.yaml", "data.dataset=files", f"data.train={corpus / 'train'}",
+           f"data.val={corpus / 'val'}", "data.src_lang=de", "data.tgt_lang=en", f"data.cache_dir={tmp_path / 'c'}"]
+    code, _, err = train(capsys, *own, f"train.out_dir={out}", "train.overwrite=true")
+    assert code == 2 and "train.de has 2 lines" in err and len(err.strip().splitlines()) == 1, err
+    assert tree(out) == before
 
 
 def test_a_run_of_an_older_version_without_the_marker_is_still_a_run(tmp_path, capsys, no_charts):

@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     def log(line: str) -> None:
         print(line, file=stream, flush=True)
-    if args.rounds is not None and args.rounds < 1:
-        raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
+    for option, value in (("--rounds", args.rounds), ("--one-sentence", args.one_sentence), ("--limit", args.limit)):
+        if value is not None and value < 1:  # none of them means anything at 0: --limit 0 decoded every sentence
+            raise ConfigError(f"{option} must be at least 1, got {value}")
     check_out(args)
     if args.scale:
         return scale(args, cfg, log)
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         return profile_step(args, cfg, log)
     if args.products:
         return time_products(args, cfg, log)
+    if args.skip_train and args.skip_decode and not args.shape_sweep:
+        raise ConfigError("--skip-train with --skip-decode leaves nothing to measure; drop one of them")
     from ..lab.benchmark import format_summary, run_benchmark
 
     result = run_benchmark(cfg, steps=args.steps, warmup=args.warmup_steps, checkpoint=args.checkpoint,

@@ -167,6 +167,8 @@ def _set_key(obj: Any, parts: list[str], value: Any, full: str, from_cli: bool) 
     name = parts[0]
     names = [f.name for f in dataclasses.fields(cls)]
     if name not in names:
+        if len(parts) == 1 and isinstance(value, dict):  # a YAML section: the sections (or keys) here are meant
+            raise ConfigError(f"unknown config section '{full}'{_suggest(name, names)}")
         raise ConfigError(f"unknown config key '{full}'{_suggest(full, all_keys())}")
     f = next(f for f in dataclasses.fields(cls) if f.name == name)
     ftype = field_types(cls)[name]

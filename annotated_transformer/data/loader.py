@@ -108,6 +108,7 @@ class EpochBatchSampler(Sampler[list[int]]):
         # Static shapes change the bucket plan only: the notebook's batches are fixed-size already.
         self.static = static and batching == "bucket"
         self.epoch = 0
+        self.skip = 0  # batches of this epoch the next iteration passes over: what a resumed epoch served
         self._served: tuple[int, np.ndarray, np.ndarray] | None = None
         # The latest (epoch, global plan): an epoch's iteration, its global_tokens and lengths_served read one
         # plan, made once (at millions of sentences a plan is a sort of every sentence).
@@ -136,8 +137,9 @@ class EpochBatchSampler(Sampler[list[int]]):
         return len(bucket_starts(np.maximum(self.src_lens, self.tgt_lens), self.batch_tokens))
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose plan the next iteration follows."""
+        """Choose the epoch whose plan the next iteration follows, from its first batch."""
         self.epoch = int(epoch)
+        self.skip = 0
 
     def global_plan(self, epoch: int) -> list[np.ndarray] | list[ShapedBatch]:
         """Every rank's batches of `epoch`, before sharding (with static shapes: `ShapedBatch`es); read-only."""
@@ -164,7 +166,8 @@ class EpochBatchSampler(Sampler[list[int]]):
         return shard(self.global_plan(epoch), self.rank, self.world_size)
 
     def __iter__(self) -> Iterator[list[int] | ShapedBatch]:
-        for b in self.batches(self.epoch):
+        skip, self.skip = self.skip, 0  # the batches a resumed epoch served already (once)
+        for b in self.batches(self.epoch)[skip:]:
             yield b if self.static else b.tolist()
 
     def __len__(self) -> int:
@@ -325,8 +328,20 @@ class TrainLoader:
                             f"{self.sampler.seed}; resume with the same seed")
         self.set_epoch(state["epoch"])
         inner = state["loader"]
+        if ("_snapshot" in inner) != (self.loader.num_workers > 0):  # data.num_workers went from 0 to N or back
+            self._skip_served(state)
+            return
         self.loader.load_state_dict(inner)
         # StatefulDataLoader restarts a finished epoch from scratch; a run stopped right after the
         # last batch must instead see an empty rest of the epoch.
         self._finished_epoch = bool(inner.get("_iterator_finished", False))
         self._taken = int(state.get("taken", inner.get("_num_yielded", 0)))
+
+    def _skip_served(self, state: dict[str, Any]) -> None:
+        """Continue after the batches the saved epoch served, without the loader's own state (whose form depends on
+        whether worker processes load the batches): the plan is a pure function of (seed, epoch)."""
+        if "taken" not in state:
+            raise DataError("the saved data position comes from an older version that kept it only in the loader's "
+                            "own form; resume with the data.num_workers it was saved with (0, or 1 or more)")
+        self._taken = self.sampler.skip = int(state["taken"])
+        self._finished_epoch = self._taken >= len(self)

@@ -58,8 +58,14 @@ def find_file(prefix: str, lang: str, key: str) -> Path:
         raise DataError(f"{key}={prefix} names both {plain} and {packed}; remove one of them")
     if found:
         return found[0]
-    raise DataError(f"{key}={prefix} needs the file {plain} (or {packed.name}), which does not exist; "
-                    f"check the path (relative paths start from {Path.cwd()})")
+    hint = f"check the path (relative paths start from {Path.cwd()})"
+    if str(prefix).endswith("/") or base.is_dir():  # a folder: the prefix names files inside it
+        example = base / key.rpartition(".")[2]
+        hint = f"{key} is the files' prefix, not their folder: e.g. {key}={example} for {example}.{lang}"
+    elif base.name.endswith((f".{lang}", f".{lang}.gz")):  # the language code given twice
+        bare = base.name.removesuffix(".gz").removesuffix(f".{lang}")
+        hint = f"the prefix leaves out the language code: {key}={base.with_name(bare)}"
+    raise DataError(f"{key}={prefix} needs the file {plain} (or {packed.name}), which does not exist; {hint}")
 
 
 CHUNK_BYTES = 1 << 24  # text read at a time: about 16 MB, some 120,000 sentences of WMT length

@@ -65,6 +65,13 @@ def fused_adam(optimizer: torch.optim.Adam) -> torch.optim.Adam:
     return torch.optim.Adam(groups, **{**optimizer.defaults, "fused": True, "foreach": None})
 
 
+def check_compile_mode(mode: bool | str, device: torch.device) -> None:
+    """One line when train.compile cannot work on `device` (captured CUDA graphs on anything but a CUDA GPU)."""
+    if mode == "captured" and device.type != "cuda":
+        raise ConfigError(f"train.compile=captured replays CUDA graphs, but the model is on {device}: use "
+                          "train.compile=true (or false) there")
+
+
 def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
     """`model` as train.compile says: itself (False), compiled (True), or compiled with its steps captured.
 
@@ -76,10 +83,7 @@ def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
     if mode is False:
         return model
     if mode == "captured":
-        device = next(model.parameters()).device
-        if device.type != "cuda":
-            raise ConfigError(f"train.compile=captured replays CUDA graphs, but the model is on {device}: use "
-                              "train.compile=true (or false) there")
+        check_compile_mode(mode, next(model.parameters()).device)
         return torch.compile(model, mode="reduce-overhead", dynamic=True)
     return torch.compile(model, dynamic=True)
 

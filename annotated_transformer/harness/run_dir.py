@@ -63,11 +63,13 @@ MARKER_FORMAT = "annotated-transformer/run/1"
 
 # Every name the project writes in a run folder (training, evaluate's hypotheses, a sweep's scores): the only
 # names train.overwrite deletes.
-OWN_NAMES = re.compile(r"""(?x)^(?:
+_EPOCH = r"epoch_(?:\d\d|[1-9]\d\d+)"  # as RunDir.epoch writes it: epoch_01, epoch_100 (epoch_1 is not ours)
+_STEP = r"step_(?:\d{7}|[1-9]\d{7,})"  # as RunDir.step writes it: seven digits
+OWN_NAMES = re.compile(rf"""(?x)^(?:
     config\.yaml | vocab | metrics\.jsonl | train\.log | charts | tensorboard | last\.pt | eval | test_scores\.json
-  | (?:best|avg|epoch_\d+)\.(?:safetensors|json|pt) | step_\d+\.safetensors
-  | (?:(?:best|avg|last|epoch_\d+|step_\d+)\.(?:val|test)(?:\.first\d+)?(?:\.(?:merge|prune)[\d.e+-]+)?
-     | test)\.beam\d+\.txt
+  | (?:best|avg|{_EPOCH})\.(?:safetensors|json|pt) | {_STEP}\.safetensors
+  | (?:(?:best|avg|last|{_EPOCH}|{_STEP})\.(?:val|test)(?:\.first\d+)?(?:\.(?:merge|prune)[\d.e+-]+)? | test)
+    \.beam\d+\.txt
   | \.annotated-transformer-run | \.lock
 )$""")
 
@@ -202,7 +204,8 @@ def _file_change(key: str, old: dict[str, str], new: dict[str, str]) -> str:
         return f"{key} is new"
     if key not in new:
         return f"{key} is gone"
-    return f"{key} has other contents (sha256 {old[key][:12]}... now {new[key][:12]}...)"
+    return (f"{key} has other contents (sha256 {old[key][:12]}... now {new[key][:12]}...; the file's bytes count, "
+            "so the same text gzipped or unzipped differs too)")
 
 
 def tokenizer_hash(text: dict[str, Any] | None) -> str | None:
@@ -368,7 +371,7 @@ class RunDir:
         found: dict[int, Path] = {}
         for path in [p for form in forms for p in sorted(self.path.glob(f"{prefix}*{form}"))]:
             number = path.stem.removeprefix(prefix)
-            if number.isdigit():
+            if number.isdigit() and OWN_NAMES.match(path.name):  # as training names them: epoch_1 is yours
                 found[int(number)] = path
         return sorted(found.items())
 

@@ -30,6 +30,7 @@ from ..config import Config, config_to_dict
 from ..runtime.errors import DistributedError, TrainingDiverged, UserError
 from ..decode.static import validation_step
 from ..extensions.builder import build_training
+from ..fast.plan import check_compile_mode
 from ..loop import TrainState
 from .loss_meter import LossMeter
 from .train_loop import LoopHooks, evaluate_loss, train_loop
@@ -430,7 +431,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         try:
             # every rank decides (or fails) alike before rank 0 writes
             start_mode, last = run.open(cfg, info, data=files.resume_check, log=print0,
-                                        ready=functools.partial(ready_to_start, cfg, info, files))
+                                        ready=functools.partial(ready_to_start, cfg, info, device, files, run))
             if start_mode == "finished":
                 s = last["train_state"]
                 print0(finished_line(run.path, s, cfg.train), level=RESULT)
@@ -449,12 +450,17 @@ def train_worker(cfg: Config) -> dict[str, Any]:
             cleanup()
 
 
-def ready_to_start(cfg: Config, info: DistInfo, files: TaskFiles) -> None:
+def ready_to_start(cfg: Config, info: DistInfo, device: torch.device, files: TaskFiles, run: RunDir) -> None:
     """What a run checks before its folder is taken, so that a run that cannot start writes nothing: the
-    tensorboard package when train.tensorboard is on (rank 0, which writes its files), and the data's files found."""
+    tensorboard package when train.tensorboard is on (rank 0, which writes its files), the compile mode on this
+    device, and the data's files found. Before train.overwrite clears a run, its data is built too (rank 0): a
+    corpus or tokenizer that fails then has deleted nothing."""
     if cfg.train.tensorboard and info.is_main:
         summary_writer_class()
+    check_compile_mode(cfg.train.compile, device)
     files.locate()
+    if cfg.train.overwrite and info.is_main and run.has_run():
+        build_task(cfg, DistInfo(), log=print0, cuda=device.type == "cuda", corpus=files.corpus)  # cached for the run
 
 
 @contextmanager
