@@ -55,6 +55,10 @@ def test_wrong_types_are_rejected():
     with pytest.raises(ConfigError,
                        match="model.attention_kernel must be one of 'auto', 'fused', 'explicit'; got 'flash'"):
         load_config("copy", ["model.attention=flash"])  # its name before 2026-11-25, read under the new one
+    with pytest.raises(ConfigError, match="^model.N must be an integer, got true$"):  # as YAML spells it
+        load_config("copy", ["model.N=true"])
+    with pytest.raises(ConfigError, match=r"^token_merging.layers must be a list like \[0, 2\], got 0$"):
+        load_config("copy", ["token_merging.layers=0"])  # layer numbers, not the Adam betas' example
 
 
 def test_validate_checks_cross_field_rules():
@@ -104,6 +108,9 @@ def test_yaml_unknown_key_names_the_file(tmp_path):
     f.write_text("train:\n  epoch: 3\n")
     with pytest.raises(ConfigError,
                        match=r"x.yaml: unknown config key 'train.epoch' \(did you mean 'train.epochs'\?\)"):
+        load_config(str(f))
+    f.write_text("model:\n  N: 1\n  d_ff: 64\n  N: 2\n")  # YAML keeps the last silently: refused here
+    with pytest.raises(ConfigError, match=r"x.yaml line 4 column 3: invalid YAML \(the key 'N' is given twice"):
         load_config(str(f))
     f.write_text("trian:\n  epochs: 3\n")  # a section's name mistyped: the section meant, not one of its keys
     with pytest.raises(ConfigError, match=r"x.yaml: unknown config section 'trian' \(did you mean 'train'\?\)$"):

@@ -129,6 +129,14 @@ def test_overwrite_deletes_nothing_when_the_new_run_cannot_start(tiny_checkpoint
     assert tree(out) == before
 
 
+def test_a_run_finished_inside_an_epoch_says_where(tmp_path, capsys, no_charts):
+    out = tmp_path / "run"  # three steps an epoch: train.max_steps=4 ends one step into epoch 2
+    assert train(capsys, *COPY, f"train.out_dir={out}", "train.max_steps=4")[0] == 0
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.max_steps=4")
+    assert code == 0 and "holds a finished run (step 4, in epoch 2)" in stdout, err
+    assert "raise train.max_steps (now 4)" in stdout
+
+
 def test_a_run_of_an_older_version_without_the_marker_is_still_a_run(tmp_path, capsys, no_charts):
     out = tmp_path / "run"
     assert train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=1")[0] == 0

@@ -54,6 +54,9 @@ def test_grid_files_that_are_missing_or_not_yaml_are_one_line_errors(tmp_path):
     bad.write_text("train.epochs: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         read_grid(bad)
+    bad.write_text("train.epochs: [1, 2]\ntrain.epochs: [3]\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML \(the key 'train.epochs' is given twice"):
+        read_grid(bad)
 
 
 def test_every_setting_is_validated_before_anything_runs():
@@ -185,9 +188,10 @@ SWEEP = textwrap.dedent(f"""
 """)
 
 
-def _sweep_args(out: Path, grid: Path, multi30k_dir: Path, cache: Path) -> list[str]:
-    """One seed of each setting, two runs at a time, each a short tiny.yaml run on sentences of up to 10 tokens."""
-    return ["--config", "tiny", "--grid", str(grid), "--seeds", "1", "--parallel", "2", "--out", str(out),
+def _sweep_args(out: Path, grid: Path, multi30k_dir: Path, cache: Path, parallel: int = 2) -> list[str]:
+    """One seed of each setting, `parallel` runs at a time, each a short tiny.yaml run on sentences of up to 10
+    tokens."""
+    return ["--config", "tiny", "--grid", str(grid), "--seeds", "1", "--parallel", str(parallel), "--out", str(out),
             f"data.root={multi30k_dir}", f"data.cache_dir={cache}", "data.max_sentence_len=10",
             "data.long_policy=skip", f"train.max_steps={MAX_STEPS}", "train.warmup=10", "train.log_every=5",
             "train.bleu_every=1", "train.target_bleu=0.000001", "decode.max_len_a=5", "train.device=cpu",
@@ -230,8 +234,8 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
 
     # the same sweep again (its runs hold nowhere), all three runs at once (a sweep's width is not a setting of
     # its runs), scoring test at the end
-    again = subprocess.run([sys.executable, "-c", SWEEP, *args, "--parallel", "3", "--score-test"], env=env,
-                           capture_output=True, text=True, timeout=600)
+    again = subprocess.run([sys.executable, "-c", SWEEP, *_sweep_args(out, grid, multi30k_dir, data_cache_dir, 3),
+                            "--score-test"], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "3 runs, 0 already finished, 3 to train" in again.stdout
     for run in first_pair:

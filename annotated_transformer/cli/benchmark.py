@@ -108,7 +108,8 @@ def read_config(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Print the benchmark's table (or JSON) for a config."""
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = 30 if args.gpu else 10
     cfg = read_config(args)
@@ -120,6 +121,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     def log(line: str) -> None:
         print(line, file=stream, flush=True)
+    tables = [f"--{name}" for name in ("scale", "gpu", "all", "engines", "extensions", "profile", "products")
+              if getattr(args, name)]
+    if len(tables) > 1:  # each is a table of its own: the first would run, the others be dropped unsaid
+        raise ConfigError(f"{' and '.join(tables)} are different tables; run one of them at a time")
+    if args.pairs != parser.get_default("pairs") and not args.scale:
+        raise ConfigError("--pairs sizes the synthetic corpus of --scale; add --scale, or leave --pairs out")
     for option, value in (("--rounds", args.rounds), ("--one-sentence", args.one_sentence), ("--limit", args.limit)):
         if value is not None and value < 1:  # none of them means anything at 0: --limit 0 decoded every sentence
             raise ConfigError(f"{option} must be at least 1, got {value}")

@@ -72,6 +72,13 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _spelt(value: Any) -> str:
+    """A value as YAML and an override spell it (true, null, 'word'), for a message."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return repr(value)
+
+
 def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
     """Check `value` against the annotation `tp`; convert the few safe cases (int->float, '1e-9'->float)."""
     origin = typing.get_origin(tp)
@@ -88,18 +95,19 @@ def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
         return _coerce(value, inner[-1], key, from_cli)
     if origin is list:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list like [0.9, 0.98], got {value!r}")
+            example = "[0, 2]" if args and args[0] is int else "[0.9, 0.98]" if args and args[0] is float else "[a, b]"
+            raise ConfigError(f"{key} must be a list like {example}, got {_spelt(value)}")
         return [_coerce(v, args[0], f"{key}[{i}]", from_cli) for i, v in enumerate(value)]
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
+        raise ConfigError(f"{key} must be true or false, got {_spelt(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
             return int(value)
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
+        raise ConfigError(f"{key} must be an integer, got {_spelt(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -108,7 +116,7 @@ def _coerce(value: Any, tp: Any, key: str, from_cli: bool) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key} must be a number, got {value!r}")
+        raise ConfigError(f"{key} must be a number, got {_spelt(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
@@ -274,6 +282,21 @@ def shipped_configs() -> dict[str, str]:
     return {p.stem: config_summary(p) for p in paths}
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last one silently: a
+    setting typed twice would be read as whichever came second)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key '{key}' is given twice in one mapping; "
+                                                        "keep one", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Read a YAML mapping; syntax errors become one-line ConfigErrors with line and column."""
     try:
@@ -281,7 +304,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""

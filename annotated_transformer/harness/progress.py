@@ -110,17 +110,19 @@ def log_line_end(s: TrainState, c: RunCounters, t: TrainConfig, total_steps: int
 # --------------------------------------------------------------------------- how long a run will take
 
 
-def finished_line(path: Any, state: dict[str, Any], t: TrainConfig) -> str:
-    """What train.resume=auto says of a finished run in `path` (`state`: its last.pt's train_state): how far it
-    went, and which of the limits it reached to raise to continue it."""
+def finished_line(path: Any, state: dict[str, Any], t: TrainConfig, mid_epoch: bool = False) -> str:
+    """What train.resume=auto says of a finished run in `path` (`state`: its last.pt's train_state; `mid_epoch`:
+    it ended inside an epoch, at train.max_steps): how far it went, and which of the limits it reached to raise to
+    continue it."""
     epoch, step = state.get("epoch", 0), state.get("step", 0)
     reached = [f"train.{key} (now {limit})" for key, limit, at in (("epochs", t.epochs, epoch),
                                                                   ("max_steps", t.max_steps, step))
                if limit and at >= limit]
     if t.stop_at_target and state.get("target_epoch") is not None:
         reached.append(f"train.target_bleu (now {t.target_bleu}; or set train.stop_at_target=false)")
-    epochs = f"{epoch} epoch{'' if epoch == 1 else 's'}"
-    return (f"{path} holds a finished run ({epochs} complete, {step} steps) and train.resume=auto leaves it "
+    went = (f"step {step}, in epoch {epoch + 1}" if mid_epoch
+            else f"{epoch} epoch{'' if epoch == 1 else 's'} complete, {step} steps")
+    return (f"{path} holds a finished run ({went}) and train.resume=auto leaves it "
             f"as it is; train again with train.overwrite=true or another train.out_dir, or raise "
             f"{' and '.join(reached)} to continue it")
 

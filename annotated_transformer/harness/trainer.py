@@ -434,7 +434,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
                                         ready=functools.partial(ready_to_start, cfg, info, device, files, run))
             if start_mode == "finished":
                 s = last["train_state"]
-                print0(finished_line(run.path, s, cfg.train), level=RESULT)
+                print0(finished_line(run.path, s, cfg.train, mid_epoch=last.get("loader") is not None), level=RESULT)
                 return {"finished": True, "steps": s.get("step", 0)}
             return Trainer(cfg, info, device, run, start_mode, last, files.corpus).fit()
         except RuntimeError as exc:

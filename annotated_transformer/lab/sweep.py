@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from ..config import config_to_dict, load_config
-from ..config.loading import refuse_library_from_file
+from ..config.loading import UniqueKeyLoader, refuse_library_from_file
 from ..runtime.device import usable_cores
 from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
@@ -114,12 +114,13 @@ def read_grid(path: str | Path) -> list[tuple[str, ...]]:
     """The settings of a grid file; one line for a missing or malformed file."""
     path = Path(path)
     try:
-        grid = yaml.safe_load(path.read_text(encoding="utf-8"))
+        grid = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except OSError as exc:
         raise ConfigError(f"cannot read the grid {path}: {exc.strerror or exc}; give a YAML file of dotted "
                           "keys and lists of values") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"the grid {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"the grid {path} is not valid YAML ({problem})") from None
     return parse_grid(grid, str(path))
 
 
