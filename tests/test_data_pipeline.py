@@ -177,16 +177,26 @@ def test_mid_epoch_resume_continues_with_the_next_batch(multi30k_data, num_worke
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("before, after", [(0, 1), (1, 0)])
-def test_a_resume_may_change_the_loader_workers(multi30k_data, before, after, mid_epoch_resume):
+@pytest.mark.parametrize("before, after", [(0, 1), (1, 0), (1, 2)])
+def test_a_resume_may_change_the_loader_workers(multi30k_data, before, after, mid_epoch_resume, weights_only_roundtrip):
     """data.num_workers may change at a resume (the loader's own state differs with worker processes): the epoch
-    goes on with its next batch all the same."""
+    goes on with its next batch all the same, and so does a second resume inside it."""
     workers = iter([before, before, after])  # the uninterrupted loader, the stopped one, the resumed one
-    state, second, full = mid_epoch_resume(
-        lambda: with_data(multi30k_data, batch_tokens=4096, num_workers=next(workers)).train_loader(seed=11),
-        epoch=2, taken=17)
+    make = lambda n: with_data(multi30k_data, batch_tokens=4096, num_workers=n).train_loader(seed=11)  # noqa: E731
+    state, second, full = mid_epoch_resume(lambda: make(next(workers)), epoch=2, taken=17)
     assert second.taken == len(full)
     assert len(epoch_batches(second, 3)) == len(full)  # the next epoch from its first batch
+    again = make(after)  # stopped again 10 batches after the resume, resumed with the same workers
+    again.load_state_dict(state)
+    it = iter(again)
+    served = [next(it) for _ in range(10)]
+    third = make(after)
+    third.set_epoch(0)
+    third.load_state_dict(weights_only_roundtrip(again.state_dict()))
+    rest = list(third)
+    assert third.taken == len(full) and len(served) + len(rest) == len(full) - 17
+    for a, b in zip(served + rest, full[17:]):
+        assert torch.equal(a.src, b.src) and torch.equal(a.tgt, b.tgt)
 
 
 def test_resume_at_epoch_end_and_mismatched_world_size(multi30k_data, weights_only_roundtrip):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -284,17 +285,28 @@ def shipped_configs() -> dict[str, str]:
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader, refusing a key given twice in one mapping (plain YAML keeps the last one silently: a
-    setting typed twice would be read as whichever came second)."""
+    setting typed twice would be read as whichever came second). Keys that a merge (`<<: *base`) brings in may be
+    given again: that is what a merge is for."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key '{key}' is given twice in one mapping; "
-                                                        "keep one", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        # Checked the first time a mapping is flattened, before its merges are copied into it (in place).
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            seen = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key '{key_node.value}' is given twice in one mapping; keep one",
+                        key_node.start_mark)
+                seen.add(key)
+        super().flatten_mapping(node)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -346,6 +358,9 @@ def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Confi
     apply_dict(cfg, data, source=str(path))
     for override in overrides:
         apply_override(cfg, override)
+    alpha = cfg.decode.alpha
+    if not 0 <= alpha < math.inf:  # as the decoders check it; a saved run's config is read as it was trained
+        raise ConfigError(f"decode.alpha must be a number of at least 0, got {alpha}")
     return cfg.validate()
 
 

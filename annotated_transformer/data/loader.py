@@ -327,21 +327,18 @@ class TrainLoader:
             raise DataError(f"the saved data position is for train.seed={state['seed']}, this run has "
                             f"{self.sampler.seed}; resume with the same seed")
         self.set_epoch(state["epoch"])
-        inner = state["loader"]
-        if ("_snapshot" in inner) != (self.loader.num_workers > 0):  # data.num_workers went from 0 to N or back
-            self._skip_served(state)
+        if "taken" in state:
+            # The plan is a pure function of (seed, epoch): pass over the batches served. The loader's own state
+            # is not used, as its form depends on data.num_workers, which may change at a resume.
+            self._taken = self.sampler.skip = int(state["taken"])
+            self._finished_epoch = self._taken >= len(self)
             return
+        inner = state["loader"]  # an older version's position, kept only in the loader's form
+        if ("_snapshot" in inner) != (self.loader.num_workers > 0):
+            raise DataError("the saved data position comes from an older version that kept it only in the loader's "
+                            "own form; resume with the data.num_workers it was saved with")
         self.loader.load_state_dict(inner)
         # StatefulDataLoader restarts a finished epoch from scratch; a run stopped right after the
         # last batch must instead see an empty rest of the epoch.
         self._finished_epoch = bool(inner.get("_iterator_finished", False))
-        self._taken = int(state.get("taken", inner.get("_num_yielded", 0)))
-
-    def _skip_served(self, state: dict[str, Any]) -> None:
-        """Continue after the batches the saved epoch served, without the loader's own state (whose form depends on
-        whether worker processes load the batches): the plan is a pure function of (seed, epoch)."""
-        if "taken" not in state:
-            raise DataError("the saved data position comes from an older version that kept it only in the loader's "
-                            "own form; resume with the data.num_workers it was saved with (0, or 1 or more)")
-        self._taken = self.sampler.skip = int(state["taken"])
-        self._finished_epoch = self._taken >= len(self)
+        self._taken = int(inner.get("_num_yielded", 0))

@@ -453,14 +453,15 @@ def train_worker(cfg: Config) -> dict[str, Any]:
 def ready_to_start(cfg: Config, info: DistInfo, device: torch.device, files: TaskFiles, run: RunDir) -> None:
     """What a run checks before its folder is taken, so that a run that cannot start writes nothing: the
     tensorboard package when train.tensorboard is on (rank 0, which writes its files), the compile mode on this
-    device, and the data's files found. Before train.overwrite clears a run, its data is built too (rank 0): a
-    corpus or tokenizer that fails then has deleted nothing."""
+    device, and the data's files found. Before train.overwrite clears a run, its data is built too (then read from
+    the cache): a corpus or tokenizer that fails has deleted nothing. Under torchrun every rank builds it, as the
+    ranks load data together."""
     if cfg.train.tensorboard and info.is_main:
         summary_writer_class()
     check_compile_mode(cfg.train.compile, device)
     files.locate()
-    if cfg.train.overwrite and info.is_main and run.has_run():
-        build_task(cfg, DistInfo(), log=print0, cuda=device.type == "cuda", corpus=files.corpus)  # cached for the run
+    if cfg.train.overwrite and (info.distributed or run.has_run()):
+        build_task(cfg, info, log=print0, cuda=device.type == "cuda", corpus=files.corpus)
 
 
 @contextmanager
