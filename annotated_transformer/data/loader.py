@@ -265,6 +265,7 @@ class TrainLoader:
             self._finished_epoch = False
             return
         totals = self.global_tokens(self.epoch) if self.world_size > 1 else None
+        self._taken = self.sampler.skip  # a new pass over the epoch starts at its first batch, or a resume's
         for batch in self.loader:
             if totals is not None:
                 batch.global_ntokens = totals[self._taken]
