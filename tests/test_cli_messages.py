@@ -447,6 +447,7 @@ def test_a_sweep_refuses_options_that_mean_nothing_for_what_it_does(args, messag
     assert not any(tmp_path.iterdir())  # nothing written, nothing trained
 
 
+@pytest.mark.slow  # a second Python process: about 2 s
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
     """`command | head`: the closed pipe ends the command with 141, as SIGPIPE would, and no traceback."""
     import subprocess

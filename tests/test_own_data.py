@@ -244,6 +244,20 @@ def test_the_cache_key_follows_the_files_content(tmp_path):
 
 
 
+def test_pairs_with_an_empty_side_are_counted_and_said(tmp_path):
+    """Kept (a user's corpus is trained as given) but counted in the statistics and the summary line."""
+    from annotated_transformer.data.translation_data import stats_summary
+
+    rng = random.Random(0)
+    pairs = made_up_pairs(160, rng)
+    pairs[3], pairs[7] = ("", pairs[3][1]), (pairs[7][0], "")
+    write_split(tmp_path / "corpus" / "train", "xx", "yy", pairs)
+    write_split(tmp_path / "corpus" / "val", "xx", "yy", made_up_pairs(12, rng))
+    data = load_translation_data(own_config(tmp_path / "corpus", tmp_path / "cache"), log=None)
+    assert data.stats["empty"] == {"train": 2, "val": 0} and len(data.splits["train"]) == 160
+    assert "pairs with an empty line on one side (kept): 2 train" in stats_summary(data.stats)
+
+
 # --------------------------------------------------------------------------- the cache: rebuilt only when damaged
 
 

@@ -264,7 +264,7 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
                             f"check the disk, or set data.cache_dir to another folder") from None
     text, cached_splits, build_stats = cached
     text.max_sentence_len = d.max_sentence_len  # the cache holds untruncated ids; the limit is this run's
-    splits, truncated, skipped = {}, {}, {}
+    splits, truncated, skipped, empty = {}, {}, {}, {}
     for name in corpus.splits:
         c = cached_splits.get(name)
         pairs = corpus.count(name)  # the files' lines, counted when they were checked; the cache's were checked
@@ -273,6 +273,8 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
                             f"delete the cache folder and run again")
         # Skipping drops training pairs only: val and test keep every sentence (truncated for the
         # teacher-forced loss), so BLEU is always computed on the complete, standard test sets.
+        # a side of <s></s> alone: an empty line, which trains the model to say something for nothing (kept)
+        empty[name] = int(((c["src"].lengths <= 2) | (c["tgt"].lengths <= 2)).sum())
         src, tgt, keep, truncated[name], skipped[name] = apply_long_policy(
             c["src"], c["tgt"], d.max_sentence_len, skip=d.long_policy == "skip" and name == "train")
         if name == "train":  # millions of lines on a large corpus: read only when a consumer iterates them
@@ -284,7 +286,7 @@ def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | Non
     if not len(splits["train"]):
         raise DataError(f"data.max_sentence_len={d.max_sentence_len} with data.long_policy=skip leaves no training "
                         "pairs; raise data.max_sentence_len or use data.long_policy=truncate")
-    stats = dict(build_stats, truncated=truncated, skipped=skipped, max_sentence_len=d.max_sentence_len,
+    stats = dict(build_stats, truncated=truncated, skipped=skipped, empty=empty, max_sentence_len=d.max_sentence_len,
                  long_policy=d.long_policy, cache=str(folder), cache_hit=not built,
                  fingerprint={"settings": settings, "location": corpus.location})  # as data_fingerprint's
     return TranslationData(text, splits, stats, d), built
@@ -378,6 +380,9 @@ def stats_summary(stats: dict[str, Any]) -> str:
              for split, n in s[what].items() if n]
     if long_:
         parts.append("longer than data.max_sentence_len: " + ", ".join(long_))
+    empty = [f"{n} {split}" for split, n in s.get("empty", {}).items() if n]
+    if empty:
+        parts.append("pairs with an empty line on one side (kept): " + ", ".join(empty))
     parts.append(f"{'built' if s['built'] else 'loaded from cache'} in {s['seconds']:.2f} s")
     return " | ".join(parts)
 
