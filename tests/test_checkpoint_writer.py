@@ -88,6 +88,24 @@ def test_prune_epochs_keeps_only_the_newest(tmp_path):
     assert [p.name for _, p in run.epoch_files()] == ["epoch_100.safetensors", "epoch_101.safetensors", "epoch_102.pt"]
 
 
+def test_pruning_deletes_only_training_s_own_numbered_files(tmp_path):
+    """keep_last_epochs / keep_last_steps delete epoch_NN and step_NNNNNNN files (and an older version's forms of an
+    epoch's); a file of yours named like one but numbered otherwise, or of another kind, stays."""
+    run = RunDir(tmp_path)
+    for epoch in (1, 2, 3):
+        run.epoch(epoch).write_bytes(b"x")
+    for step in (100, 200, 300):
+        run.step(step).write_bytes(b"x")
+    mine = ["epoch_1.safetensors", "epoch_001.json", "epoch_02.txt", "step_100.safetensors", "step_0000100.pt"]
+    for name in mine:
+        (tmp_path / name).write_bytes(b"the user's")
+    run.prune_epochs(keep_after=2)
+    run.prune_steps(1, newest=300)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["epoch_03.safetensors", "step_0000300.safetensors", *mine])
+    assert all((tmp_path / name).read_bytes() == b"the user's" for name in mine)
+
+
 def test_average_last_needs_enough_kept_epochs():
     with pytest.raises(ConfigError, match="train.average_last .5. needs that many epoch checkpoints"):
         load_config("copy", ["train.keep_last_epochs=3", "train.average_last=5"])

@@ -129,6 +129,23 @@ def test_overwrite_deletes_nothing_when_the_new_run_cannot_start(tiny_checkpoint
     assert tree(out) == before
 
 
+def test_an_overwrite_start_loads_its_data_once_and_logs_it(tmp_path, capsys, monkeypatch, no_charts):
+    """The data checked before the folder is cleared is the data trained on: loaded once, its line in train.log."""
+    from annotated_transformer import data as data_module
+
+    corpus, out = write_corpus(tmp_path / "corpus"), tmp_path / "run"
+    own = ["--config", str(EXAMPLE), *SMALL, f"data.train={corpus / 'train'}", f"data.val={corpus / 'val'}",
+           "data.test=null", "data.src_lang=xx", "data.tgt_lang=yy", "data.spm_vocab_size=40",
+           f"data.cache_dir={tmp_path / 'cache'}", f"train.out_dir={out}", "train.max_steps=2",
+           "train.final_eval=false"]
+    assert train(capsys, *own)[0] == 0
+    loads, load = [], data_module.load_translation_data
+    monkeypatch.setattr(data_module, "load_translation_data", lambda *a, **k: loads.append(1) or load(*a, **k))
+    code, _, err = train(capsys, *own, "train.overwrite=true")
+    assert code == 0 and len(loads) == 1, err
+    assert any("train 160" in line for line in (out / "train.log").read_text().splitlines())  # the data line
+
+
 def test_a_run_finished_inside_an_epoch_says_where(tmp_path, capsys, no_charts):
     out = tmp_path / "run"  # three steps an epoch: train.max_steps=4 ends one step into epoch 2
     assert train(capsys, *COPY, f"train.out_dir={out}", "train.max_steps=4")[0] == 0

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from annotated_transformer.runtime.errors import DataError
-from annotated_transformer.harness import distributed, trainer as trainer_module
+from annotated_transformer.harness import distributed, tasks as tasks_module
 from annotated_transformer.harness.distributed import (close_run_log, open_run_log, print0, quiet_terminal,
                                                        result_lines)
 
@@ -60,7 +60,7 @@ def test_an_error_that_ends_a_run_is_the_last_line_of_its_log(tmp_path, train_co
     def broken_data(*args, **kwargs):
         raise DataError("the data went missing; put it back")
 
-    monkeypatch.setattr(trainer_module, "build_task", broken_data)  # after the run directory is made
+    monkeypatch.setattr(tasks_module, "build_task", broken_data)  # after the run directory is made
     code, out, err = train_command("--config", "copy.yaml", f"train.out_dir={tmp_path}", "train.device=cpu",
                                    "train.progress=false")
     assert code == 2 and err == "error: the data went missing; put it back\n"

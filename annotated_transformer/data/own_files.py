@@ -23,7 +23,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -214,15 +214,17 @@ class OwnFiles:
     _facts: dict[str, tuple[FileFacts, FileFacts]] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_config(cls, d: Any) -> OwnFiles:
-        """The files data.train / data.val / data.test name; every one must exist (they are read later)."""
+    def from_config(cls, d: Any, splits: Sequence[str] = SPLIT_KEYS) -> OwnFiles:
+        """The files data.train / data.val / data.test name; every one must exist (they are read later). `splits`:
+        only these (scoring one split needs its two files, not the training data)."""
         files = {}
-        for split in SPLIT_KEYS:
+        for split in splits:
             prefix = getattr(d, split)
             if prefix:
                 files[split] = (find_file(prefix, d.src_lang, f"data.{split}"),
                                 find_file(prefix, d.tgt_lang, f"data.{split}"))
-        if "train" not in files or "val" not in files:  # validate() says this first; here for a Config built by hand
+        # validate() says this first; here for a Config built by hand (a training corpus, not one split of it)
+        if tuple(splits) == SPLIT_KEYS and ("train" not in files or "val" not in files):
             raise DataError("data.dataset=files needs data.train and data.val (the prefixes of the training and "
                             "validation files)")
         return cls(files, d.src_lang, d.tgt_lang)

@@ -46,7 +46,7 @@ from .cache import CacheUnreadable, corpus_settings, discard_cache, find_cache_f
 from .ids import RaggedIds
 from .loader import Resegment, TrainLoader, static_shapes_on
 from .multi30k import Multi30k, resolve_multi30k_dir, split_files
-from .own_files import OwnFiles, find_file, picked_lines
+from .own_files import OwnFiles, picked_lines
 from .text import TextPipeline
 from .tokenise import build_cache
 
@@ -229,11 +229,9 @@ def read_one_split(d: DataConfig, split: str, log: Callable[[str], None] | None 
     """The source and target lines of one split, finding and checking only its two files: scoring a split needs no
     training data (the vocabulary is in the model file)."""
     if d.dataset == "files":
-        prefix = getattr(d, split, None)
-        if not prefix:
+        if not getattr(d, split, None):
             raise DataError(f"there is no {split} split: the config names no data.{split} files")
-        files = {split: tuple(find_file(prefix, lang, f"data.{split}") for lang in (d.src_lang, d.tgt_lang))}
-        return OwnFiles(files, d.src_lang, d.tgt_lang).read(split)
+        return OwnFiles.from_config(d, splits=(split,)).read(split)
     if d.dataset != "multi30k":
         raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
     root = resolve_multi30k_dir(d, log=log, names=split_files(split))

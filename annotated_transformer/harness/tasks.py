@@ -199,6 +199,18 @@ class TaskFiles:
     cfg: Config
     log: Callable[[str], None] | None = None  # where a download of Multi30k says so (rank 0's print)
     corpus: Any = None  # the Multi30k or OwnFiles of the config, once opened (None: not yet, or the copy task)
+    task: Any = None  # the task, once built (`build`)
+
+    def build(self, info: DistInfo, cuda: bool, log: Callable[[str], None] | None) -> Any:
+        """The config's task (`build_task` on the corpus opened here), built once: the data built before
+        train.overwrite clears a run is the data the run trains on. A log given after the build gets the data line."""
+        if self.task is None:
+            self.task = build_task(self.cfg, info, log=log, cuda=cuda, corpus=self.corpus)
+        elif log is not None and isinstance(self.task, TranslationTask):
+            from ..data.translation_data import stats_summary
+
+            log(stats_summary(self.task.data.stats))
+        return self.task
 
     def locate(self) -> None:
         """Find the files of your own corpus (data.dataset=files; a DataError names one that is missing); read

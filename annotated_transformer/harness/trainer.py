@@ -45,7 +45,7 @@ from .resume import RunState, StopSignal
 from .run_dir import RunDir, check_same_tokenizer, tokenizer_hash
 from .run_end import finish
 from .schedules import build_scheduler
-from .tasks import TaskFiles, build_task
+from .tasks import TaskFiles
 from .tensorboard_log import summary_writer_class
 
 
@@ -76,7 +76,7 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, info: DistInfo, device: torch.device, run: RunDir, start_mode: str = "start",
-                 last: dict[str, Any] | None = None, corpus: Any = None) -> None:
+                 last: dict[str, Any] | None = None, files: TaskFiles | None = None) -> None:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
         self.t_start = time.perf_counter()
         self.run = run  # opened (RunDir.open: locked, decided, made the run's) by train_worker, which unlocks it
@@ -85,8 +85,8 @@ class Trainer:
         barrier()
         torch.manual_seed(cfg.train.seed)
         random.seed(cfg.train.seed)
-        # `corpus`: what the resume's check opened (TaskFiles.corpus), not read again
-        self.task = build_task(cfg, info, log=self.log, cuda=device.type == "cuda", corpus=corpus)
+        # `files`: what the resume's check opened, or the start built, not read again
+        self.task = (files or TaskFiles(cfg)).build(info, cuda=device.type == "cuda", log=self.log)
         text_state = self.task.text.state_dict() if self.task.text is not None else None
         if start_mode == "resume":  # before vocab/ is written: the weights learned the ids of last.pt's tokenizer
             check_same_tokenizer((last or {}).get("text"), text_state, self.run.last)
@@ -436,7 +436,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
                 s = last["train_state"]
                 print0(finished_line(run.path, s, cfg.train, mid_epoch=last.get("loader") is not None), level=RESULT)
                 return {"finished": True, "steps": s.get("step", 0)}
-            return Trainer(cfg, info, device, run, start_mode, last, files.corpus).fit()
+            return Trainer(cfg, info, device, run, start_mode, last, files).fit()
         except RuntimeError as exc:
             if info.distributed and _lost_a_rank(exc):
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -453,15 +453,15 @@ def train_worker(cfg: Config) -> dict[str, Any]:
 def ready_to_start(cfg: Config, info: DistInfo, device: torch.device, files: TaskFiles, run: RunDir) -> None:
     """What a run checks before its folder is taken, so that a run that cannot start writes nothing: the
     tensorboard package when train.tensorboard is on (rank 0, which writes its files), the compile mode on this
-    device, and the data's files found. Before train.overwrite clears a run, its data is built too (then read from
-    the cache): a corpus or tokenizer that fails has deleted nothing. Under torchrun every rank builds it, as the
-    ranks load data together."""
+    device, and the data's files found. Before train.overwrite clears a run, its data is built too (kept for the
+    run): a corpus or tokenizer that fails has deleted nothing. Under torchrun every rank builds it, as the ranks
+    load data together."""
     if cfg.train.tensorboard and info.is_main:
         summary_writer_class()
     check_compile_mode(cfg.train.compile, device)
     files.locate()
     if cfg.train.overwrite and (info.distributed or run.has_run()):
-        build_task(cfg, info, log=print0, cuda=device.type == "cuda", corpus=files.corpus)
+        files.build(info, cuda=device.type == "cuda", log=print0)
 
 
 @contextmanager

@@ -20,8 +20,6 @@ the scale benchmark knows it may reuse one.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.errors import UserError
-from ..runtime.files import give_default_permissions, refuse_to_replace, write_json, writing
+from ..runtime.files import atomic_write, refuse_to_replace, write_json, writing
 
 LANGS = ("de", "en")
 SPLITS = ("train", "val", "test")  # each split's lines come from the Multi30k split of the same name
@@ -112,24 +110,17 @@ def write_split(folder: Path, split: str, pairs: tuple[Sequence[str], Sequence[s
     temporary name and renamed when whole. The split's own random stream ([seed, its index]) makes it independent
     of the other splits' sizes."""
     rng = np.random.default_rng([seed, SPLITS.index(split)])
-    final = [folder / f"{split}.{lang}" for lang in LANGS]
-    partial: list[Path] = []
-    try:
-        with writing(folder, f"write the {split} split into"):  # a full disk (gigabytes at the paper's scale)
-            for path in final:  # names of this process's own: two makers of one folder never share a file
-                fd, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".partial")
-                os.close(fd)
-                partial.append(Path(name))
-            with partial[0].open("w", encoding="utf-8") as de, partial[1].open("w", encoding="utf-8") as en:
-                for de_text, en_text in joined_chunks(*pairs, lines, rng):
-                    de.write(de_text)
-                    en.write(en_text)
-            for tmp, path in zip(partial, final):
-                give_default_permissions(tmp)  # mkstemp's file is owner-only; a corpus file is for reading
-                os.replace(tmp, path)
-    finally:
-        for tmp in partial:
-            tmp.unlink(missing_ok=True)
+    de_path, en_path = (folder / f"{split}.{lang}" for lang in LANGS)
+
+    def write_both(de: Any) -> None:  # each file under a temporary of its own, renamed when whole
+        def write_en(en: Any) -> None:
+            for de_text, en_text in joined_chunks(*pairs, lines, rng):
+                de.write(de_text.encode("utf-8"))
+                en.write(en_text.encode("utf-8"))
+        atomic_write(en_path, write_en)
+
+    with writing(folder, f"write the {split} split into"):  # a full disk (gigabytes at the paper's scale): one line
+        atomic_write(de_path, write_both)
 
 
 def check_folder(folder: Path, overwrite: bool, option: str = "--out") -> None:
