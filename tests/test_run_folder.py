@@ -129,6 +129,24 @@ def test_overwrite_deletes_nothing_when_the_new_run_cannot_start(tiny_checkpoint
     assert tree(out) == before
 
 
+def test_overwrite_keeps_the_run_when_the_gpu_lacks_the_precision(tiny_checkpoint, tmp_path, capsys, monkeypatch,
+                                                                   no_charts):
+    """train.precision=bf16 on a GPU without bf16 (a V100, a T4) is refused before train.overwrite deletes anything."""
+    import torch
+
+    from annotated_transformer.harness import trainer
+    from annotated_transformer.harness.distributed import DistInfo
+
+    monkeypatch.setattr(trainer, "init_distributed", lambda spec: (DistInfo(0, 0, 1), torch.device("cuda", 0)))
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    out = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, out)
+    before = tree(out)
+    code, _, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true", "train.precision=bf16")
+    assert code == 2 and "this GPU has no bf16 support; use train.precision=fp32" in err, err
+    assert len(err.strip().splitlines()) == 1 and tree(out) == before
+
+
 def test_an_overwrite_start_loads_its_data_once_and_logs_it(tmp_path, capsys, monkeypatch, no_charts):
     """The data checked before the folder is cleared is the data trained on: loaded once, its line in train.log."""
     from annotated_transformer import data as data_module

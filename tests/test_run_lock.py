@@ -175,15 +175,19 @@ def test_a_refused_start_releases_the_folder_and_leaves_no_folder(tmp_path):
 
 
 def test_a_live_runs_folder_is_refused_even_with_overwrite(tmp_path, monkeypatch):
+    """Refused at once, before the overwrite's data is built (a corpus may take minutes to tokenise), untouched."""
     monkeypatch.setattr(trainer_module, "Trainer", FakeTrainer)
+    built = []
+    monkeypatch.setattr(trainer_module.TaskFiles, "build", lambda self, *a, **k: built.append(self))
     (tmp_path / "last.pt").write_bytes(b"a live run's checkpoint")
+    (tmp_path / MARKER).write_text("{}")
     holder = RunDir(tmp_path)
     holder.lock()
     before = snapshot(tmp_path)
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.overwrite=true", *QUIET])
     with pytest.raises(RunDirError, match=f"run directory {tmp_path} is in use"):
         train_worker(cfg)
-    assert snapshot(tmp_path) == before
+    assert snapshot(tmp_path) == before and built == []
     holder.unlock()
 
 

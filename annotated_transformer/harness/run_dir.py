@@ -34,7 +34,8 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ except ImportError:  # Windows has no flock: there a second training on a live r
 from ..data.text import TEXT_FILES
 from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, config_yaml
 from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError
-from ..runtime.files import atomic_write, run_dir_error, writing
+from ..runtime.files import atomic_write, run_dir_error
 from ..checkpoints import load_checkpoint, model_file_forms
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
@@ -390,7 +391,7 @@ class RunDir:
         """Delete these files (each in its `forms`); a refusal (a read-only disk) is one RunDirError line."""
         for path in paths:
             for old in forms(path):
-                with writing(old, "delete the older model file", run=self.path):
+                with self.writing(old, "delete the older model file"):
                     old.unlink(missing_ok=True)
 
     @property
@@ -494,7 +495,7 @@ class RunDir:
 
     def _open_lock_file(self) -> int | None:
         """A read-write descriptor of .lock, made (with the folder) when missing; None when the folder vanished."""
-        with writing(self.path, "create the run directory", run=self.path):
+        with self.writing(self.path, "create the run directory"):
             if not self.path.is_dir():
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._made_folder = True
@@ -536,10 +537,11 @@ class RunDir:
     def open(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None = None,
              log: Callable[[str], None] | None = None, ready: Callable[[], None] | None = None
              ) -> tuple[str, dict[str, Any] | None]:
-        """Take the folder for this training: check that the run can start (`ready`, on every rank: e.g. its data
-        files found), lock it (rank 0), remove temporaries of killed writes, decide how the run begins
+        """Take the folder for this training: lock it (rank 0), check that the run can start (`ready`, on every
+        rank: e.g. its data files found), remove temporaries of killed writes, decide how the run begins
         (`start_mode`), alike on every rank or an error on all; then, unless the run is finished, make it the
-        run's (`prepare`, rank 0). A run that cannot start leaves no folder behind.
+        run's (`prepare`, rank 0). A run that cannot start leaves no folder behind (`unlock` removes the one
+        `lock` made).
 
         Under torchrun each rank reads the folder itself and the ranks compare what they saw, so a node that
         sees no last.pt (a folder that is not shared) never starts from step 0 while another resumes.
@@ -554,15 +556,16 @@ class RunDir:
 
     def _decide(self, cfg: Config, info: Any, data: Callable[[], dict[str, Any]] | None,
                 ready: Callable[[], None] | None) -> tuple[str, dict[str, Any] | None]:
-        """`open`'s decision: the run's checks, the folder locked and tidied (rank 0), `start_mode` on every rank,
-        compared."""
+        """`open`'s decision: the folder locked (rank 0), the run's checks, the folder tidied (rank 0), `start_mode`
+        on every rank, compared."""
         failure: UserError | None = None
         try:
-            if ready is not None:
-                ready()
             if info.is_main:
                 self.refuse_foreign()  # before the lock file is made or anything removed: not a run's folder
                 self.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
+            if ready is not None:  # under the lock: a live run's folder is refused before its data is built
+                ready()
+            if info.is_main:
                 self.remove_temporaries()
             start_mode, last = self.start_mode(cfg, data)
             mine: tuple[Any, ...] = (start_mode, (last or {}).get("train_state", {}).get("step", 0), "")
@@ -671,7 +674,7 @@ class RunDir:
         and write the resolved config."""
         if self.entries() and not self.owned():  # start_mode refused it already; a last check before any write
             raise RunDirError(self._not_a_run())
-        with writing(self.path, "create the run directory", run=self.path):
+        with self.writing(self.path, "create the run directory"):
             self.path.mkdir(parents=True, exist_ok=True)
             if start_mode == "start" and self.has_run():  # train.overwrite, or a run that died before last.pt
                 if not (cfg.train.overwrite or self.died_early()):
@@ -686,9 +689,17 @@ class RunDir:
             self._write_text(self.marker, json.dumps(mark) + "\n")
         self._write_text(self.config, config_yaml(cfg))
 
+    @contextmanager
+    def writing(self, path: Path, what: str = "write") -> Iterator[None]:
+        """An OSError inside the block as one RunDirError line about this run's `path` (a full disk: how to resume)."""
+        try:
+            yield
+        except OSError as exc:
+            raise run_dir_error(exc, path, what, self.path) from None
+
     def _write_text(self, path: Path, text: str) -> None:
         """Replace one of the run's text files atomically; a full disk or a refused write is one RunDirError line."""
-        with writing(path, run=self.path):
+        with self.writing(path):
             atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
     def _clear(self) -> set[str]:
@@ -725,19 +736,19 @@ class RunDir:
         leftovers = [child for child in self.path.iterdir() if _own_temporary(child.name) and child.is_file()]
         leftovers += [p for name in ("vocab", "charts") for p in self._own_files_in(name) if _temporary(p.name)]
         for leftover in leftovers:
-            with writing(leftover, "remove the leftover", run=self.path):
+            with self.writing(leftover, "remove the leftover"):
                 leftover.unlink()
         return leftovers
 
     def save_text(self, text: Any) -> None:
         """The run's TextPipeline (vocabularies, SentencePiece model) in vocab/, what translating reads."""
-        with writing(self.vocab, run=self.path):
+        with self.writing(self.vocab):
             text.save(self.vocab)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one JSON line (with a wall-clock time stamp) to metrics.jsonl."""
         record = {**record, "time": round(time.time(), 3)}
-        with writing(self.metrics, run=self.path), self.metrics.open("a", encoding="utf-8") as f:
+        with self.writing(self.metrics), self.metrics.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
     def records(self) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from ..fast.plan import check_compile_mode
 from ..loop import TrainState
 from .loss_meter import LossMeter
 from .train_loop import LoopHooks, evaluate_loss, train_loop
+from ..runtime.device import resolve_amp_dtype
 from ..runtime.model_flops import train_step_flops
 from . import progress
 from .checkpointer import Checkpointer, improves
@@ -451,14 +452,15 @@ def train_worker(cfg: Config) -> dict[str, Any]:
 
 
 def ready_to_start(cfg: Config, info: DistInfo, device: torch.device, files: TaskFiles, run: RunDir) -> None:
-    """What a run checks before its folder is taken, so that a run that cannot start writes nothing: the
-    tensorboard package when train.tensorboard is on (rank 0, which writes its files), the compile mode on this
-    device, and the data's files found. Before train.overwrite clears a run, its data is built too (kept for the
-    run): a corpus or tokenizer that fails has deleted nothing. Under torchrun every rank builds it, as the ranks
-    load data together."""
+    """What a run checks, holding its folder's lock, before it writes or clears anything there, so that a run that
+    cannot start writes nothing: the tensorboard package when train.tensorboard is on (rank 0, which writes its
+    files), the compile mode and the precision on this device, and the data's files found. Before train.overwrite
+    clears a run, its data is built too (kept for the run): a corpus or tokenizer that fails has deleted nothing.
+    Under torchrun every rank builds it, as the ranks load data together."""
     if cfg.train.tensorboard and info.is_main:
         summary_writer_class()
     check_compile_mode(cfg.train.compile, device)
+    resolve_amp_dtype(cfg.train.precision, device)  # bf16 on a GPU without it: refused before anything is cleared
     files.locate()
     if cfg.train.overwrite and (info.distributed or run.has_run()):
         files.build(info, cuda=device.type == "cuda", log=print0)
