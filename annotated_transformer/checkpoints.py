@@ -356,14 +356,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if is_model_file(path):
         return load_model_file(path, map_location)
     if not path.is_file():
-        hint = " (it is a directory; name a .safetensors or .pt file in it)" if path.is_dir() else ""
-        raise CheckpointError(f"checkpoint {path} not found{hint}")
+        if path.is_dir():
+            raise CheckpointError(f"checkpoint {path} not found (it is a directory; name a .safetensors or .pt file "
+                                  "in it)")
+        if path.exists():  # /dev/null, a pipe: there, but no file to load
+            raise CheckpointError(f"checkpoint {path} is not a file (a device, pipe or socket); name a .safetensors "
+                                  "or .pt file written by training")
+        raise CheckpointError(f"checkpoint {path} not found")
     kind = not_a_checkpoint(path)
     if kind is not None:
-        run = path.parent  # the file's own run directory, when it is one, is what to pass instead
-        where = (f"the run directory {run} or one of its checkpoint files" if (run / "metrics.jsonl").is_file()
-                 else "a run directory or a checkpoint file written by training")
-        raise CheckpointError(f"{path} is {kind}, not a checkpoint: pass {where}")
+        raise CheckpointError(f"{path} is {kind}, not a checkpoint: pass {pass_instead(path.parent)}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -419,6 +421,15 @@ def not_a_checkpoint(path: Path) -> str | None:
     return "a JSON file" if text.lstrip().startswith(("{", "[")) else "a text file"
 
 
+def pass_instead(folder: Path) -> str:
+    """What to give instead of a file in `folder` that is no checkpoint: its run or exported folder, when it is one."""
+    if (folder / "metrics.jsonl").is_file():
+        return f"the run directory {folder} or one of its checkpoint files"
+    if (folder / "model.bin").is_file():
+        return f"the exported model folder {folder} (translate and evaluate take it), or a checkpoint file"
+    return "a run directory or a checkpoint file written by training"
+
+
 def load_model_file(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """A model file (`save_model_file`, or an older pair) as a checkpoint dict, tied names sharing one tensor again.
 
@@ -429,8 +440,7 @@ def load_model_file(path: str | Path, map_location: str | torch.device = "cpu") 
     settings = weights.with_suffix(PAIR_SUFFIX)
     if not weights.is_file():
         if settings.is_file() and not _is_pair_settings(settings):  # a JSON file of another kind (a vocabulary)
-            raise CheckpointError(f"{settings} is a JSON file, not a model file: pass a run directory or a checkpoint "
-                                  "file written by training")
+            raise CheckpointError(f"{settings} is a JSON file, not a model file: pass {pass_instead(settings.parent)}")
         if settings.is_file():
             raise CheckpointError(f"{weights} is missing: {settings.name} is the other half of an older model file, "
                                   "which needs the .safetensors written beside it; copy both files")

@@ -141,7 +141,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
                      as_json: bool = False, data_root: str | None = None,
                      limit: int | None = None, files: tuple[str, str] | None = None,
                      overwrite: bool = True, batch_size: int | None = None,
-                     reduction: tuple[str, float] | None = None) -> dict[str, Any]:
+                     reduction: tuple[str, float] | None = None, quantize: str = "none") -> dict[str, Any]:
     """The evaluate command's work: a split of the model's data (Multi30k or its own files), or `files` (a source
     file and its reference file, one sentence a line), translated, its hypotheses written and scored.
 
@@ -149,10 +149,10 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     (NAME.SPLIT.beamK.txt) for a split, in eval/ beside it (INPUT.beamK.txt) for files; `limit`ed to fewer
     sentences than there are, .firstN before .beamK (a name the run folder knows as its own); `reduction`, the token
     merging or pruning the translator was given (('merge', 0.1): --merge-ratio 0.1), .merge0.1 before .beamK and
-    said on the summary line. With `overwrite` False an existing hypotheses file is refused before anything is
-    translated. `batch_size`: sentences decoded together
-    (None: the checkpoint's decode.batch_size). The figures are printed (as one JSON object with `as_json`) and
-    returned.
+    said on the summary line; `quantize`, the weights' int8 or bf16 (--quantize), .int8 or .bf16 there too, and an
+    alpha other than the checkpoint's, with a beam, .alphaA. With `overwrite` False an existing hypotheses file is
+    refused before anything is translated. `batch_size`: sentences decoded together (None: the checkpoint's
+    decode.batch_size). The figures are printed (as one JSON object with `as_json`) and returned.
     """
     from .data.translation_data import read_one_split
     from .runtime.errors import ConfigError, DataError
@@ -179,6 +179,8 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
         stem = Path(checkpoint).parent / "eval" / name
     part = f".first{limit}" if limit and limit < len(src_lines) else ""  # never the name of the whole split's file
     part += f".{reduction[0]}{reduction[1]:g}" if reduction else ""  # nor the name of the model's own hypotheses
+    part += f".{quantize}" if quantize != "none" else ""  # nor the full-precision weights' name
+    part += f".alpha{a:g}" if k > 1 and a != cfg.decode.alpha else ""  # greedy search has no length penalty
     if limit:
         src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
     out_path = Path(output) if output else stem.with_name(f"{stem.name}{part}.beam{k}.txt")
@@ -195,10 +197,13 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     }
     if reduction:
         result[f"{reduction[0]}_ratio"] = reduction[1]
+    if quantize != "none":
+        result["quantize"] = quantize
     if as_json:
         print(json.dumps(result))
     else:
         reduced = f", token {'merging' if reduction[0] == 'merge' else 'pruning'} {reduction[1]:g}" if reduction else ""
+        reduced += f", {quantize} weights" if quantize != "none" else ""
         print(f"{name}: {len(hyps)} sentences, beam {k}{reduced}, {seconds:.1f} s "
               f"({len(hyps) / max(seconds, 1e-9):.1f} sentences/s); hypotheses in {out_path}")
         print(format_scores(scores))

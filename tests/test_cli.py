@@ -363,7 +363,7 @@ def test_a_file_in_a_file_out_and_a_bad_line_later(tiny_checkpoint, translator, 
     code, stdout, err = translate_in_process(capsysbinary, monkeypatch, "--checkpoint", str(tiny_checkpoint),
                                              stdin=b"Ein Mann.\nStra\xdfe\n")
     lines = err.decode().strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "not valid UTF-8 (line 2" in lines[0]
+    assert code == 2 and len(lines) == 1 and "not UTF-8 text: line 2 has the byte" in lines[0]
     assert stdout.decode().splitlines() in ([], translator.translate(["Ein Mann."]))  # never past the bad line
 
 

@@ -149,11 +149,40 @@ def test_translate_truncates_a_long_line_with_a_warning(tiny_checkpoint, transla
     warnings = stderr.decode().strip().splitlines()
     assert len(warnings) == 1
     assert "line 2" in warnings[0] and "truncated" in warnings[0] and str(limit) in warnings[0]
+    code, _, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "Ein Mann.", long_line)
+    assert code == 0 and stderr.decode().startswith("warning: sentence 2 is longer"), stderr.decode()  # no lines
+
+
+def test_translate_reads_gzip_input_and_an_empty_input_gives_an_empty_output(tiny_checkpoint, tmp_path, command):
+    """--input FILE.gz reads as evaluate's --input does (it was "not valid UTF-8"); a cut .gz is one line; an empty
+    file, or an empty pipe, is an empty output and a warning, alike (the file was refused, the pipe not)."""
+    import gzip
+
+    plain, packed, cut = tmp_path / "de.txt", tmp_path / "de.txt.gz", tmp_path / "cut.txt.gz"
+    plain.write_text("Ein Mann fährt Fahrrad.\nZwei Hunde spielen.\n", encoding="utf-8")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    cut.write_bytes(packed.read_bytes()[:-12])
+    run = ("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu")
+    code, expected, stderr = command(*run, "--input", plain)
+    assert code == 0 and len(expected.splitlines()) == 2, stderr.decode()
+    code, stdout, stderr = command(*run, "--input", packed)
+    assert code == 0 and stdout == expected and stderr == b"", stderr.decode()
+    code, _, stderr = command(*run, "--input", cut)
+    lines = stderr.decode().splitlines()
+    assert code == 2 and len(lines) == 1 and f"{cut} is not a complete gzip file" in lines[0], lines
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    for name, args, stdin in ((empty, ("--input", empty), b""), ("standard input", (), b"")):
+        out = tmp_path / "out.txt"
+        code, stdout, stderr = command(*run, *args, "--out", out, "--overwrite", stdin=stdin)
+        assert code == 0 and stdout == b"" and out.read_bytes() == b"", stderr.decode()
+        assert stderr.decode() == f"warning: {name} is empty: nothing to translate\n"
 
 
 @pytest.mark.parametrize("args, stdin, needle", [
-    ([], "Straße\n".encode("latin-1") + b"Ein Mann.\n", "not valid UTF-8 (line 1"),
+    ([], "Straße\n".encode("latin-1") + b"Ein Mann.\n", "not UTF-8 text: line 1 has the byte 0xdf"),
     (["--beam", "0"], b"Ein Mann.\n", "--beam must be at least 1"),
+    (["--alpha", "nan"], b"Ein Mann.\n", "--alpha must be a number of at least 0, got nan"),
     (["--input", "/nonexistent/de.txt"], b"", "cannot read /nonexistent/de.txt"),
 ])
 def test_translate_bad_input_is_one_clear_line(tiny_checkpoint, args, stdin, needle, command):
@@ -241,6 +270,34 @@ def test_evaluate_names_merged_hypotheses_apart_from_the_models_own(tiny_checkpo
     assert sorted(p.name for p in tmp_path.glob("*.txt")) == ["model.val.first20.beam1.txt",
                                                               "model.val.first20.merge0.4.beam1.txt",
                                                               "model.val.first20.merge0.beam1.txt"]
+
+
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
+def test_evaluate_names_int8_and_other_alpha_hypotheses_apart(tiny_checkpoint, multi30k_dir, tmp_path, command):
+    """--quantize int8 and an --alpha other than the checkpoint's (with a beam) decode differently: files of their own
+    (both were refused as the full-precision file, or replaced it with --overwrite), which train.overwrite knows."""
+    import shutil
+
+    from annotated_transformer.harness.run_dir import OWN_NAMES
+
+    model = tmp_path / "model.safetensors"
+    shutil.copy(tiny_checkpoint, model)
+    alpha = load_checkpoint(model)["config"]["decode"]["alpha"]
+    common = ("evaluate", "--checkpoint", model, "--split", "val", "--limit", "8", "--data-root", multi30k_dir,
+              "--device", "cpu")
+    for extra in ((), ("--quantize", "int8"), ("--beam", "2"), ("--beam", "2", "--alpha", str(alpha + 0.5))):
+        code, stdout, stderr = command(*common, *extra)
+        assert code == 0, stderr.decode()
+    assert "int8 weights" not in stdout.decode()
+    code, stdout, _ = command(*common, "--quantize", "int8", "--json", "--overwrite")
+    assert json.loads(stdout)["quantize"] == "int8"
+    for same in (("--alpha", "0"), ("--beam", "2", "--alpha", str(alpha))):  # greedy has no alpha; the same alpha
+        code, _, stderr = command(*common, *same)
+        assert code == 2 and "already exists" in stderr.decode()
+    names = sorted(p.name for p in tmp_path.glob("*.txt"))
+    assert names == ["model.val.first8.alpha" + f"{alpha + 0.5:g}" + ".beam2.txt", "model.val.first8.beam1.txt",
+                     "model.val.first8.beam2.txt", "model.val.first8.int8.beam1.txt"]
+    assert all(OWN_NAMES.match(name.replace("model.", "best.", 1)) for name in names)
 
 
 def _val_sources(multi30k_dir: Path, n: int) -> list[str]:

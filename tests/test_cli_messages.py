@@ -63,6 +63,23 @@ def test_what_a_file_is_comes_from_its_first_bytes_and_name(tmp_path, name, cont
     assert not (tmp_path / "out").exists()
 
 
+def test_a_checkpoint_that_is_a_device_or_an_exports_file_is_named_for_what_it_is(tmp_path, command):
+    """/dev/null was "not found"; an exported folder's config.json was told to pass a run directory."""
+    import os
+
+    assert one_error(command, "export", "--checkpoint", os.devnull, "--out", tmp_path / "out") == (
+        f"checkpoint {os.devnull} is not a file (a device, pipe or socket); name a .safetensors or .pt file written "
+        "by training")
+    export = tmp_path / "exported"
+    export.mkdir()
+    (export / "model.bin").write_bytes(b"\0" * 64)
+    (export / "config.json").write_text('{"add_source_bos": true}')
+    assert one_error(command, "export", "--checkpoint", export / "config.json", "--out", tmp_path / "out") == (
+        f"{export / 'config.json'} is a JSON file, not a model file: pass the exported model folder {export} "
+        "(translate and evaluate take it), or a checkpoint file")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_zip_archive_is_a_checkpoint_only_with_torch_inside(tmp_path):
     with zipfile.ZipFile(tmp_path / "other.pt", "w") as archive:
         archive.writestr("readme.txt", "not weights")
@@ -218,18 +235,6 @@ def test_an_unknown_command_suggests_the_nearest(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert done.value.code == 2 and len(lines) == 1
     assert lines[0].startswith("error: unknown command 'trian' (did you mean train?); the commands are: train, ")
-
-
-# ---------------------------------------------------------------- an empty --input
-
-
-def test_an_empty_input_file_is_refused_before_the_model_loads(tmp_path, command):
-    empty = tmp_path / "de.txt"
-    empty.write_bytes(b"")
-    line = one_error(command, "translate", "--checkpoint", tmp_path / "missing.pt", "--input", empty,
-                     "--out", tmp_path / "en.txt")
-    assert line == f"{empty} is empty: nothing to translate; give a file with one sentence per line"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["de.txt"]
 
 
 # ---------------------------------------------------------------- one vocabulary
@@ -471,3 +476,37 @@ def test_a_broken_pipe_that_is_not_the_output_is_not_hidden():
 
     with pytest.raises(BrokenPipeError):
         run_cli(main)
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_leaving_no_half_file(tmp_path, capsys):
+    """`timeout` or `kill` (SIGTERM) while --out is written: one line, exit 143, the old file whole, no temporary
+    beside it (SIGTERM killed the process, leaving .out.txt.RANDOM.tmp); a forked child still dies of it."""
+    import os
+    import signal
+
+    from annotated_transformer.cli.translate import write_output
+    from annotated_transformer.runtime.errors import run_cli, terminate_raises
+
+    out = tmp_path / "out.txt"
+    out.write_text("yesterday's translations\n")
+
+    def work(f):
+        f.write("a first line\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+        f.write("never written\n")
+
+    with pytest.raises(SystemExit) as ended:
+        run_cli(lambda: write_output(str(out), work))
+    assert ended.value.code == 143 and capsys.readouterr().err == "error: terminated (SIGTERM)\n"
+    assert sorted(os.listdir(tmp_path)) == ["out.txt"] and out.read_text() == "yesterday's translations\n"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # as it was before the command
+
+    with terminate_raises():
+        child = os.fork()
+        if child == 0:  # a worker forked by the command: SIGTERM kills it, nothing is raised there
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            finally:
+                os._exit(0)
+        status = os.waitpid(child, 0)[1]
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM

@@ -276,6 +276,25 @@ def test_an_exported_model_on_cuda_without_a_gpu_is_one_line(exported, command, 
     assert code == 2 and "need the PyTorch model (a run directory or a model file)" in stderr.decode()
 
 
+def test_an_exported_model_takes_the_gpu_numbered_as_torch_numbers_them(exported, monkeypatch):
+    """--device cuda:N, as commands.md says, is CTranslate2's device_index N (it was "not a CTranslate2 device")."""
+    from annotated_transformer.deploy.translator import load_translator
+    from annotated_transformer.runtime.errors import ConfigError
+
+    asked = []
+    monkeypatch.setattr(ct2, "get_cuda_device_count", lambda: 2)
+    monkeypatch.setattr(ct2, "Translator", lambda path, **kwargs: asked.append(kwargs))
+    load_translator(exported, device="cuda:1")
+    load_translator(exported, device="cuda")
+    assert [(a["device"], a["device_index"]) for a in asked] == [("cuda", 1), ("cuda", 0)]
+    for device, message in (("cuda:2", "--device cuda:2, but CTranslate2 finds 2 CUDA GPUs here (cuda:0 to cuda:1)"),
+                            ("mps", "--device mps is not a CTranslate2 device; use cpu, cuda or cuda:N"),
+                            ("cuda:x", "--device cuda:x is not a CTranslate2 device; use cpu, cuda or cuda:N")):
+        with pytest.raises(ConfigError) as refused:
+            load_translator(exported, device=device)
+        assert str(refused.value) == message
+
+
 # ---------------------------------------------------------------- benchmark --engines
 
 

@@ -192,6 +192,8 @@ def test_out_is_never_a_file_the_run_keeps(tiny_checkpoint, tmp_path, command, n
     code, _, stderr = command("evaluate", "--checkpoint", run / "best.safetensors", "--split", "val", "--limit", "3",
                               "--out", run / "last.pt", "--overwrite")  # a model file of the run: its folder too
     assert code == 2 and "is a file of the run or export in" in stderr.decode()
+    code, _, stderr = command("translate", "--checkpoint", run, "Ein Hund.", "--out", run / "vocab", "--overwrite")
+    assert code == 2 and f"--out {run / 'vocab'} is a folder of the run or export in {run} " in stderr.decode()
     mine = tmp_path / "mine"  # your own folder, a model file and a config.yaml of yours in it: not a run's
     (mine / "charts").mkdir(parents=True)
     shutil.copy(run / "best.safetensors", mine / "m.safetensors")

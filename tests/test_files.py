@@ -50,3 +50,21 @@ def test_a_json_result_that_cannot_be_written_is_one_line(tmp_path):
     with pytest.raises(RunDirError, match=rf"^cannot write {blocker}: .*; .*choose another place to write$"):
         write_json(blocker / "r.json", {"tokens_per_s": 1.0})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_an_output_that_is_a_symbolic_link_is_written_through(tmp_path):
+    """--out LINK --overwrite: the file the link names gets the translations and the link stays (the link was
+    replaced by a file, and the file it named kept its old text)."""
+    from annotated_transformer.cli.options import check_out_file
+    from annotated_transformer.cli.translate import write_output
+
+    (tmp_path / "results").mkdir()
+    target, link = tmp_path / "results" / "today.txt", tmp_path / "latest.txt"
+    target.write_text("yesterday\n")
+    link.symlink_to(Path("results") / "today.txt")
+    check_out_file(link, overwrite=True, inputs={})
+    write_output(str(link), lambda f: f.write("today\n"))
+    assert link.is_symlink() and os.readlink(link) == str(Path("results") / "today.txt")
+    assert target.read_text() == "today\n"
+    assert sorted(os.listdir(tmp_path / "results")) == ["today.txt"] and sorted(os.listdir(tmp_path)) == [
+        "latest.txt", "results"]

@@ -97,8 +97,11 @@ def test_overwrite_deletes_only_what_training_wrote(tmp_path, capsys, no_charts)
     (out / "charts" / "my_plot.svg").write_bytes(b"<svg/>")  # in a folder training writes, still the user's
     (out / "eval" / "other").mkdir(parents=True)
     (out / "eval" / "other" / MARKER).write_text("{}")  # a run of its own inside: never deleted with this one
-    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true", "train.epochs=1")
+    code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.overwrite=true", "train.epochs=1",
+                              "--quiet")  # what is deleted is said all the same (it was not)
     assert code == 0, err
+    said = f"train.overwrite: deleted the earlier run's files in {out} (best.safetensors, best.test.beam1.txt, "
+    assert said in stdout
     assert (out / "notes.txt").read_text() == "lr 1e-3 was worse\n"
     assert (out / "old_epoch_01.safetensors.bak").read_bytes() == b"mine"
     assert ("kept what training did not write (charts, epoch_1.safetensors, eval, my_thesis.beam5.txt, notes.txt, "
@@ -159,9 +162,12 @@ def test_an_overwrite_start_loads_its_data_once_and_logs_it(tmp_path, capsys, mo
     assert train(capsys, *own)[0] == 0
     loads, load = [], data_module.load_translation_data
     monkeypatch.setattr(data_module, "load_translation_data", lambda *a, **k: loads.append(1) or load(*a, **k))
-    code, _, err = train(capsys, *own, "train.overwrite=true")
+    code, stdout, err = train(capsys, *own, "train.overwrite=true")
     assert code == 0 and len(loads) == 1, err
-    assert any("train 160" in line for line in (out / "train.log").read_text().splitlines())  # the data line
+    assert sum("train 160" in line for line in stdout.splitlines()) == 1  # the data line, said once (it was twice)
+    log = (out / "train.log").read_text().splitlines()
+    assert sum("train 160" in line for line in log) == 1
+    assert any(f"train.overwrite: deleted the earlier run's files in {out} (" in line for line in log)  # it was not
 
 
 def test_a_run_finished_inside_an_epoch_says_where(tmp_path, capsys, no_charts):

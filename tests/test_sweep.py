@@ -221,11 +221,14 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
         while proc.poll() is None and not all(run.with_name(run.name + ".held").is_file() for run in first_pair):
             assert time.monotonic() < deadline, "the sweep's first two runs never reached their step"
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)  # twice, as `timeout -s INT` under uv sends it: one stop (it hung)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, output
+    assert proc.returncode == 128 + signal.SIGINT, output
+    assert output.count("sweep: signal") == 1, output
     assert "start the same command again to continue" in output
     for run in first_pair:  # each stopped at the step where the signal reached it, and saved last.pt there
         assert max(r["step"] for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "train") == HOLD_AT
@@ -306,14 +309,19 @@ def test_compare_reports_the_runs_of_several_sweep_folders(tmp_path, capsys):
     with pytest.raises(SystemExit) as replaced:  # ... unless --overwrite
         run_command("sweep", [*again, "--overwrite"], "sweep.py")
     assert replaced.value.code == 0 and "| `slow: x=1` |" not in (out / "sweep.md").read_text()
-    mine = tmp_path / "notes"  # a report file of the user's, whichever of the four names it has, is kept
-    mine.mkdir()
+    mine = tmp_path / "notes"  # a report file of the user's, whichever of the four names it has, is kept, and a
+    mine.mkdir()               # folder of other files gets no report (both were written into, with --overwrite)
     (mine / "sweep.csv").write_text("my,table\n")
-    with pytest.raises(SystemExit) as kept:
-        run_command("sweep", ["--compare", str(tmp_path / "fast"), "--out", str(mine)], "sweep.py")
-    err = capsys.readouterr().err
-    assert kept.value.code == 2 and f"{mine / 'sweep.csv'} already exists" in err
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "train.de").write_text("Ein Hund.\n")
+    for folder in (mine, tmp_path / "corpus"):
+        for extra in ([], ["--overwrite"]):
+            with pytest.raises(SystemExit) as kept:
+                run_command("sweep", ["--compare", str(tmp_path / "fast"), "--out", str(folder), *extra], "sweep.py")
+            err = capsys.readouterr().err
+            assert kept.value.code == 2 and f"--out {folder} holds files no comparison wrote" in err, err
     assert sorted(p.name for p in mine.iterdir()) == ["sweep.csv"]
+    assert sorted(p.name for p in (tmp_path / "corpus").iterdir()) == ["train.de"]
     with pytest.raises(SystemExit) as own:  # never into a compared folder, whose report it would replace
         run_command("sweep", ["--compare", str(tmp_path / "fast"), "--out", str(tmp_path / "fast"), "--overwrite"],
                     "sweep.py")

@@ -166,6 +166,7 @@ def test_a_run_directory_under_a_file_is_one_line_and_exit_2(tmp_path, train_com
     assert blocker.read_text() == "x"
 
 
+@pytest.mark.slow  # over half a second on 2 cores: the fast tier stays under a minute
 def test_disk_full_while_writing_a_checkpoint_keeps_the_old_files(tmp_path, monkeypatch):
     cfg = load_config("copy", [f"train.out_dir={tmp_path}", "train.epochs=3", "data.copy_batches=3", *QUIET])
     real_write = checkpoints.write_checkpoint

@@ -105,7 +105,7 @@ def test_the_charts_of_a_run_are_never_visualizes_out(tiny_checkpoint, tmp_path,
     code, stdout, stderr = command("visualize", "--checkpoint", run, "--out", run / "charts", "--overwrite",
                                    "Eine Frau.")
     assert code == 2 and stdout == b"" and stderr.decode().count("\n") == 1
-    assert f"--out {run / 'charts'} is a file of the run or export in {run} " in stderr.decode()
+    assert f"--out {run / 'charts'} is a folder of the run or export in {run} " in stderr.decode()
     assert sorted(p.name for p in (run / "charts").iterdir()) == before
     assert (run / "charts" / "training_curves.html").read_text() == "the run's curves"
 

@@ -26,9 +26,10 @@ def build_parser(prog: str | None = None) -> CommandParser:
     add_decoding(parser)
     add_batch_size(parser)
     add_out(parser, "where to write the hypotheses (default: beside the checkpoint, NAME.SPLIT.beamK.txt; with "
-                    "--input, eval/INPUT.beamK.txt in the checkpoint's folder; with --limit N, .firstN before "
-                    ".beamK, with --merge-ratio R or --prune-ratio R, .mergeR or .pruneR); an existing file is "
-                    "refused unless --overwrite")
+                    "--input, eval/INPUT.beamK.txt in the checkpoint's folder; before .beamK: .firstN with --limit "
+                    "N, .mergeR or .pruneR with --merge-ratio R or --prune-ratio R, .int8 or .bf16 with --quantize, "
+                    ".alphaA with a beam and an --alpha other than the checkpoint's); an existing file is refused "
+                    "unless --overwrite")
     add_overwrite(parser, "replace the hypotheses file of an earlier evaluate (never the --input or --ref file)")
     add_limit(parser, "score only the first N sentences (for quick checks)")
     add_device(parser)
@@ -37,8 +38,9 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_data_root(parser)
     parser.add_argument("overrides", nargs="*", metavar="data.root=DIR",
-                        help="the folder with the Multi30k files (default: as the checkpoint was trained; a model "
-                        "of your own files reads the files its config names)")
+                        help="the folder with the Multi30k files (default: the checkpoint's data.root, else "
+                        "$MULTI30K_DIR, else the download cache; a model of your own files reads the files its "
+                        "config names)")
     return parser
 
 
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     reduction = next((g for g in given if g[1]), given[0] if given else None)
     score_translator(translator, source, args.split or "test", beam=args.beam, alpha=args.alpha, output=args.out,
                      show=args.show, as_json=args.json, data_root=root, limit=args.limit, files=files,
-                     overwrite=args.overwrite, batch_size=args.batch_size, reduction=reduction)
+                     overwrite=args.overwrite, batch_size=args.batch_size, reduction=reduction,
+                     quantize=args.quantize)
     return 0
 
 

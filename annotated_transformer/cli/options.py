@@ -269,7 +269,8 @@ def refuse_a_runs_file(out: str | Path, folder: Path | None) -> None:
     from ..runtime.errors import UserError
 
     if folder is not None:
-        raise UserError(f"--out {out} is a file of the run or export in {folder} (its weights, state, records, "
+        kind = "folder" if Path(out).is_dir() else "file"
+        raise UserError(f"--out {out} is a {kind} of the run or export in {folder} (its weights, state, records, "
                         "charts or vocabulary), which the commands read: it is never replaced, not even with "
                         "--overwrite; choose another --out")
 

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..runtime.errors import ConfigError, UserError
-from ..runtime.files import refuse_to_replace, same_file
+from ..runtime.files import same_file
 from .options import CommandParser, add_data_root, add_out, add_overwrite, overridden
 
 # How a sweep starts each training: this package's own train command, in the same Python.
@@ -45,8 +45,8 @@ def build_parser(prog: str | None = None) -> CommandParser:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Train a grid (or only report on finished sweeps with --compare)."""
     args = build_parser(prog).parse_args(argv)
-    from ..lab.seed_statistics import REPORT_FILES, compare_sweeps
-    from ..lab.sweep import read_grid, sweep
+    from ..lab.seed_statistics import compare_sweeps
+    from ..lab.sweep import check_compare_out, read_grid, sweep
 
     training = {"--grid": args.grid is not None, "--seeds": args.seeds is not None,
                 "--seed-list": args.seed_list is not None, "--parallel": args.parallel != 1,
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if any(same_file(out, folder) for folder in args.compare):
             raise UserError(f"--out {out} is one of the --compare folders, whose own report it would replace; "
                             "choose another --out")
-        for name in REPORT_FILES:  # each is replaced by the new report
-            refuse_to_replace(out / name, args.overwrite)
+        check_compare_out(out, args.overwrite)
         missing = [folder for folder in args.compare if not Path(folder).is_dir()]
         if missing:
             raise UserError(f"--compare {missing[0]} is not a folder; give the folders that scripts/sweep.py wrote "

@@ -17,18 +17,20 @@ is replaced only with --overwrite (a killed run leaves it whole), and never when
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import os
 import queue
 import sys
 import threading
 import warnings
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, Any, BinaryIO
 
 from ..runtime.errors import DataError, UserError
+from ..runtime.files import not_utf8
 from .options import (CommandParser, add_batch_size, add_checkpoint, add_decoding, add_device, add_out, add_overwrite,
                       add_quantize, check_out_file)
 
@@ -114,14 +116,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
         def work(out: IO[str]) -> None:
             if given:
-                write_translations(translator, decode, given, 1, out)
+                write_translations(translator, decode, given, 1, out, unit="sentence")
             elif interactive:
                 prompt(translator, decode, out, describe(translator, args))
             else:
-                number = 1
-                for lines in read_batches(source, max_lines=8 * batch, name=args.input or "standard input"):
+                number, name = 1, args.input if args.input not in (None, "-") else "standard input"
+                for lines in read_batches(source, max_lines=8 * batch, name=name):
                     write_translations(translator, decode, lines, number, out)
                     number += len(lines)
+                if number == 1:  # empty in, empty out, as for any filter; said, in case it was the wrong file
+                    print(f"warning: {name} is empty: nothing to translate", file=sys.stderr)
 
         from ..deploy.text_translator import TruncationWarning
 
@@ -153,12 +157,13 @@ def describe(translator: Any, args: argparse.Namespace) -> str:
 
 
 def write_translations(translator: Any, decode: Callable[[list[str]], list[Any]], lines: list[str], first: int,
-                       out: IO[str]) -> None:
+                       out: IO[str], unit: str = "line") -> None:
     """Translate `lines` (numbered from `first`) and write one output line each, flushed; with --n-best, a line
-    NUMBER<TAB>SCORE<TAB>TRANSLATION for each hypothesis."""
+    NUMBER<TAB>SCORE<TAB>TRANSLATION for each hypothesis. `unit` names what a number counts in a warning ("line" of
+    the input, or "sentence" of the arguments)."""
     for number, line in enumerate(lines, first):
         if line.strip() and translator.source_ids(line)[1]:
-            print(f"warning: line {number} is longer than the model's limit of {translator.text.max_sentence_len} "
+            print(f"warning: {unit} {number} is longer than the model's limit of {translator.text.max_sentence_len} "
                   "tokens and was truncated", file=sys.stderr)
     for number, result in enumerate(decode(lines), first):
         if isinstance(result, str):
@@ -202,6 +207,9 @@ def read_batches(stream: BinaryIO, max_lines: int, name: str) -> Iterator[list[s
         try:
             for number, raw in enumerate(stream, 1):
                 lines.put(decode_line(raw, number, name))
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:  # a damaged or cut .gz file
+            lines.put(DataError(f"{name} is not a complete gzip file ({exc}); compress it again, or give it "
+                                "uncompressed without the .gz"))
         except (UserError, OSError) as exc:
             lines.put(exc)
         lines.put(_END)
@@ -233,8 +241,7 @@ def decode_line(raw: bytes, number: int, name: str) -> str:
     try:
         return raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(f"{name} is not valid UTF-8 (line {number}, byte {exc.start}); convert it, e.g. with "
-                        "iconv -t UTF-8") from None
+        raise DataError(not_utf8(name, number, raw[exc.start])) from None
 
 
 @contextmanager
@@ -259,9 +266,11 @@ def opened_input(path: str | None) -> Iterator[BinaryIO | None]:
         except OSError as exc:
             raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
         with f:
-            if os.fstat(f.fileno()).st_size == 0 and Path(path).is_file():  # a pipe or a device tells no size
-                raise UserError(f"{path} is empty: nothing to translate; give a file with one sentence per line")
-            yield f
+            if not path.endswith(".gz"):
+                yield f
+                return
+            with gzip.GzipFile(fileobj=f, mode="rb") as unpacked:  # as evaluate and training read .gz files
+                yield unpacked
 
 
 def write_output(path: str | None, work: Callable[[IO[str]], None]) -> None:

@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..runtime.errors import DataError
+from ..runtime.files import not_utf8
 
 SPLIT_KEYS = ("train", "val", "test")  # the config keys data.train, data.val, data.test, in this order
 
@@ -128,8 +129,7 @@ def _text_blocks(path: Path, digest: Any = None, chunk_bytes: int = CHUNK_BYTES)
                 text = block.decode("utf-8")
             except UnicodeDecodeError as exc:
                 line = lines_before + block[: exc.start].count(b"\n") + 1
-                raise DataError(f"{path} is not UTF-8 text: line {line} has the byte 0x{block[exc.start]:02x}; "
-                                "convert the file, e.g. iconv -f LATIN1 -t UTF-8 (with its real encoding)") from None
+                raise DataError(not_utf8(path, line, block[exc.start])) from None
             lines_before += text.count("\n")
             if first:  # a byte-order mark is not part of the first sentence
                 text, first = text.removeprefix("\ufeff"), False

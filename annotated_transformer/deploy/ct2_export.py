@@ -181,7 +181,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
 # it (its hypotheses, the temporary of a killed write of them, eval/). --overwrite replaces a folder that holds
 # nothing else.
 # evaluate's hypotheses of a split, in the export folder itself.
-_HYPOTHESES = r"model\.[\w-]+(?:\.first\d+)?\.beam\d+\.txt"
+_HYPOTHESES = r"model\.[\w-]+(?:\.first\d+)?(?:\.alpha[\d.e+-]+)?\.beam\d+\.txt"
 HYPOTHESES = re.compile(rf"^{_HYPOTHESES}$")
 EXPORT_NAMES = re.compile(rf"""(?x)^(?:
     model\.bin | config\.json | (?:shared|source|target)_vocabulary(?:_\d+)?\.(?:json|txt) | vmap\.txt

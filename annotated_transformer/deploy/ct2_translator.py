@@ -42,7 +42,8 @@ class CT2Translator(TextTranslator):
 
     @classmethod
     def from_dir(cls, folder: str | Path, device: str = "cpu", threads: int | None = None) -> CT2Translator:
-        """Load a folder written by `export_ctranslate2` (quantisation as exported); `threads` defaults to torch's."""
+        """Load a folder written by `export_ctranslate2` (quantisation as exported) on "cpu", "cuda" or "cuda:N";
+        `threads` defaults to torch's."""
         from ..data.text import TextPipeline
 
         ct2 = import_ctranslate2()
@@ -53,10 +54,18 @@ class CT2Translator(TextTranslator):
                               "export a checkpoint with scripts/export.py --to ctranslate2")
         cfg = config_from_dict(read_yaml(path / CONFIG_FILE))  # a damaged file is one ConfigError line
         text = TextPipeline.load(path / TEXT_FOLDER)
-        if device == "cuda" and ct2.get_cuda_device_count() == 0:  # not the folder's fault: say so before loading
-            raise ConfigError("--device cuda, but CTranslate2 finds no usable CUDA GPU here; use --device cpu")
+        kind, _, number = device.partition(":")
+        index = int(number) if kind == "cuda" and number.isdigit() else 0
+        if kind not in ("cpu", "cuda") or (number and not (kind == "cuda" and number.isdigit())):
+            raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu, cuda or cuda:N")
+        gpus = ct2.get_cuda_device_count() if kind == "cuda" else 0
+        if kind == "cuda" and gpus == 0:  # not the folder's fault: say so before loading
+            raise ConfigError(f"--device {device}, but CTranslate2 finds no usable CUDA GPU here; use --device cpu")
+        if kind == "cuda" and index >= gpus:
+            raise ConfigError(f"--device {device}, but CTranslate2 finds {gpus} CUDA GPU{'s' if gpus > 1 else ''} "
+                              f"here (cuda:0{f' to cuda:{gpus - 1}' if gpus > 1 else ''})")
         try:
-            engine = ct2.Translator(str(path), device=device, inter_threads=1,
+            engine = ct2.Translator(str(path), device=kind, device_index=index, inter_threads=1,
                                     intra_threads=threads or torch.get_num_threads())
         except (RuntimeError, ValueError) as exc:
             raise ExportError(f"CTranslate2 cannot load {path}: {excerpt(exc)}; export the checkpoint again") from None

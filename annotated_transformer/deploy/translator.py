@@ -129,9 +129,7 @@ def load_translator(checkpoint: str | Path, engine: str | None = None, device: s
         if quantize != "none":
             raise ConfigError(f"--quantize {quantize} is for PyTorch checkpoints; an exported model is quantised "
                               f"when exported (export --quantize {quantize}), and decodes with the weights it has")
-        if device not in (None, "cpu", "cuda"):
-            raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu or cuda")
-        return CT2Translator.from_dir(path, device=device or "cpu")
+        return CT2Translator.from_dir(path, device=device or "cpu")  # which checks the device
     translator = Translator.from_checkpoint(path, device=device)
     if quantize == "int8":
         translator.quantize_int8()

@@ -248,12 +248,50 @@ def quiet_terminal(quiet: bool = True) -> Iterator[None]:
         _TERMINAL.setLevel(before)
 
 
+class _Early(logging.Handler):
+    """The lines a run logs before its train.log is open (its data line, what train.overwrite deleted), kept for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_EARLY: list[_Early] = []  # while a run starts: its lines so far
+
+
+@contextmanager
+def early_lines_kept() -> Iterator[None]:
+    """Inside the block, print0's lines before `open_run_log` go into train.log too, when it opens, with the times
+    they were logged; dropped when no run log opens (a run that could not start)."""
+    early = _Early()
+    logger.addHandler(early)
+    _EARLY.append(early)
+    try:
+        yield
+    finally:
+        _drop_early(early)
+
+
+def _drop_early(early: _Early) -> None:
+    if early in _EARLY:
+        _EARLY.remove(early)
+    logger.removeHandler(early)
+
+
 def open_run_log(path: Path) -> None:
-    """Append every line print0 logs from now on to `path`, time-stamped; replaces any run log still open."""
+    """Append every line print0 logs from now on to `path`, time-stamped, after those kept since the run began
+    (`early_lines_kept`); replaces any run log still open."""
     close_run_log()
     with writing(path, "open", run=path.parent):
         handler = _RunLog(path)
     handler.setFormatter(_Stamped())
+    for early in list(_EARLY):
+        for record in early.records:
+            handler.handle(record)
+        _drop_early(early)
     logger.addHandler(handler)
     _RUN_LOG.append(handler)
 

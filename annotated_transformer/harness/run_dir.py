@@ -69,7 +69,8 @@ _STEP = r"step_(?:\d{7}|[1-9]\d{7,})"  # as RunDir.step writes it: seven digits
 OWN_NAMES = re.compile(rf"""(?x)^(?:
     config\.yaml | vocab | metrics\.jsonl | train\.log | charts | tensorboard | last\.pt | eval | test_scores\.json
   | (?:best|avg|{_EPOCH})\.(?:safetensors|json|pt) | {_STEP}\.safetensors
-  | (?:(?:best|avg|last|{_EPOCH}|{_STEP})\.(?:val|test)(?:\.first\d+)?(?:\.(?:merge|prune)[\d.e+-]+)? | test)
+  | (?:(?:best|avg|last|{_EPOCH}|{_STEP})\.(?:val|test)(?:\.first\d+)?(?:\.(?:merge|prune)[\d.e+-]+)?
+     (?:\.(?:int8|bf16))?(?:\.alpha[\d.e+-]+)? | test)
     \.beam\d+\.txt
   | \.annotated-transformer-run | \.lock
 )$""")
@@ -288,6 +289,12 @@ def _temporary(name: str) -> str | None:
     """The name of the file a temporary of `atomic_write` was for (.last.pt.k2j4x9.tmp -> last.pt), else None."""
     found = TEMPORARY.match(name)
     return found.group("name") if found else None
+
+
+def _listed(names: list[str], shown: int = 6) -> str:
+    """`names`, the first `shown` of them and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _own_temporary(name: str) -> bool:
@@ -680,10 +687,11 @@ class RunDir:
                 if not (cfg.train.overwrite or self.died_early()):
                     raise RunDirError(f"run directory {self.path} holds a run; decide with RunDir.open (it continues "
                                       "the run, or clears it only with train.overwrite=true)")
-                kept = self._clear()
-                if kept and log is not None:
-                    log(f"train.overwrite: deleted the earlier run's files in {self.path}, kept what training did "
-                        f"not write ({', '.join(sorted(kept))})")
+                deleted, kept = self._clear()
+                if log is not None and deleted:
+                    why = "train.overwrite" if cfg.train.overwrite else "a new start (the run ended before last.pt)"
+                    log(f"{why}: deleted the earlier run's files in {self.path} ({_listed(deleted)})"
+                        + (f", kept what training did not write ({', '.join(sorted(kept))})" if kept else ""))
         if not self.marker.is_file():
             mark = {"format": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             self._write_text(self.marker, json.dumps(mark) + "\n")
@@ -702,22 +710,25 @@ class RunDir:
         with self.writing(path):
             atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
-    def _clear(self) -> set[str]:
+    def _clear(self) -> tuple[list[str], set[str]]:
         """Delete the run's own files (`OWN_NAMES`; inside its folders, only the files `INSIDE` names) but .lock and
-        the marker; returns the names it kept (a folder of the run's that holds someone else's files among them)."""
-        kept = set()
-        for name in self.run_files():
+        the marker; returns what it deleted (NAME or FOLDER/NAME) and the names it kept (a folder of the run's that
+        holds someone else's files among them)."""
+        deleted, kept = [], set()
+        for name in sorted(self.run_files()):
             child = self.path / name
             if child.is_dir() and not child.is_symlink():
                 for inner in self._own_files_in(name):
                     inner.unlink()
+                    deleted.append(f"{name}/{inner.name}")
                 try:
                     child.rmdir()
                 except OSError:  # what is left is not the run's: the folder stays, with it
                     kept.add(name)
             else:
                 child.unlink()
-        return (self.entries() - self.run_files()) | kept
+                deleted.append(name)
+        return deleted, (self.entries() - self.run_files()) | kept
 
     def _own_files_in(self, folder: str) -> list[Path]:
         """The files training wrote in the run's `folder` (vocab/, charts/, ...: `INSIDE`) and the temporaries of its

@@ -203,13 +203,9 @@ class TaskFiles:
 
     def build(self, info: DistInfo, cuda: bool, log: Callable[[str], None] | None) -> Any:
         """The config's task (`build_task` on the corpus opened here), built once: the data built before
-        train.overwrite clears a run is the data the run trains on. A log given after the build gets the data line."""
+        train.overwrite clears a run is the data the run trains on (its data line logged then, once)."""
         if self.task is None:
             self.task = build_task(self.cfg, info, log=log, cuda=cuda, corpus=self.corpus)
-        elif log is not None and isinstance(self.task, TranslationTask):
-            from ..data.translation_data import stats_summary
-
-            log(stats_summary(self.task.data.stats))
         return self.task
 
     def locate(self) -> None:

@@ -38,8 +38,8 @@ from ..runtime.device import resolve_amp_dtype
 from ..runtime.model_flops import train_step_flops
 from . import progress
 from .checkpointer import Checkpointer, improves
-from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, init_distributed, open_run_log, print0,
-                          result_lines)
+from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, early_lines_kept, init_distributed,
+                          open_run_log, print0, result_lines)
 from .metrics import Metrics
 from .progress import CpuShare, epoch_line, finished_line, log_line_end, speed_warning, start_line, step_line
 from .resume import RunState, StopSignal
@@ -431,7 +431,8 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         run, files = RunDir(cfg.run_dir()), TaskFiles(cfg, log=print0)
         try:
             # every rank decides (or fails) alike before rank 0 writes
-            start_mode, last = run.open(cfg, info, data=files.resume_check, log=print0,
+            # what train.overwrite deletes is said under --quiet too
+            start_mode, last = run.open(cfg, info, data=files.resume_check, log=functools.partial(print0, level=RESULT),
                                         ready=functools.partial(ready_to_start, cfg, info, device, files, run))
             if start_mode == "finished":
                 s = last["train_state"]
@@ -468,10 +469,11 @@ def ready_to_start(cfg: Config, info: DistInfo, device: torch.device, files: Tas
 
 @contextmanager
 def run_log_closed() -> Iterator[None]:
-    """Rank 0's train.log (which the Trainer opens) is closed when the block ends; an error that ends it is
-    written to it first."""
+    """Rank 0's train.log (which the Trainer opens) gets the run's lines from the block's start and is closed
+    when the block ends; an error that ends it is written to it first."""
     try:
-        yield
+        with early_lines_kept():
+            yield
     except BaseException as exc:
         close_run_log(exc)
         raise

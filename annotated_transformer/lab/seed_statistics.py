@@ -259,6 +259,7 @@ def collect_results(folders: Sequence[Path]) -> list[RunResult]:
 
 
 REPORT_FILES = ("sweep.md", "sweep.csv", "sweep.html", "sweep.png")  # what write_report writes
+COMPARISON_TITLE = "comparison of sweeps"  # sweep.md's heading: what tells an earlier comparison's folder
 
 
 def write_report(out: Path, results: Sequence[RunResult], title: str, target_bleu: float | None,
@@ -301,4 +302,4 @@ def compare_sweeps(folders: Sequence[Path], out: Path, target_bleu: float | None
         raise ConfigError(f"no runs found in {', '.join(map(str, folders))}; give folders written by scripts/sweep.py")
     if target_bleu:
         results = timed_to(results, target_bleu)
-    return write_report(out, results, "comparison of sweeps", target_bleu)
+    return write_report(out, results, COMPARISON_TITLE, target_bleu)

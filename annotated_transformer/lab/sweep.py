@@ -38,7 +38,8 @@ from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
 from ..harness.run_dir import RunDir, read_metrics
 from ..harness.tasks import TaskFiles
-from .seed_statistics import TEST_SCORES, RunResult, collect_results, read_result, write_report
+from .seed_statistics import (COMPARISON_TITLE, REPORT_FILES, TEST_SCORES, RunResult, collect_results,
+                              read_result, write_report)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,30 @@ def check_out(out: Path) -> None:
                         "there: choose a new --out (a folder that does not exist yet, or an empty one)")
 
 
+def check_compare_out(out: Path, overwrite: bool) -> None:
+    """One line, before anything is written, for a --compare --out that is a file, a folder of other files, or an
+    earlier comparison's folder without --overwrite: a comparison writes only into a new or empty folder, or
+    replaces the report of an earlier one (its sweep.md titled so), never a file it did not write."""
+    from ..runtime.files import refuse_to_replace
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give the folder the comparison writes its report into")
+    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if not names:
+        return
+    report = out / "sweep.md"
+    try:
+        ours = report.is_file() and report.read_text(encoding="utf-8").startswith(f"# {COMPARISON_TITLE}\n")
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    if not ours or not set(names) <= set(REPORT_FILES):
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(f"--out {out} holds files no comparison wrote ({shown}); a comparison writes its report only "
+                        "into a new folder, an empty one, or an earlier comparison's: choose another --out")
+    for name in REPORT_FILES:  # an earlier comparison: each is replaced by the new report
+        refuse_to_replace(out / name, overwrite)
+
+
 def is_finished(run: Run) -> bool:
     """A run is finished when its metrics.jsonl holds the final record (written after the final scores)."""
     metrics = run.path / "metrics.jsonl"
@@ -229,6 +254,10 @@ class Launcher:
             proc.wait()
             run.pid_file.unlink(missing_ok=True)
         self.running.clear()
+
+
+class _Stop(BaseException):
+    """A stop signal, raised once where the sweep is, so that it stops its runs outside the signal handler."""
 
 
 def run_sweep(runs: list[Run], launcher: Launcher, after_each: Callable[[], None] = lambda: None,
@@ -328,16 +357,23 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
         return write_report(out, mine + others, f"sweep of {config}", target,
                             copy=copy if not others else None)  # others: their results say
 
+    stopped: list[int] = []
+
     def on_signal(signum: int, _frame: Any) -> None:
-        log(f"sweep: signal {signum}, stopping the running trainings (each saves last.pt); start the same "
-            "command again to continue")
-        launcher.stop_all(signal.SIGTERM)
-        report()
-        raise SystemExit(128 + signum)
+        if stopped:  # a second signal (`timeout -s INT` and uv send two): the one stop is under way
+            return
+        stopped.append(signum)
+        raise _Stop
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         run_sweep(runs, launcher, after_each=report, failed=failed)
+    except _Stop:  # here, not in the handler: a signal inside it would wait on the runs a second time, forever
+        log(f"sweep: signal {stopped[0]}, stopping the running trainings (each saves last.pt); start the same "
+            "command again to continue")
+        launcher.stop_all(signal.SIGTERM)
+        report()
+        raise SystemExit(128 + stopped[0]) from None
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

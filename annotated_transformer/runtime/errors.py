@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 
@@ -57,6 +60,35 @@ class DistributedError(UserError):
     """A rank could not join the process group under torchrun: unreachable address, mismatched command, stale store."""
 
 
+class Terminated(BaseException):
+    """SIGTERM (`kill`, `timeout`, a batch scheduler) as an exception, so that clean-ups run as for Ctrl-C."""
+
+
+@contextmanager
+def terminate_raises() -> Iterator[None]:
+    """Inside the block SIGTERM raises `Terminated` in this process instead of killing it, so that clean-ups run
+    (an atomic write removes its temporary file). A forked child (a loader or tokeniser worker) still dies at once,
+    and a handler someone else installed is left alone (training's own, which saves and stops)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    pid = os.getpid()
+
+    def handler(signum: int, frame: object) -> None:
+        if os.getpid() != pid:  # inherited by a fork: the default death
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def excerpt(text: object, limit: int = 160) -> str:
     """The first non-empty line of `text` (often an exception), at most `limit` characters, cut between words."""
     empty = type(text).__name__ if isinstance(text, BaseException) else ""
@@ -87,10 +119,11 @@ def _stdout_closed() -> bool:
 
 
 def run_cli(main: Callable[[], int | None]) -> None:
-    """Run a script's `main`, turning `UserError` and Ctrl-C into clean exits, and a closed output pipe (`| head`)
-    into a quiet exit 141."""
+    """Run a script's `main`, turning `UserError`, Ctrl-C and SIGTERM into clean exits (130 and 143 for the two
+    signals, as a shell reports them), and a closed output pipe (`| head`) into a quiet exit 141."""
     try:
-        code = main()
+        with terminate_raises():
+            code = main()
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
         if not _stdout_closed():  # another pipe (a worker's, a child's): a fault to show, not a reader gone
@@ -107,4 +140,6 @@ def run_cli(main: Callable[[], int | None]) -> None:
         fail(str(exc), exc.exit_code, getattr(exc, "details", ()))
     except KeyboardInterrupt:
         fail("interrupted", 130)
+    except Terminated:
+        fail("terminated (SIGTERM)", 143)
     raise SystemExit(code or 0)

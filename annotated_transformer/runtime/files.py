@@ -53,9 +53,12 @@ def _fsync_dir(folder: Path) -> None:
 def atomic_write(path: str | Path, write: Callable[[Any], object]) -> None:
     """Call `write(file_object)` on a temporary file beside `path`, fsync it, then rename it into place.
 
-    A crash at any moment leaves either the old file or the new one, never half a file.
+    A crash at any moment leaves either the old file or the new one, never half a file. A symbolic link is
+    written through, as `>` would: the file it names gets the new content and the link stays.
     """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -149,7 +152,11 @@ def read_lines(source: str) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        name = "standard input" if source == "-" else source
-        raise DataError(f"{name} is not valid UTF-8 (line {line}, byte {exc.start}); "
-                        "convert it, e.g. with iconv -t UTF-8") from None
+        raise DataError(not_utf8("standard input" if source == "-" else source, line, raw[exc.start])) from None
     return text.splitlines()
+
+
+def not_utf8(name: str | Path, line: int, byte: int) -> str:
+    """The one line for text that is not UTF-8, alike for every file a command reads."""
+    return (f"{name} is not UTF-8 text: line {line} has the byte 0x{byte:02x}; convert the file, e.g. "
+            "iconv -f LATIN1 -t UTF-8 (with its real encoding)")
