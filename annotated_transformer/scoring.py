@@ -62,12 +62,14 @@ LANG_TOKENIZERS = {"zh": "zh", "ja": "ja-mecab", "ko": "ko-mecab"}
 @functools.cache  # what it finds installed does not change while a process runs: one check, not one a validation
 def bleu_tokenizer(mode: str, lang: str | None = None) -> str:
     """sacreBLEU's `tokenize` for a tokenisation mode and target language: "none" in word mode (the model's own
-    tokens), else 13a or the target language's (LANG_TOKENIZERS), "char" where that one's MeCab is missing."""
+    tokens), else 13a or the target language's (LANG_TOKENIZERS, by the code without its region or script), "char"
+    where that one's MeCab is missing."""
     _check_mode(mode)
     # Word mode compares the model's own tokens: re-tokenising them with 13a would split them again.
     if mode == "word":
         return "none"
-    tokenize = LANG_TOKENIZERS.get(lang or "", "13a")
+    base = (lang or "").lower().replace("_", "-").split("-")[0]  # zh-CN, zh_TW, ZH: zh, as OPUS names files
+    tokenize = LANG_TOKENIZERS.get(base, "13a")
     try:
         BLEU(tokenize=tokenize)
     except RuntimeError:  # ja-mecab / ko-mecab need pip install 'sacrebleu[ja]' / 'sacrebleu[ko]'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -149,9 +150,19 @@ def test_spm_state_dict_round_trip(spm_pipeline, tmp_path, weights_only_roundtri
     assert loaded.text_to_ids("Ein Mann fährt.", "src") == spm_pipeline.text_to_ids("Ein Mann fährt.", "src")
 
 
-def test_spm_vocab_too_large_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"data.spm_vocab_size=5000 does not fit the training text: Vocabulary size"):
+def test_a_spm_vocabulary_too_large_or_too_small_is_one_line_naming_our_key():
+    """The size SentencePiece can make, in data.spm_vocab_size's terms (its own advice named --character_coverage,
+    which is no option here)."""
+    with pytest.raises(ConfigError) as large:
         TextPipeline.for_subwords(["ein Hund"] * 20, ["a dog"] * 20, src_lang="de", tgt_lang="en", vocab_size=5000)
+    assert re.fullmatch(r"data\.spm_vocab_size=5000 is more pieces than the training text holds \(at most (\d+)\); "
+                        r"lower data\.spm_vocab_size to \1 or less", str(large.value)), str(large.value)
+    with pytest.raises(ConfigError) as small:
+        TextPipeline.for_subwords(["ein Hund"] * 20, ["a dog"] * 20, src_lang="de", tgt_lang="en", vocab_size=5)
+    said = str(small.value)
+    assert re.fullmatch(r"data\.spm_vocab_size=5 is smaller than the training text's distinct characters and special "
+                        r"tokens \((\d+)\); raise data\.spm_vocab_size to \1 or more", said), said
+    assert "character_coverage" not in said
 
 
 # --------------------------------------------------------------------------- damaged tokenizer files: one line each

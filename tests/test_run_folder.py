@@ -407,6 +407,28 @@ def test_the_same_files_moved_elsewhere_still_resume(tmp_path, capsys, no_charts
     assert code == 0 and "resumed" in stdout, err
 
 
+@pytest.mark.slow  # two trainings: the fast tier stays under a minute
+def test_a_test_split_added_or_edited_meanwhile_does_not_stop_a_resume(tmp_path, capsys, no_charts):
+    """Nothing of training reads the test files: a test set added to a stopped run's config resumes (it was refused
+    as "test.xx is new") and is scored at the end; a training file edited is still refused."""
+    corpus, cache, out = write_corpus(tmp_path / "corpus", test=True), tmp_path / "cache", tmp_path / "run"
+    args = ["--config", str(EXAMPLE), *own_args(corpus, cache), f"train.out_dir={out}", "train.best_metric=loss",
+            "train.bleu_every=0"]
+    assert train(capsys, *args, "train.epochs=1")[0] == 0
+    with_test = [a for a in args if a != "data.test=null"] + [f"data.test={corpus / 'test'}"]
+    code, stdout, err = train(capsys, *with_test, "train.epochs=2")
+    assert code == 0 and "resumed" in stdout, err
+    assert any(r.get("kind") == "final" and "test_bleu" in r for r in RunDir(out).records()), stdout
+    (corpus / "test.yy").write_text("ein anderer Test\n" * 10)  # corrected: scored as it is now
+    assert train(capsys, *with_test, "train.epochs=3")[0] == 0
+    with gzip.open(corpus / "train.yy.gz", "at", encoding="utf-8") as f:
+        f.write("one line more\n")
+    with gzip.open(corpus / "train.xx.gz", "at", encoding="utf-8") as f:
+        f.write("eine Zeile mehr\n")
+    code, _, err = train(capsys, *with_test, "train.epochs=4")
+    assert code == 2 and "its data files changed since it was written (train.xx has other contents" in err, err
+
+
 def test_a_run_folder_check_fires_before_deleting_even_when_called_directly(thesis):
     """`prepare` refuses a folder it does not own even if a caller skipped `start_mode`."""
     cfg = load_config("copy", [f"train.out_dir={thesis}", "train.overwrite=true"])

@@ -13,8 +13,9 @@ from .options import (CommandParser, add_batch_size, add_checkpoint, add_data_ro
 
 def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
-    parser = CommandParser(prog=prog, description="Translate a Multi30k split, or any source file with its reference "
-                           "file, and score it with sacreBLEU and chrF.", takes_overrides=frozenset({"data.root"}))
+    parser = CommandParser(prog=prog, description="Translate a split of the model's data (Multi30k or your own "
+                           "files), or any source file with its reference file, and score it with sacreBLEU and chrF.",
+                           takes_overrides=frozenset({"data.root"}))
     add_checkpoint(parser)
     parser.add_argument("--split", default=None, choices=["val", "test"],
                         help="which split of the model's data (default: test: Multi30k's test2016 flickr set, or the "

@@ -7,6 +7,7 @@ checkpoint does not pay for them.
 from __future__ import annotations
 
 import io
+import re
 import itertools
 from collections.abc import Iterable, Sequence
 from functools import cache
@@ -75,6 +76,15 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, num_threads: int 
         )
     except RuntimeError as exc:
         message = " ".join(str(exc).split())
+        small = re.search(r"smaller than required_chars\. \d+ vs (\d+)", message)
+        large = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message)
+        if small:  # its advice names SentencePiece's own --character_coverage, which is no key here
+            raise ConfigError(f"data.spm_vocab_size={vocab_size} is smaller than the training text's distinct "
+                              f"characters and special tokens ({small[1]}); raise data.spm_vocab_size to "
+                              f"{small[1]} or more") from None
+        if large:
+            raise ConfigError(f"data.spm_vocab_size={vocab_size} is more pieces than the training text holds (at "
+                              f"most {large[1]}); lower data.spm_vocab_size to {large[1]} or less") from None
         if "Vocabulary size" in message:  # drop SentencePiece's source-location prefix
             raise ConfigError(f"data.spm_vocab_size={vocab_size} does not fit the training text: "
                               f"{message[message.index('Vocabulary size'):]}") from None

@@ -176,14 +176,17 @@ def _fingerprint_shape(data: Any) -> bool:
 def check_same_data(saved: dict[str, Any] | None, now: dict[str, Any], path: Path) -> None:
     """A run continues only on the data and tokenizer that wrote its last.pt (`data_fingerprint` of both).
 
-    A last.pt of an older version records no data: nothing to compare (its tokenizer is still compared, by
+    The test split is not compared: nothing of training reads it (the tokenizer learns from the training split,
+    validation picks the weights), so a test set added or corrected meanwhile is scored at the run's end. A
+    last.pt of an older version records no data: nothing to compare (its tokenizer is still compared, by
     `check_same_tokenizer`, after the data is loaded).
     """
     if not isinstance(saved, dict) or not isinstance(saved.get("settings"), dict):
         return
     old, new = saved["settings"], now["settings"]
     old_files, new_files = old.get("data") or {}, new.get("data") or {}
-    changed = sorted(k for k in set(old_files) | set(new_files) if old_files.get(k) != new_files.get(k))
+    changed = sorted(k for k in set(old_files) | set(new_files)
+                     if old_files.get(k) != new_files.get(k) and not k.startswith("test."))
     ways = ("; resume with the same files again, replace the run with train.overwrite=true, or start a new run "
             "with another train.out_dir")
     if changed:
