@@ -231,7 +231,7 @@ def write_hypotheses(path: Path, hyps: list[str]) -> None:
     from .runtime.files import atomic_write
 
     try:
-        atomic_write(path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")))
+        atomic_write(path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")), follow_link=True)
     except OSError as exc:
         raise _cannot_write(path, exc) from None
 

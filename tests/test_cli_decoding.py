@@ -166,7 +166,7 @@ def test_translate_reads_gzip_input_and_an_empty_input_gives_an_empty_output(tin
     code, expected, stderr = command(*run, "--input", plain)
     assert code == 0 and len(expected.splitlines()) == 2, stderr.decode()
     code, stdout, stderr = command(*run, "--input", packed)
-    assert code == 0 and stdout == expected and stderr == b"", stderr.decode()
+    assert code == 0 and stdout == expected and b"error" not in stderr, stderr.decode()
     code, _, stderr = command(*run, "--input", cut)
     lines = stderr.decode().splitlines()
     assert code == 2 and len(lines) == 1 and f"{cut} is not a complete gzip file" in lines[0], lines
@@ -176,13 +176,14 @@ def test_translate_reads_gzip_input_and_an_empty_input_gives_an_empty_output(tin
         out = tmp_path / "out.txt"
         code, stdout, stderr = command(*run, *args, "--out", out, "--overwrite", stdin=stdin)
         assert code == 0 and stdout == b"" and out.read_bytes() == b"", stderr.decode()
-        assert stderr.decode() == f"warning: {name} is empty: nothing to translate\n"
+        assert f"warning: {name} is empty: nothing to translate" in stderr.decode().splitlines()
 
 
 @pytest.mark.parametrize("args, stdin, needle", [
     ([], "Straße\n".encode("latin-1") + b"Ein Mann.\n", "not UTF-8 text: line 1 has the byte 0xdf"),
     (["--beam", "0"], b"Ein Mann.\n", "--beam must be at least 1"),
     (["--alpha", "nan"], b"Ein Mann.\n", "--alpha must be a number of at least 0, got nan"),
+    (["--alpha", "inf"], b"Ein Mann.\n", "--alpha must be a number of at least 0, got inf"),
     (["--input", "/nonexistent/de.txt"], b"", "cannot read /nonexistent/de.txt"),
 ])
 def test_translate_bad_input_is_one_clear_line(tiny_checkpoint, args, stdin, needle, command):
@@ -288,7 +289,7 @@ def test_evaluate_names_int8_and_other_alpha_hypotheses_apart(tiny_checkpoint, m
     for extra in ((), ("--quantize", "int8"), ("--beam", "2"), ("--beam", "2", "--alpha", str(alpha + 0.5))):
         code, stdout, stderr = command(*common, *extra)
         assert code == 0, stderr.decode()
-    assert "int8 weights" not in stdout.decode()
+        assert ("beam 1, int8 weights," in stdout.decode()) == (extra == ("--quantize", "int8")), stdout.decode()
     code, stdout, _ = command(*common, "--quantize", "int8", "--json", "--overwrite")
     assert json.loads(stdout)["quantize"] == "int8"
     for same in (("--alpha", "0"), ("--beam", "2", "--alpha", str(alpha))):  # greedy has no alpha; the same alpha

@@ -495,8 +495,14 @@ def test_sigterm_ends_a_command_as_ctrl_c_does_leaving_no_half_file(tmp_path, ca
         os.kill(os.getpid(), signal.SIGTERM)
         f.write("never written\n")
 
+    def main():
+        outside.append(signal.getsignal(signal.SIGTERM))
+        write_output(str(out), work)
+
+    outside = []
     with pytest.raises(SystemExit) as ended:
-        run_cli(lambda: write_output(str(out), work))
+        run_cli(main)
+    assert outside == [signal.SIG_DFL]  # away from a write, SIGTERM kills at once, even inside a long C call
     assert ended.value.code == 143 and capsys.readouterr().err == "error: terminated (SIGTERM)\n"
     assert sorted(os.listdir(tmp_path)) == ["out.txt"] and out.read_text() == "yesterday's translations\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # as it was before the command

@@ -289,7 +289,9 @@ def test_an_exported_model_takes_the_gpu_numbered_as_torch_numbers_them(exported
     assert [(a["device"], a["device_index"]) for a in asked] == [("cuda", 1), ("cuda", 0)]
     for device, message in (("cuda:2", "--device cuda:2, but CTranslate2 finds 2 CUDA GPUs here (cuda:0 to cuda:1)"),
                             ("mps", "--device mps is not a CTranslate2 device; use cpu, cuda or cuda:N"),
-                            ("cuda:x", "--device cuda:x is not a CTranslate2 device; use cpu, cuda or cuda:N")):
+                            ("cuda:x", "--device cuda:x is not a CTranslate2 device; use cpu, cuda or cuda:N"),
+                            ("cuda:", "--device cuda: is not a CTranslate2 device; use cpu, cuda or cuda:N"),
+                            ("cuda:²", "--device cuda:² is not a CTranslate2 device; use cpu, cuda or cuda:N")):
         with pytest.raises(ConfigError) as refused:
             load_translator(exported, device=device)
         assert str(refused.value) == message

@@ -68,3 +68,18 @@ def test_an_output_that_is_a_symbolic_link_is_written_through(tmp_path):
     assert target.read_text() == "today\n"
     assert sorted(os.listdir(tmp_path / "results")) == ["today.txt"] and sorted(os.listdir(tmp_path)) == [
         "latest.txt", "results"]
+
+
+def test_a_link_among_the_projects_own_files_is_replaced_never_written_through(tmp_path):
+    """A run folder copied as links (`cp -as runs/a runs/b`): training b replaces b's links with its own files and
+    never writes into a's."""
+    from annotated_transformer.runtime.files import atomic_write
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "config.yaml").write_text("run a\n")
+    (tmp_path / "b" / "config.yaml").symlink_to(tmp_path / "a" / "config.yaml")
+    atomic_write(tmp_path / "b" / "config.yaml", lambda f: f.write(b"run b\n"))
+    assert not (tmp_path / "b" / "config.yaml").is_symlink()
+    assert (tmp_path / "b" / "config.yaml").read_text() == "run b\n" and (tmp_path / "a" / "config.yaml").read_text() \
+        == "run a\n"

@@ -255,7 +255,7 @@ def test_pairs_with_an_empty_side_are_counted_and_said(tmp_path):
     write_split(tmp_path / "corpus" / "val", "xx", "yy", made_up_pairs(12, rng))
     data = load_translation_data(own_config(tmp_path / "corpus", tmp_path / "cache"), log=None)
     assert data.stats["empty"] == {"train": 2, "val": 0} and len(data.splits["train"]) == 160
-    assert "pairs with an empty side, or two (kept): 2 train" in stats_summary(data.stats)
+    assert "pairs with one or both sides empty (kept): 2 train" in stats_summary(data.stats)
 
 
 # --------------------------------------------------------------------------- the cache: rebuilt only when damaged

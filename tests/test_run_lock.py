@@ -172,6 +172,11 @@ def test_a_refused_start_releases_the_folder_and_leaves_no_folder(tmp_path):
     with pytest.raises(ConfigError, match="train.resume=true but"):
         train_worker(cfg)
     assert not (tmp_path / "run").exists()
+    deep = tmp_path / "runs" / "2026" / "run"  # nor the folders above it that the lock made (runs/2026/ stayed)
+    cfg = load_config("copy", [f"train.out_dir={deep}", "train.resume=true", *QUIET])
+    with pytest.raises(ConfigError, match="train.resume=true but"):
+        train_worker(cfg)
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 def test_a_live_runs_folder_is_refused_even_with_overwrite(tmp_path, monkeypatch):
@@ -189,6 +194,47 @@ def test_a_live_runs_folder_is_refused_even_with_overwrite(tmp_path, monkeypatch
         train_worker(cfg)
     assert snapshot(tmp_path) == before and built == []
     holder.unlock()
+
+
+def _open_a_held_folder(rank: int, folder: str, out: str) -> None:
+    """One of two gloo ranks opening a folder that another process holds; writes the line it ended with."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from annotated_transformer.harness.distributed import DistInfo
+    from annotated_transformer.runtime.errors import UserError
+
+    dist.init_process_group("gloo", init_method=f"file://{out}.init", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    try:
+        cfg = load_config("copy", [f"train.out_dir={folder}", "train.overwrite=true", *QUIET])
+        try:  # `ready` meets the other rank, as the data build of an overwrite does under torchrun
+            RunDir(folder).open(cfg, DistInfo(rank, rank, 2), ready=dist.barrier)
+            line = "opened"
+        except UserError as exc:
+            line = f"{type(exc).__name__}: {exc}"
+        Path(f"{out}.{rank}").write_text(line)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes, each importing torch
+def test_under_torchrun_a_held_folder_stops_every_rank_in_one_line(tmp_path):
+    """Rank 0 cannot lock; rank 1 must not go on to build the data alone (the ranks met in different collectives:
+    a hang until the timeout)."""
+    import torch.multiprocessing as mp
+
+    folder, out = tmp_path / "run", tmp_path / "said"
+    holder = RunDir(folder)
+    holder.lock()
+    try:
+        mp.spawn(_open_a_held_folder, args=(str(folder), str(out)), nprocs=2)
+    finally:
+        holder.unlock()
+    refused = in_use(folder, os.getpid())
+    assert Path(f"{out}.0").read_text() == f"RunDirError: {refused}"
+    assert Path(f"{out}.1").read_text() == f"DistributedError: rank 0 could not use {folder}: {refused}"
 
 
 # --------------------------------------------------------------------------- the lock, across processes

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from annotated_transformer.runtime.errors import DataError
+from annotated_transformer.runtime.errors import DataError, Terminated
 from annotated_transformer.harness import distributed, tasks as tasks_module
 from annotated_transformer.harness.distributed import (close_run_log, open_run_log, print0, quiet_terminal,
                                                        result_lines)
@@ -68,6 +68,15 @@ def test_an_error_that_ends_a_run_is_the_last_line_of_its_log(tmp_path, train_co
     assert "error:" not in out  # the terminal has it once, on stderr
     print0("after the run")  # the log was closed with the run
     assert "after the run" not in (tmp_path / "train.log").read_text(encoding="utf-8")
+
+    def terminated(*args, **kwargs):  # a SIGTERM met while a file is written (`terminate_raises`), before fit
+        raise Terminated
+
+    monkeypatch.setattr(tasks_module, "build_task", terminated)
+    code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={tmp_path}", "train.device=cpu",
+                                 "train.progress=false")
+    assert code == 143 and err == "error: terminated (SIGTERM)\n"
+    assert unstamped(tmp_path / "train.log")[-1] == "error: terminated (SIGTERM)"  # it ended the log with no word
 
 
 def test_quiet_shows_warnings_errors_and_results_and_the_log_gets_all(tmp_path, capsys):

@@ -222,7 +222,7 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
             assert time.monotonic() < deadline, "the sweep's first two runs never reached their step"
             time.sleep(0.1)
         proc.send_signal(signal.SIGINT)  # twice, as `timeout -s INT` under uv sends it: one stop (it hung)
-        time.sleep(0.3)
+        time.sleep(0.1)  # the runs take longer than this to save and end
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=300)
     finally:

@@ -48,8 +48,8 @@ def build_parser(prog: str | None) -> CommandParser:
                         "(options between them aside) are one sentence up to a word ending in . ! ? or … (Ein Mann "
                         "fährt. is one; Hallo. Danke. are two); after --, words that start with - too")
     parser.add_argument("--sentence", action="append", metavar="TEXT", help=argparse.SUPPRESS)  # older spelling
-    parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line ('-' for "
-                        "standard input; a pipe is read without it)")
+    parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line, plain or "
+                        ".gz ('-' for standard input; a pipe is read without it)")
     add_out(parser, "write the translations to this file (default: standard output); an existing file is refused "
                     "unless --overwrite", old=())
     add_overwrite(parser, "replace an existing --out file (never the --input file)")
@@ -291,7 +291,7 @@ def write_output(path: str | None, work: Callable[[IO[str]], None]) -> None:
             text.detach()  # atomic_write closes the file itself, after syncing it
 
     try:
-        atomic_write(path, write)
+        atomic_write(path, write, follow_link=True)  # a link you named as --out: its file gets the translations
     except OSError as exc:  # a full disk while writing, say: the one line, and the old file kept
         raise UserError(f"cannot write {path}: {exc.strerror or exc}; check the folder exists and is writable, "
                         "or choose another --out") from None

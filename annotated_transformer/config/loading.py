@@ -415,5 +415,5 @@ def check_decode_options(beam: int | None, alpha: float | None) -> None:
     """The translate and evaluate scripts' --beam and --alpha, refused in one line when out of range."""
     if beam is not None and beam < 1:
         raise ConfigError(f"--beam must be at least 1, got {beam}")
-    if alpha is not None and not alpha >= 0:  # NaN too
+    if alpha is not None and not 0 <= alpha < math.inf:  # NaN and inf too, as decode.alpha
         raise ConfigError(f"--alpha must be a number of at least 0, got {alpha}")

@@ -380,7 +380,7 @@ def stats_summary(stats: dict[str, Any]) -> str:
         parts.append("longer than data.max_sentence_len: " + ", ".join(long_))
     empty = [f"{n} {split}" for split, n in s.get("empty", {}).items() if n]
     if empty:
-        parts.append("pairs with an empty side, or two (kept): " + ", ".join(empty))
+        parts.append("pairs with one or both sides empty (kept): " + ", ".join(empty))
     parts.append(f"{'built' if s['built'] else 'loaded from cache'} in {s['seconds']:.2f} s")
     return " | ".join(parts)
 

@@ -54,9 +54,9 @@ class CT2Translator(TextTranslator):
                               "export a checkpoint with scripts/export.py --to ctranslate2")
         cfg = config_from_dict(read_yaml(path / CONFIG_FILE))  # a damaged file is one ConfigError line
         text = TextPipeline.load(path / TEXT_FOLDER)
-        kind, _, number = device.partition(":")
-        index = int(number) if kind == "cuda" and number.isdigit() else 0
-        if kind not in ("cpu", "cuda") or (number and not (kind == "cuda" and number.isdigit())):
+        kind, colon, number = device.partition(":")
+        index = int(number) if kind == "cuda" and number.isdecimal() and number.isascii() else 0
+        if kind not in ("cpu", "cuda") or (colon and not (kind == "cuda" and number.isdecimal() and number.isascii())):
             raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu, cuda or cuda:N")
         gpus = ct2.get_cuda_device_count() if kind == "cuda" else 0
         if kind == "cuda" and gpus == 0:  # not the folder's fault: say so before loading

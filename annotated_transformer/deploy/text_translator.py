@@ -7,6 +7,7 @@ by the same rules, and both give n-best lists as `Hypothesis` objects.
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 import warnings
@@ -177,6 +178,6 @@ def checked_alpha(value: Any) -> float:
     """`value` as a length-penalty exponent (a number, not negative): a TypeError or one ConfigError line if not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"alpha must be a number, got {type(value).__name__} {value!r}")
-    if not value >= 0:  # NaN too
+    if not 0 <= value < math.inf:  # NaN and inf too
         raise ConfigError(f"alpha must be a number of at least 0, got {value}")
     return float(value)

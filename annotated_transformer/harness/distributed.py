@@ -26,7 +26,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from ..runtime import device as devices
-from ..runtime.errors import ConfigError, DistributedError, UserError, excerpt
+from ..runtime.errors import ConfigError, DistributedError, Terminated, UserError, excerpt
 from ..runtime.files import writing
 
 
@@ -86,6 +86,29 @@ def init_distributed(device_spec: str = "auto") -> tuple[DistInfo, torch.device]
                 "if this follows a torchrun restart across several nodes, run torchrun with "
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1") from exc
     return info, device
+
+
+@contextmanager
+def ranks_agree(info: DistInfo, what: str) -> Iterator[None]:
+    """A one-line failure (UserError) inside the block, on any rank, stops every rank: under torchrun the ranks
+    compare after the block, so none goes on to a collective that a failed rank never reaches (a hang until the
+    timeout). `what` names the step in the line the other ranks give."""
+    failure: UserError | None = None
+    try:
+        yield
+    except UserError as exc:
+        if not info.distributed:
+            raise
+        failure = exc
+    if not info.distributed:
+        return
+    seen: list[object] = [None] * info.world_size
+    dist.all_gather_object(seen, "" if failure is None else str(failure))
+    if failure is not None:
+        raise failure
+    failed = next(((rank, line) for rank, line in enumerate(seen) if line), None)
+    if failed is not None:
+        raise DistributedError(f"rank {failed[0]} could not {what}: {failed[1]}")
 
 
 def _restart_scoped_store(info: DistInfo, timeout: timedelta) -> dist.Store | None:
@@ -301,7 +324,7 @@ def close_run_log(error: BaseException | None = None) -> None:
     if not _RUN_LOG:
         return
     handler = _RUN_LOG.pop()
-    if isinstance(error, (Exception, KeyboardInterrupt)):  # not SystemExit: its message, if any, was printed
+    if isinstance(error, (Exception, KeyboardInterrupt, Terminated)):  # not SystemExit: its message was printed
         logger.error(f"error: {describe_error(error)}", extra={"file_only": True})  # the terminal gets it on stderr
     logger.removeHandler(handler)
     handler.close()
@@ -314,6 +337,8 @@ def describe_error(error: BaseException) -> str:
         return " ".join(str(error).split())
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
+    if isinstance(error, Terminated):
+        return "terminated (SIGTERM)"
     return f"{type(error).__name__}: {excerpt(error, 300)}"
 
 

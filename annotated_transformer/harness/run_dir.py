@@ -51,6 +51,7 @@ from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, confi
 from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError
 from ..runtime.files import atomic_write, run_dir_error
 from ..checkpoints import load_checkpoint, model_file_forms
+from .distributed import ranks_agree
 
 # What a run writes before its first checkpoint: a folder holding only these may start again.
 STARTED_FILES = {"config.yaml", "vocab", "metrics.jsonl", "train.log", "charts", "tensorboard"}
@@ -312,7 +313,7 @@ class RunDir:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock_fd: int | None = None  # the open .lock while this object holds the folder
-        self._made_folder = False  # `lock` created the folder: `unlock` removes it again when it stays empty
+        self._made: list[Path] = []  # the folders `lock` created, deepest first: `unlock` removes those left empty
         self._legacy_last: bool | None = None  # whether an unmarked folder's last.pt is ours, once read
         self._legacy_error = ""  # why it is not, when it is not
         self.unguarded: str | None = None  # why `lock` could not lock (a filesystem without locks), else None
@@ -494,12 +495,12 @@ class RunDir:
         _HELD_LOCKS.discard(fd)
         try:  # removed while still locked: a process that opened this file meanwhile sees it gone and retries
             self.lock_file.unlink(missing_ok=True)
-            if self._made_folder:
-                self.path.rmdir()  # only when empty: a run that wrote nothing leaves nothing
+            for folder in self._made:
+                folder.rmdir()  # only when empty: a run that wrote nothing leaves nothing, nor runs/2026/ above it
         except OSError:
             pass  # a leftover .lock (or folder) is harmless: nothing holds it
         finally:
-            self._made_folder = False
+            self._made = []
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
@@ -507,8 +508,9 @@ class RunDir:
         """A read-write descriptor of .lock, made (with the folder) when missing; None when the folder vanished."""
         with self.writing(self.path, "create the run directory"):
             if not self.path.is_dir():
+                missing = [self.path, *(p for p in self.path.parents if not p.exists())]
                 self.path.mkdir(parents=True, exist_ok=True)
-                self._made_folder = True
+                self._made = [p for p in missing if p.is_dir()]
         try:
             return os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o666)
         except FileNotFoundError:  # the folder was removed between the two steps
@@ -568,11 +570,12 @@ class RunDir:
                 ready: Callable[[], None] | None) -> tuple[str, dict[str, Any] | None]:
         """`open`'s decision: the folder locked (rank 0), the run's checks, the folder tidied (rank 0), `start_mode`
         on every rank, compared."""
-        failure: UserError | None = None
-        try:
+        with ranks_agree(info, f"use {self.path}"):  # every rank stops here when rank 0 cannot take the folder
             if info.is_main:
                 self.refuse_foreign()  # before the lock file is made or anything removed: not a run's folder
                 self.lock()  # before reading: train.overwrite=true must not empty a folder a live run writes to
+        failure: UserError | None = None
+        try:
             if ready is not None:  # under the lock: a live run's folder is refused before its data is built
                 ready()
             if info.is_main:

@@ -39,7 +39,7 @@ from ..runtime.model_flops import train_step_flops
 from . import progress
 from .checkpointer import Checkpointer, improves
 from .distributed import (RESULT, DistInfo, barrier, cleanup, close_run_log, early_lines_kept, init_distributed,
-                          open_run_log, print0, result_lines)
+                          open_run_log, print0, ranks_agree, result_lines)
 from .metrics import Metrics
 from .progress import CpuShare, epoch_line, finished_line, log_line_end, speed_warning, start_line, step_line
 from .resume import RunState, StopSignal
@@ -431,8 +431,7 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         run, files = RunDir(cfg.run_dir()), TaskFiles(cfg, log=print0)
         try:
             # every rank decides (or fails) alike before rank 0 writes
-            # what train.overwrite deletes is said under --quiet too
-            start_mode, last = run.open(cfg, info, data=files.resume_check, log=functools.partial(print0, level=RESULT),
+            start_mode, last = run.open(cfg, info, data=files.resume_check, log=said_even_quiet,
                                         ready=functools.partial(ready_to_start, cfg, info, device, files, run))
             if start_mode == "finished":
                 s = last["train_state"]
@@ -452,17 +451,23 @@ def train_worker(cfg: Config) -> dict[str, Any]:
             cleanup()
 
 
+def said_even_quiet(line: str) -> None:
+    """A line of rank 0 that --quiet shows too (what train.overwrite deleted); a warning stays a warning."""
+    print0(line, level=None if line.startswith("warning:") else RESULT)
+
+
 def ready_to_start(cfg: Config, info: DistInfo, device: torch.device, files: TaskFiles, run: RunDir) -> None:
     """What a run checks, holding its folder's lock, before it writes or clears anything there, so that a run that
     cannot start writes nothing: the tensorboard package when train.tensorboard is on (rank 0, which writes its
     files), the compile mode and the precision on this device, and the data's files found. Before train.overwrite
     clears a run, its data is built too (kept for the run): a corpus or tokenizer that fails has deleted nothing.
     Under torchrun every rank builds it, as the ranks load data together."""
-    if cfg.train.tensorboard and info.is_main:
-        summary_writer_class()
-    check_compile_mode(cfg.train.compile, device)
-    resolve_amp_dtype(cfg.train.precision, device)  # bf16 on a GPU without it: refused before anything is cleared
-    files.locate()
+    with ranks_agree(info, "start"):  # before the ranks build the data together: a failure here stops them all
+        if cfg.train.tensorboard and info.is_main:
+            summary_writer_class()
+        check_compile_mode(cfg.train.compile, device)
+        resolve_amp_dtype(cfg.train.precision, device)  # bf16 on a GPU without it: refused before anything is cleared
+        files.locate()
     if cfg.train.overwrite and (info.distributed or run.has_run()):
         files.build(info, cuda=device.type == "cuda", log=print0)
 

@@ -36,6 +36,7 @@ from ..config.loading import UniqueKeyLoader, refuse_library_from_file
 from ..runtime.device import usable_cores
 from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
+from ..harness.resume import SAME_SIGNAL_SECONDS
 from ..harness.run_dir import RunDir, read_metrics
 from ..harness.tasks import TaskFiles
 from .seed_statistics import (COMPARISON_TITLE, REPORT_FILES, TEST_SCORES, RunResult, collect_results,
@@ -357,23 +358,32 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
         return write_report(out, mine + others, f"sweep of {config}", target,
                             copy=copy if not others else None)  # others: their results say
 
-    stopped: list[int] = []
+    stopped: list[tuple[int, float]] = []  # the stop signal and when it came
+    killed: list[bool] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
-        if stopped:  # a second signal (`timeout -s INT` and uv send two): the one stop is under way
-            return
-        stopped.append(signum)
-        raise _Stop
+        if not stopped:
+            stopped.append((signum, time.monotonic()))
+            raise _Stop
+        # `timeout -s INT` and uv send a signal twice: one stop; asked again later, the runs are killed, not waited on
+        if time.monotonic() - stopped[0][1] > SAME_SIGNAL_SECONDS and not killed:
+            killed.append(True)
+            for proc in list(launcher.running.values()):
+                proc.kill()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous: dict[int, Any] = {}
     try:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            previous[s] = signal.signal(s, on_signal)
         run_sweep(runs, launcher, after_each=report, failed=failed)
     except _Stop:  # here, not in the handler: a signal inside it would wait on the runs a second time, forever
-        log(f"sweep: signal {stopped[0]}, stopping the running trainings (each saves last.pt); start the same "
-            "command again to continue")
+        log(f"sweep: signal {stopped[0][0]}, stopping the running trainings (each saves last.pt; signal again to "
+            "kill them); start the same command again to continue")
         launcher.stop_all(signal.SIGTERM)
+        if killed:
+            log("sweep: the running trainings were killed; each continues from its last save")
         report()
-        raise SystemExit(128 + stopped[0]) from None
+        raise SystemExit(128 + stopped[0][0]) from None
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

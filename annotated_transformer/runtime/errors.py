@@ -67,8 +67,9 @@ class Terminated(BaseException):
 @contextmanager
 def terminate_raises() -> Iterator[None]:
     """Inside the block SIGTERM raises `Terminated` in this process instead of killing it, so that clean-ups run
-    (an atomic write removes its temporary file). A forked child (a loader or tokeniser worker) still dies at once,
-    and a handler someone else installed is left alone (training's own, which saves and stops)."""
+    (an atomic write removes its temporary file). Only around such writes: elsewhere a SIGTERM kills at once, even
+    inside a long C call (a Python handler waits for its end). A forked child still dies at once, and a handler
+    someone else installed is left alone (training's own, which saves and stops), as is any thread but the main."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
@@ -119,11 +120,11 @@ def _stdout_closed() -> bool:
 
 
 def run_cli(main: Callable[[], int | None]) -> None:
-    """Run a script's `main`, turning `UserError`, Ctrl-C and SIGTERM into clean exits (130 and 143 for the two
-    signals, as a shell reports them), and a closed output pipe (`| head`) into a quiet exit 141."""
+    """Run a script's `main`, turning `UserError`, Ctrl-C and a SIGTERM met while a file is written
+    (`terminate_raises`) into clean exits (130 and 143 for the two signals, as a shell reports them), and a closed
+    output pipe (`| head`) into a quiet exit 141."""
     try:
-        with terminate_raises():
-            code = main()
+        code = main()
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
     except BrokenPipeError:
         if not _stdout_closed():  # another pipe (a worker's, a child's): a fault to show, not a reader gone

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import DataError, RunDirError, UserError
+from .errors import DataError, RunDirError, UserError, terminate_raises
 
 # Where the project keeps what it can make again: the default data.cache_dir, and the chart script's copy.
 USER_CACHE = "~/.cache/annotated_transformer"
@@ -50,28 +50,31 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | Path, write: Callable[[Any], object]) -> None:
+def atomic_write(path: str | Path, write: Callable[[Any], object], follow_link: bool = False) -> None:
     """Call `write(file_object)` on a temporary file beside `path`, fsync it, then rename it into place.
 
-    A crash at any moment leaves either the old file or the new one, never half a file. A symbolic link is
-    written through, as `>` would: the file it names gets the new content and the link stays.
+    A crash at any moment leaves either the old file or the new one, never half a file, and a SIGTERM meanwhile
+    (`kill`, `timeout`) ends the process as an exception (`Terminated`) that removes the temporary first. A
+    symbolic link at `path` is replaced by the file, unless `follow_link` (a command's --out, which the user named):
+    then the file it names gets the new content and the link stays.
     """
     path = Path(path)
-    if path.is_symlink():
+    if follow_link and path.is_symlink():
         path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        # mkstemp creates owner-only files; give the result the permissions a plain open() would.
-        give_default_permissions(tmp)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with terminate_raises():
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            # mkstemp creates owner-only files; give the result the permissions a plain open() would.
+            give_default_permissions(tmp)
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     _fsync_dir(path.parent)
 
 
