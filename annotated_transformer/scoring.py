@@ -143,7 +143,8 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
                      as_json: bool = False, data_root: str | None = None,
                      limit: int | None = None, files: tuple[str, str] | None = None,
                      overwrite: bool = True, batch_size: int | None = None,
-                     reduction: tuple[str, float] | None = None, quantize: str = "none") -> dict[str, Any]:
+                     reduction: tuple[str, float] | None = None, quantize: str = "none",
+                     follow_link: bool = False) -> dict[str, Any]:
     """The evaluate command's work: a split of the model's data (Multi30k or its own files), or `files` (a source
     file and its reference file, one sentence a line), translated, its hypotheses written and scored.
 
@@ -153,7 +154,8 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     merging or pruning the translator was given (('merge', 0.1): --merge-ratio 0.1), .merge0.1 before .beamK and
     said on the summary line; `quantize`, the weights' int8 or bf16 (--quantize), .int8 or .bf16 there too, and an
     alpha other than the checkpoint's, with a beam, .alphaA. With `overwrite` False an existing hypotheses file is
-    refused before anything is translated. `batch_size`: sentences decoded together (None: the checkpoint's
+    refused before anything is translated; `follow_link`: a symbolic link at `output` (the user's --out) is written
+    through. `batch_size`: sentences decoded together (None: the checkpoint's
     decode.batch_size). The figures are printed (as one JSON object with `as_json`) and returned.
     """
     from .data.translation_data import read_one_split
@@ -190,7 +192,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     t0 = time.perf_counter()
     hyps = translator.translate(src_lines, beam=k, alpha=a, batch_size=batch_size)
     seconds = time.perf_counter() - t0
-    write_hypotheses(out_path, hyps)
+    write_hypotheses(out_path, hyps, follow_link=follow_link)
     head, scores = score_translations(hyps, ref_lines, translator.text)
     result: dict[str, Any] = {
         "bleu": head.score, "signature": head.signature, "headline": head.name, **where, "beam": k, "alpha": a,
@@ -226,12 +228,13 @@ def prepare_output(path: Path, overwrite: bool) -> None:
         raise _cannot_write(path, exc) from None
 
 
-def write_hypotheses(path: Path, hyps: list[str]) -> None:
-    """`hyps` one a line in `path`, written atomically; a problem is one UserError line."""
+def write_hypotheses(path: Path, hyps: list[str], follow_link: bool = False) -> None:
+    """`hyps` one a line in `path`, written atomically (through a symbolic link only with `follow_link`: a path
+    the user named); a problem is one UserError line."""
     from .runtime.files import atomic_write
 
     try:
-        atomic_write(path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")), follow_link=True)
+        atomic_write(path, lambda f: f.write("".join(h + "\n" for h in hyps).encode("utf-8")), follow_link=follow_link)
     except OSError as exc:
         raise _cannot_write(path, exc) from None
 

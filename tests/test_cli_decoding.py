@@ -166,7 +166,8 @@ def test_translate_reads_gzip_input_and_an_empty_input_gives_an_empty_output(tin
     code, expected, stderr = command(*run, "--input", plain)
     assert code == 0 and len(expected.splitlines()) == 2, stderr.decode()
     code, stdout, stderr = command(*run, "--input", packed)
-    assert code == 0 and stdout == expected and b"error" not in stderr, stderr.decode()
+    said = [line for line in stderr.decode().splitlines() if line.startswith(("error", "warning"))]
+    assert code == 0 and stdout == expected and said == [], stderr.decode()
     code, _, stderr = command(*run, "--input", cut)
     lines = stderr.decode().splitlines()
     assert code == 2 and len(lines) == 1 and f"{cut} is not a complete gzip file" in lines[0], lines

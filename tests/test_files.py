@@ -83,3 +83,10 @@ def test_a_link_among_the_projects_own_files_is_replaced_never_written_through(t
     assert not (tmp_path / "b" / "config.yaml").is_symlink()
     assert (tmp_path / "b" / "config.yaml").read_text() == "run b\n" and (tmp_path / "a" / "config.yaml").read_text() \
         == "run a\n"
+    from annotated_transformer.scoring import write_hypotheses
+
+    (tmp_path / "a" / "best.test.beam1.txt").write_text("run a's hypotheses\n")  # evaluate's default, a sweep's
+    (tmp_path / "b" / "best.test.beam1.txt").symlink_to(tmp_path / "a" / "best.test.beam1.txt")
+    write_hypotheses(tmp_path / "b" / "best.test.beam1.txt", ["run b's"])
+    assert (tmp_path / "a" / "best.test.beam1.txt").read_text() == "run a's hypotheses\n"
+    assert (tmp_path / "b" / "best.test.beam1.txt").read_text() == "run b's\n"

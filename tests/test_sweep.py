@@ -188,6 +188,44 @@ SWEEP = textwrap.dedent(f"""
 """)
 
 
+# A training that ignores the SIGTERM the sweep passes on (a run stuck in a long step), saying when it has started.
+STUCK_TRAIN = textwrap.dedent("""
+    import signal, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("started", flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.slow  # a second Python process
+def test_a_second_stop_signal_later_kills_the_runs_a_sweep_waits_on(tmp_path):
+    """Ctrl-C stops a sweep by passing SIGTERM to its runs and waiting for them to save; asked again a second or
+    more later, it kills them (it waited for ever on a run that did not stop)."""
+    script = ("import sys\nfrom annotated_transformer.cli import main, sweep\n"
+              f"sweep.TRAIN_COMMAND = (sys.executable, '-c', {STUCK_TRAIN!r})\nmain(['sweep', *sys.argv[1:]])\n")
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-c", script, "--config", "copy", "--seeds", "1", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        log = out / "base" / "seed1.log"
+        deadline = time.monotonic() + 120
+        while not (log.is_file() and "started" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never started"
+            time.sleep(0.1)
+        run_pid = int((out / "base" / "seed1.pid").read_text())
+        proc.send_signal(signal.SIGINT)
+        time.sleep(2.0)  # more than a second: asked again
+        assert proc.poll() is None  # still waiting on the run, which ignores the SIGTERM
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, output
+    assert "the running trainings were killed; each continues from its last save" in output
+    with pytest.raises(ProcessLookupError):
+        os.kill(run_pid, 0)  # gone (reaped by the sweep)
+
+
 def _sweep_args(out: Path, grid: Path, multi30k_dir: Path, cache: Path, parallel: int = 2) -> list[str]:
     """One seed of each setting, `parallel` runs at a time, each a short tiny.yaml run on sentences of up to 10
     tokens."""

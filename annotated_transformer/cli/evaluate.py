@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     score_translator(translator, source, args.split or "test", beam=args.beam, alpha=args.alpha, output=args.out,
                      show=args.show, as_json=args.json, data_root=root, limit=args.limit, files=files,
                      overwrite=args.overwrite, batch_size=args.batch_size, reduction=reduction,
-                     quantize=args.quantize)
+                     quantize=args.quantize, follow_link=args.out is not None)
     return 0
 
 

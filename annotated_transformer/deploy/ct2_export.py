@@ -149,6 +149,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     leaves whatever was there before, or nothing.
     """
     from ..config import config_yaml
+    from ..runtime.errors import terminate_raises
     from ..runtime.files import give_default_permissions
 
     if quantization not in QUANTIZATIONS:
@@ -160,17 +161,18 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
     spec.optimize(quantization=quantization)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-        try:
-            spec.save(str(tmp))
-            (tmp / CONFIG_FILE).write_text(config_yaml(config), encoding="utf-8")
-            text.save(tmp / TEXT_FOLDER)
-            give_default_permissions(tmp)
-            check_export_out(out, overwrite)  # again: the conversion took a while, and the folder may have changed
-            _replace_folder(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # ours: made by mkdtemp above
-            raise
+        with terminate_raises():  # a SIGTERM while the folder is written removes it, as an error does
+            tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+            try:
+                spec.save(str(tmp))
+                (tmp / CONFIG_FILE).write_text(config_yaml(config), encoding="utf-8")
+                text.save(tmp / TEXT_FOLDER)
+                give_default_permissions(tmp)
+                check_export_out(out, overwrite)  # again: the conversion took a while, and the folder may have changed
+                _replace_folder(tmp, out)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)  # ours: made by mkdtemp above
+                raise
     except OSError as exc:
         raise ExportError(f"cannot write {exc.filename or out}: {exc.strerror or exc}; "
                           "check the path and free space, or choose another --out") from None

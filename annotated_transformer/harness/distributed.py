@@ -103,12 +103,12 @@ def ranks_agree(info: DistInfo, what: str) -> Iterator[None]:
     if not info.distributed:
         return
     seen: list[object] = [None] * info.world_size
-    dist.all_gather_object(seen, "" if failure is None else str(failure))
+    dist.all_gather_object(seen, (failure is not None, str(failure or "")))
     if failure is not None:
         raise failure
-    failed = next(((rank, line) for rank, line in enumerate(seen) if line), None)
+    failed = next(((rank, line) for rank, (fails, line) in enumerate(seen) if fails), None)  # type: ignore[misc]
     if failed is not None:
-        raise DistributedError(f"rank {failed[0]} could not {what}: {failed[1]}")
+        raise DistributedError(f"rank {failed[0]} could not {what}: {failed[1] or 'an error without a message'}")
 
 
 def _restart_scoped_store(info: DistInfo, timeout: timedelta) -> dist.Store | None:

@@ -508,9 +508,12 @@ class RunDir:
         """A read-write descriptor of .lock, made (with the folder) when missing; None when the folder vanished."""
         with self.writing(self.path, "create the run directory"):
             if not self.path.is_dir():
-                missing = [self.path, *(p for p in self.path.parents if not p.exists())]
-                self.path.mkdir(parents=True, exist_ok=True)
-                self._made = [p for p in missing if p.is_dir()]
+                for folder in reversed([self.path, *(p for p in self.path.parents if not p.exists())]):
+                    try:
+                        folder.mkdir()
+                    except FileExistsError:  # another process made it meanwhile: not ours to remove
+                        continue
+                    self._made.insert(0, folder)  # deepest first, kept as it goes: a failure halfway leaves none
         try:
             return os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o666)
         except FileNotFoundError:  # the folder was removed between the two steps

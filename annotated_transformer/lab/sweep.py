@@ -176,6 +176,10 @@ def is_finished(run: Run) -> bool:
     return metrics.is_file() and any(r.get("kind") == "final" for r in read_metrics(metrics))
 
 
+class _Stop(BaseException):
+    """A stop signal, raised once where the sweep is, so that it stops its runs outside the signal handler."""
+
+
 @dataclass
 class Launcher:
     """Starts training processes for runs, at most `parallel` at once, the CPU threads split between them."""
@@ -186,6 +190,8 @@ class Launcher:
     parallel: int = 1
     log: Any = print
     running: dict[Run, subprocess.Popen] = field(default_factory=dict)
+    starting: bool = False  # inside `start`, where a stop must wait for the run to be known
+    stop_due: bool = False  # a stop signal came while `starting`
     files: dict[str, TaskFiles] = field(default_factory=dict)  # by data settings: each corpus opened and hashed once
 
     def command(self, run: Run) -> list[str]:
@@ -228,12 +234,18 @@ class Launcher:
         with writing(run.log_file, "create the run's folder"):
             run.path.parent.mkdir(parents=True, exist_ok=True)
             output = run.log_file.open("a", encoding="utf-8")
-        with output:
-            # A session of its own: a Ctrl-C in the terminal reaches the sweep alone, which passes one SIGTERM on.
-            self.running[run] = subprocess.Popen(self.command(run), stdout=output, stderr=subprocess.STDOUT, env=env,
-                                                 start_new_session=True)
-        with writing(run.pid_file):
-            atomic_write(run.pid_file, lambda f: f.write(str(self.running[run].pid).encode()))
+        self.starting = True  # a stop signal now waits until the run is known, so that it is stopped too
+        try:
+            with output:
+                # A session of its own: a Ctrl-C in the terminal reaches the sweep alone, which passes one SIGTERM on.
+                self.running[run] = subprocess.Popen(self.command(run), stdout=output, stderr=subprocess.STDOUT,
+                                                     env=env, start_new_session=True)
+            with writing(run.pid_file):
+                atomic_write(run.pid_file, lambda f: f.write(str(self.running[run].pid).encode()))
+        finally:
+            self.starting = False
+        if self.stop_due:
+            raise _Stop
 
     def wait_one(self) -> tuple[Run, int]:
         """Block until a running process ends; its run and exit code."""
@@ -255,10 +267,6 @@ class Launcher:
             proc.wait()
             run.pid_file.unlink(missing_ok=True)
         self.running.clear()
-
-
-class _Stop(BaseException):
-    """A stop signal, raised once where the sweep is, so that it stops its runs outside the signal handler."""
 
 
 def run_sweep(runs: list[Run], launcher: Launcher, after_each: Callable[[], None] = lambda: None,
@@ -364,6 +372,9 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
     def on_signal(signum: int, _frame: Any) -> None:
         if not stopped:
             stopped.append((signum, time.monotonic()))
+            if launcher.starting:  # raised once the run being started is known (`Launcher.start`)
+                launcher.stop_due = True
+                return
             raise _Stop
         # `timeout -s INT` and uv send a signal twice: one stop; asked again later, the runs are killed, not waited on
         if time.monotonic() - stopped[0][1] > SAME_SIGNAL_SECONDS and not killed:
