@@ -9,6 +9,9 @@ def run_command(command: str) -> None:
     """Run `command` with this script's arguments; without the package installed, one line and exit 2."""
     try:
         from annotated_transformer.cli import run
+    except KeyboardInterrupt:  # Ctrl-C while torch loads (seconds): the commands' own line, not a traceback
+        print("error: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
     except ModuleNotFoundError as exc:
         script = Path(sys.argv[0]).name
         print(f"error: this Python ({sys.executable}) lacks {exc.name!r}, which annotated-transformer needs: run "

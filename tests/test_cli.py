@@ -134,6 +134,27 @@ def test_a_script_without_the_package_says_how_to_set_up():
     assert "Traceback" not in proc.stderr
 
 
+def test_ctrl_c_while_a_script_loads_torch_is_one_line(monkeypatch, capsys):
+    """The first seconds of every script import torch: a Ctrl-C there printed a traceback through torch's modules."""
+    import builtins
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_entry", ROOT / "scripts" / "_entry.py")
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name == "annotated_transformer.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(SystemExit) as ended:
+        entry.run_command("train")
+    assert ended.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+
+
 @pytest.mark.slow
 def test_python_m_and_the_console_command_run_the_cli():
     by_module = subprocess.run([sys.executable, "-m", "annotated_transformer", "--help"], capture_output=True,

@@ -20,7 +20,7 @@ from annotated_transformer.cli import run as run_command
 from annotated_transformer.config import load_config
 from annotated_transformer.harness.run_dir import MARKER, RunDir, check_same_data
 from annotated_transformer.runtime import files
-from annotated_transformer.runtime.errors import RunDirError
+from annotated_transformer.runtime.errors import RunDirError, Terminated
 
 from test_own_data import EXAMPLE, SMALL, french_pairs, made_up_pairs, write_corpus, write_split
 
@@ -176,6 +176,33 @@ def test_a_run_finished_inside_an_epoch_says_where(tmp_path, capsys, no_charts):
     code, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.max_steps=4")
     assert code == 0 and "holds a finished run (step 4, in epoch 2)" in stdout, err
     assert "raise train.max_steps (now 4)" in stdout
+
+
+def test_a_run_stopped_in_its_final_evaluation_finishes_it_when_run_again(tmp_path, capsys, monkeypatch, no_charts):
+    """Ctrl-C (or SIGTERM) while the trained run scores itself: one stop line naming the way on, and the same command
+    again scores it (it said "holds a finished run" and never scored it); then it is finished."""
+    from annotated_transformer.harness import trainer as trainer_module
+
+    out, finish = tmp_path / "run", trainer_module.finish
+    for stop, code, name in ((KeyboardInterrupt, 130, "SIGINT"), (Terminated, 143, "SIGTERM")):
+        def stopped(tr, stop=stop):
+            raise stop
+
+        monkeypatch.setattr(trainer_module, "finish", stopped)
+        got, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
+        assert got == code and f"stopped by {name} in the final evaluation, after step 6; the trained weights are " \
+            f"saved in {out}; run the same command again to finish it" in stdout, err
+        assert not RunDir(out).has_final()
+    monkeypatch.setattr(trainer_module, "finish", finish)
+    got, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
+    assert got == 0 and "exact copies:" in stdout and "holds a finished run" not in stdout, err
+    assert RunDir(out).has_final()
+    got, stdout, _ = train(capsys, *COPY, f"train.out_dir={out}")
+    assert got == 0 and "holds a finished run" in stdout and "exact copies:" not in stdout
+    unscored = tmp_path / "unscored"  # train.final_eval=false: a finished run all the same, and said to be
+    assert train(capsys, *COPY, f"train.out_dir={unscored}", "train.final_eval=false")[0] == 0
+    got, stdout, _ = train(capsys, *COPY, f"train.out_dir={unscored}", "train.final_eval=false")
+    assert got == 0 and "holds a finished run" in stdout
 
 
 def test_a_run_of_an_older_version_without_the_marker_is_still_a_run(tmp_path, capsys, no_charts):
@@ -435,6 +462,18 @@ def test_a_run_folder_check_fires_before_deleting_even_when_called_directly(thes
     with pytest.raises(RunDirError, match="holds files this project did not write"):
         RunDir(thesis).prepare(cfg, "start")
     assert (thesis / "thesis.tex").is_file()
+
+
+def test_a_wrong_multi30k_folder_is_one_line_before_the_run_folder_is_made(tmp_path, capsys):
+    """data.root naming no folder, or one without Multi30k's files: one line, and no run folder (config.yaml, the
+    marker and train.log were left in it, as a run that died early)."""
+    (tmp_path / "empty").mkdir()
+    for root, said in ((tmp_path / "nothing", "which is not a folder"), (tmp_path / "empty", "train.de.gz")):
+        out = tmp_path / "runs" / "2026" / "run"
+        code, _, err = train(capsys, "--config", "tiny.yaml", f"data.root={root}", f"train.out_dir={out}",
+                             "train.device=cpu")
+        assert code == 2 and said in err and len([line for line in err.splitlines() if line.strip()]) == 1, err
+        assert not (tmp_path / "runs").exists()
 
 
 def test_a_missing_corpus_file_is_one_line_before_the_run_folder_is_made(tmp_path, capsys):

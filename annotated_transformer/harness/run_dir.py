@@ -613,8 +613,9 @@ class RunDir:
         A folder the project did not make a run's and that is not empty is refused whatever the keys say.
         `train.resume=auto` continues a run whose last.pt has the same model and data settings, and the same
         data files (`data()`, the `data_fingerprint` of today's files, read only here), and leaves a finished
-        one as it is; `true` insists on last.pt; `false` refuses any earlier run; `train.overwrite=true` starts
-        again (`prepare` deletes the run's own files only). A folder that holds only what a run writes before its
+        one as it is (finished: its final record written; one stopped in its final evaluation resumes to it);
+        `true` insists on last.pt; `false` refuses any earlier run; `train.overwrite=true` starts again
+        (`prepare` deletes the run's own files only). A folder that holds only what a run writes before its
         first checkpoint (it died in its first epoch) starts again. Anything else raises one line.
         """
         t = cfg.train
@@ -646,7 +647,8 @@ class RunDir:
             last["train_state"] = retarget(last.get("train_state", {}), self.records(), t.target_bleu)
         state = last.get("train_state", {})
         done = t.finished(state.get("epoch", 0), state.get("step", 0), state.get("target_epoch") is not None)
-        return ("finished" if done and t.resume == "auto" else "resume"), last
+        # trained to its end, but stopped in its final evaluation (no final record): resumed, it finishes that
+        return ("finished" if done and t.resume == "auto" and self.has_final() else "resume"), last
 
     def refuse_foreign(self) -> None:
         """One line, touching nothing, for a folder of someone else's files: a name training never writes, or a .lock
@@ -770,6 +772,13 @@ class RunDir:
         record = {**record, "time": round(time.time(), 3)}
         with self.writing(self.metrics), self.metrics.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+    def has_final(self) -> bool:
+        """Whether the run got to its end: the final record (its scores) is in metrics.jsonl."""
+        try:
+            return any(r.get("kind") == "final" for r in self.records())
+        except (OSError, UnicodeDecodeError):
+            return False
 
     def records(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl (empty when missing), as `read_metrics` reads them."""

@@ -209,12 +209,15 @@ class TaskFiles:
         return self.task
 
     def locate(self) -> None:
-        """Find the files of your own corpus (data.dataset=files; a DataError names one that is missing); read
-        nothing. Multi30k is found, or downloaded, when it is first read."""
-        if self.cfg.data.dataset == "files" and self.corpus is None:
-            from ..data.own_files import OwnFiles
+        """Find the corpus before a run's folder is made: your own files (data.dataset=files; a DataError names
+        one that is missing; nothing read yet), or Multi30k's six files in data.root, $MULTI30K_DIR or the cache
+        (downloaded there when missing, checked by their checksums: a wrong data.root, or no network, is one line
+        with nothing written). The copy task has no files."""
+        if self.corpus is not None or self.cfg.data.dataset == "copy":
+            return
+        from ..data.translation_data import open_corpus
 
-            self.corpus = OwnFiles.from_config(self.cfg.data)
+        self.corpus = open_corpus(self.cfg.data, log=self.log)
 
     def fingerprint(self) -> dict[str, Any]:
         """The data fingerprint of today's files (`data_fingerprint`), what a resume compares with its last.pt."""

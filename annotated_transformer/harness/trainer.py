@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
-from ..runtime.errors import DistributedError, TrainingDiverged, UserError
+from ..runtime.errors import DistributedError, Terminated, TrainingDiverged, UserError, terminate_raises
 from ..decode.static import validation_step
 from ..extensions.builder import build_training
 from ..fast.plan import check_compile_mode
@@ -161,7 +161,15 @@ class Trainer:
                 self.save(record)
             self.stopper.restore()  # from here on Ctrl-C interrupts at once
             self.checkpoints.wait()  # the best model file on disk before finish reads it back
-            return self.finish()
+            try:
+                with terminate_raises():
+                    return self.finish()
+            except (KeyboardInterrupt, Terminated) as stop:  # trained: the same command finishes it (no final record)
+                name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+                print0(f"stopped by {name} in the final evaluation, after step {self.train_state.step}; the trained "
+                       f"weights are saved in {self.run.path}; run the same command again to finish it",
+                       level=RESULT)
+                return {"stopped_by": signal.SIGINT if name == "SIGINT" else signal.SIGTERM}
         except TrainingDiverged as exc:
             raise TrainingDiverged(f"{exc}, then {self.checkpoints.restart_hint()}") from None
         finally:

@@ -388,8 +388,8 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
             previous[s] = signal.signal(s, on_signal)
         run_sweep(runs, launcher, after_each=report, failed=failed)
     except _Stop:  # here, not in the handler: a signal inside it would wait on the runs a second time, forever
-        log(f"sweep: signal {stopped[0][0]}, stopping the running trainings (each saves last.pt; signal again to "
-            "kill them); start the same command again to continue")
+        log(f"sweep: signal {stopped[0][0]}, stopping the running trainings (each saves last.pt once it has begun "
+            "training; signal again to kill them); start the same command again to continue")
         launcher.stop_all(signal.SIGTERM)
         if killed:
             log("sweep: the running trainings were killed; each continues from its last save")
