@@ -12,6 +12,7 @@ import hashlib
 import os
 import random
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,8 @@ def test_an_overwrite_start_loads_its_data_once_and_logs_it(tmp_path, capsys, mo
     monkeypatch.setattr(data_module, "load_translation_data", lambda *a, **k: loads.append(1) or load(*a, **k))
     code, stdout, err = train(capsys, *own, "train.overwrite=true")
     assert code == 0 and len(loads) == 1, err
+    code, again, _ = train(capsys, *own)  # train.final_eval=false: finished all the same (it wrote no final record)
+    assert code == 0 and "holds a finished run" in again
     assert sum("train 160" in line for line in stdout.splitlines()) == 1  # the data line, said once (it was twice)
     log = (out / "train.log").read_text().splitlines()
     assert sum("train 160" in line for line in log) == 1
@@ -178,6 +181,7 @@ def test_a_run_finished_inside_an_epoch_says_where(tmp_path, capsys, no_charts):
     assert "raise train.max_steps (now 4)" in stdout
 
 
+@pytest.mark.slow  # eight short trainings: the fast tier stays under a minute
 def test_a_run_stopped_in_its_final_evaluation_finishes_it_when_run_again(tmp_path, capsys, monkeypatch, no_charts):
     """Ctrl-C (or SIGTERM) while the trained run scores itself: one stop line naming the way on, and the same command
     again scores it (it said "holds a finished run" and never scored it); then it is finished."""
@@ -190,15 +194,35 @@ def test_a_run_stopped_in_its_final_evaluation_finishes_it_when_run_again(tmp_pa
 
         monkeypatch.setattr(trainer_module, "finish", stopped)
         got, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
-        assert got == code and f"stopped by {name} in the final evaluation, after step 6; the trained weights are " \
-            f"saved in {out}; run the same command again to finish it" in stdout, err
+        assert got == code and f"stopped by {name} at the end of training (step 6), before its final scores; the " \
+            f"trained weights are saved in {out}; run the same command again to score them" in stdout, err
         assert not RunDir(out).has_final()
     monkeypatch.setattr(trainer_module, "finish", finish)
+    save = trainer_module.Trainer.save
+
+    def signalled_in_the_last_save(self, record):  # a SIGTERM while the last epoch validates and saves
+        save(self, record)
+        if self.done():
+            self.stopper.signum = signal.SIGTERM
+
+    monkeypatch.setattr(trainer_module.Trainer, "save", signalled_in_the_last_save)
+    got, stdout, err = train(capsys, *COPY, f"train.out_dir={tmp_path / 'other'}")
+    assert got == 143 and "stopped by SIGTERM at the end of training (step 6)" in stdout and "exact copies" not in \
+        stdout, err  # not after the whole final evaluation
+    monkeypatch.setattr(trainer_module.Trainer, "save", save)
+    assert not RunDir(tmp_path / "other").has_final()
     got, stdout, err = train(capsys, *COPY, f"train.out_dir={out}")
     assert got == 0 and "exact copies:" in stdout and "holds a finished run" not in stdout, err
     assert RunDir(out).has_final()
     got, stdout, _ = train(capsys, *COPY, f"train.out_dir={out}")
     assert got == 0 and "holds a finished run" in stdout and "exact copies:" not in stdout
+    monkeypatch.setattr(trainer_module, "finish", stopped)  # continued for a third epoch, stopped at its end again:
+    got, stdout, _ = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3")  # the old end is not this one
+    assert got == 143 and "at the end of training (step 9)" in stdout
+    monkeypatch.setattr(trainer_module, "finish", finish)
+    got, stdout, err = train(capsys, *COPY, f"train.out_dir={out}", "train.epochs=3")
+    assert got == 0 and "exact copies:" in stdout and "holds a finished run" not in stdout, err
+    assert [r["step"] for r in RunDir(out).records() if r.get("kind") == "final"] == [9]  # the old one dropped
     unscored = tmp_path / "unscored"  # train.final_eval=false: a finished run all the same, and said to be
     assert train(capsys, *COPY, f"train.out_dir={unscored}", "train.final_eval=false")[0] == 0
     got, stdout, _ = train(capsys, *COPY, f"train.out_dir={unscored}", "train.final_eval=false")

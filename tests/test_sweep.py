@@ -18,7 +18,7 @@ import pytest
 from annotated_transformer.runtime.errors import ConfigError, DataError
 from annotated_transformer.checkpoints import load_checkpoint
 from annotated_transformer.harness.run_dir import read_metrics
-from annotated_transformer.lab.sweep import Launcher, Run, check_settings, parse_grid, grid_runs, read_grid
+from annotated_transformer.lab.sweep import Launcher, Run, check_settings, grid_runs, is_finished, parse_grid, read_grid
 from annotated_transformer.lab.seed_statistics import RunResult, curve_points, mean_sd, read_result, summary_markdown
 
 
@@ -135,6 +135,23 @@ def test_a_copy_task_sweep_reports_exact_copies_and_val_loss_not_bleu(tmp_path):
     assert "BLEU" in summary_markdown(results, "t", 0.0, copy=False)  # a sweep of translation says so itself
     rows = list(csv.DictReader(io.StringIO(results_csv(results))))
     assert [(r["exact_copies"], r["val_loss"]) for r in rows] == [("90", "0.25"), ("94", "0.75")]
+
+
+def test_a_run_continued_after_its_end_is_not_finished_until_it_ends_again(tmp_path):
+    """A finished run given a larger budget and stopped before its new end: its old final record does not make it
+    finished (the sweep skipped it, and reported the old end's figures)."""
+    from annotated_transformer.harness.run_dir import final_record
+
+    ended = [{"kind": "start", "step": 0}, {"kind": "epoch", "epoch": 1, "step": 5},
+             {"kind": "final", "step": 5, "val_bleu": 10.0}]
+    assert final_record(ended) == ended[-1]
+    continued = [*ended, {"kind": "start", "step": 5}, {"kind": "train", "step": 6}, {"kind": "epoch", "step": 10}]
+    assert final_record(continued) is None and final_record([]) is None
+    assert final_record([*continued, {"kind": "final", "step": 10}]) == {"kind": "final", "step": 10}
+    run = tmp_path / "base" / "seed1"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in continued))
+    assert not is_finished(Run("base", (), 1, run)) and not read_result(run, "base", 1).finished
 
 
 def test_read_result_of_a_folder_without_metrics_is_unfinished(tmp_path):

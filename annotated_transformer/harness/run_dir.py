@@ -266,6 +266,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def final_record(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The run's end: its last final record (written after its final scores, or without them when
+    train.final_eval=false), when no start, training, epoch or step record came after it (a run continued since
+    has not ended again); None otherwise."""
+    for record in reversed(records):
+        kind = record.get("kind")
+        if kind == "final":
+            return record
+        if kind in ("start", "train", "epoch", "step"):
+            return None
+    return None
+
+
 def retarget(state: dict[str, Any], records: list[dict[str, Any]], target: float) -> dict[str, Any]:
     """`state` with the first epoch (and its train_seconds) whose val BLEU reached a new train.target_bleu.
 
@@ -648,7 +661,7 @@ class RunDir:
         state = last.get("train_state", {})
         done = t.finished(state.get("epoch", 0), state.get("step", 0), state.get("target_epoch") is not None)
         # trained to its end, but stopped in its final evaluation (no final record): resumed, it finishes that
-        return ("finished" if done and t.resume == "auto" and self.has_final() else "resume"), last
+        return ("finished" if done and t.resume == "auto" and self.has_final(state.get("step", 0)) else "resume"), last
 
     def refuse_foreign(self) -> None:
         """One line, touching nothing, for a folder of someone else's files: a name training never writes, or a .lock
@@ -773,18 +786,21 @@ class RunDir:
         with self.writing(self.metrics), self.metrics.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
 
-    def has_final(self) -> bool:
-        """Whether the run got to its end: the final record (its scores) is in metrics.jsonl."""
+    def has_final(self, step: int | None = None) -> bool:
+        """Whether the run got to its end: metrics.jsonl ends with its final record (`final_record`), written at
+        optimizer step `step` when given (last.pt's: an older end of a run continued since is not this one)."""
         try:
-            return any(r.get("kind") == "final" for r in self.records())
+            final = final_record(self.records())
         except (OSError, UnicodeDecodeError):
             return False
+        return final is not None and (step is None or int(final.get("step", -1)) == step)
 
     def records(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl (empty when missing), as `read_metrics` reads them."""
         return read_metrics(self.metrics) if self.metrics.is_file() else []
 
     def truncate_metrics(self, step: int) -> None:
-        """Drop records logged after optimizer step `step` (a resumed run logs them again)."""
-        kept = [r for r in self.records() if int(r.get("step", 0)) <= step]
+        """Drop records logged after optimizer step `step` (a resumed run logs them again), and any final record: a
+        resumed run writes its own at its new end."""
+        kept = [r for r in self.records() if int(r.get("step", 0)) <= step and r.get("kind") != "final"]
         self._write_text(self.metrics, "".join(json.dumps(r) + "\n" for r in kept))

@@ -68,8 +68,8 @@ def finish(tr: EndingRun) -> dict[str, Any]:
     elif t.final_eval:
         chosen_file = final_scores(tr, results, chosen, chosen_file, averaged)
     elif tr.info.is_main:  # the run's end without scores (train.final_eval=false): what tells a finished run
-        tr.metrics.record({"kind": "final", "step": s.step, "checkpoint": chosen, "train_seconds": c.train_seconds,
-                           "train_flops": c.flops})
+        tr.metrics.record({"kind": "final", "step": s.step, "checkpoint": chosen, "checkpoint_file": chosen_file.name,
+                           "train_seconds": c.train_seconds, "train_flops": c.flops})
     results["seconds"] = time.perf_counter() - tr.t_start
     target = ""
     if t.target_bleu:

@@ -159,17 +159,17 @@ class Trainer:
                     return self.stop(epoch)
                 record = self.validate(epoch, train_loss, time.perf_counter() - t_epoch)
                 self.save(record)
+            # a stop that came in the last epoch's validation or save: before the final evaluation, not after it
+            if self.stopper.signum is not None or (self.info.distributed and self.stopper.stop_now(
+                    True, self.info.rank, force=True)):
+                return self.stopped_before_end(self.stopper.signum or signal.SIGTERM)
             self.stopper.restore()  # from here on Ctrl-C interrupts at once
-            self.checkpoints.wait()  # the best model file on disk before finish reads it back
             try:
                 with terminate_raises():
+                    self.checkpoints.wait()  # the best model file on disk before finish reads it back
                     return self.finish()
             except (KeyboardInterrupt, Terminated) as stop:  # trained: the same command finishes it (no final record)
-                name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
-                print0(f"stopped by {name} in the final evaluation, after step {self.train_state.step}; the trained "
-                       f"weights are saved in {self.run.path}; run the same command again to finish it",
-                       level=RESULT)
-                return {"stopped_by": signal.SIGINT if name == "SIGINT" else signal.SIGTERM}
+                return self.stopped_before_end(signal.SIGINT if isinstance(stop, KeyboardInterrupt) else signal.SIGTERM)
         except TrainingDiverged as exc:
             raise TrainingDiverged(f"{exc}, then {self.checkpoints.restart_hint()}") from None
         finally:
@@ -419,6 +419,14 @@ class Trainer:
                 log(f"warning: {exc}; training goes on, the older model files stay")
         return prune
 
+    def stopped_before_end(self, signum: int) -> dict[str, Any]:
+        """Trained to its end, stopped before or in its final evaluation: said, and the same command finishes it
+        (no final record is written, so the run is not taken for finished)."""
+        print0(f"stopped by {signal.Signals(signum).name} at the end of training (step {self.train_state.step}), "
+               f"before its final scores; the trained weights are saved in {self.run.path}; run the same command "
+               "again to score them", level=RESULT)
+        return {"stopped_by": signum}
+
     def finish(self) -> dict[str, Any]:
         """Charts, final scores and example translations (run_end.finish): the run's result, which --quiet shows."""
         with result_lines():
@@ -475,7 +483,10 @@ def ready_to_start(cfg: Config, info: DistInfo, device: torch.device, files: Tas
             summary_writer_class()
         check_compile_mode(cfg.train.compile, device)
         resolve_amp_dtype(cfg.train.precision, device)  # bf16 on a GPU without it: refused before anything is cleared
-        files.locate()
+        if info.is_main:
+            files.locate()  # rank 0 downloads Multi30k when it is missing, once
+    with ranks_agree(info, "find the data"):
+        files.locate()  # the other ranks then find it (on rank 0: found already)
     if cfg.train.overwrite and (info.distributed or run.has_run()):
         files.build(info, cuda=device.type == "cuda", log=print0)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..runtime.errors import ConfigError, DataError
 from ..runtime.files import atomic_write, writing
-from ..harness.run_dir import read_metrics
+from ..harness.run_dir import final_record, read_metrics
 
 TEST_SCORES = "test_scores.json"  # written into a run directory by the sweep's --score-test
 
@@ -58,7 +58,7 @@ def read_result(path: Path, setting: str, seed: int) -> RunResult:
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by_kind.setdefault(r.get("kind", ""), []).append(r)
-    epochs, final = by_kind.get("epoch", []), (by_kind.get("final") or [None])[-1]
+    epochs, final = by_kind.get("epoch", []), final_record(records)  # an earlier end of a run continued: none
     result = RunResult(setting, seed, finished=final is not None)
     if epochs:
         last = epochs[-1]

@@ -37,7 +37,7 @@ from ..runtime.device import usable_cores
 from ..runtime.errors import ConfigError, RunDirError, UserError
 from ..runtime.files import atomic_write, writing
 from ..harness.resume import SAME_SIGNAL_SECONDS
-from ..harness.run_dir import RunDir, read_metrics
+from ..harness.run_dir import RunDir, final_record, read_metrics
 from ..harness.tasks import TaskFiles
 from .seed_statistics import (COMPARISON_TITLE, REPORT_FILES, TEST_SCORES, RunResult, collect_results,
                               read_result, write_report)
@@ -171,9 +171,10 @@ def check_compare_out(out: Path, overwrite: bool) -> None:
 
 
 def is_finished(run: Run) -> bool:
-    """A run is finished when its metrics.jsonl holds the final record (written after the final scores)."""
+    """A run is finished when its metrics.jsonl ends with its final record (`final_record`: after the final scores,
+    or without them when train.final_eval=false)."""
     metrics = run.path / "metrics.jsonl"
-    return metrics.is_file() and any(r.get("kind") == "final" for r in read_metrics(metrics))
+    return metrics.is_file() and final_record(read_metrics(metrics)) is not None
 
 
 class _Stop(BaseException):
@@ -377,7 +378,7 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
                 return
             raise _Stop
         # `timeout -s INT` and uv send a signal twice: one stop; asked again later, the runs are killed, not waited on
-        if time.monotonic() - stopped[0][1] > SAME_SIGNAL_SECONDS and not killed:
+        if time.monotonic() - stopped[0][1] > SAME_SIGNAL_SECONDS:
             killed.append(True)
             for proc in list(launcher.running.values()):
                 proc.kill()
@@ -390,7 +391,7 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
     except _Stop:  # here, not in the handler: a signal inside it would wait on the runs a second time, forever
         log(f"sweep: signal {stopped[0][0]}, stopping the running trainings (each saves last.pt once it has begun "
             "training; signal again to kill them); start the same command again to continue")
-        launcher.stop_all(signal.SIGTERM)
+        launcher.stop_all(signal.SIGKILL if killed else signal.SIGTERM)  # killed: the run started meanwhile too
         if killed:
             log("sweep: the running trainings were killed; each continues from its last save")
         report()
