@@ -151,7 +151,14 @@ def test_a_run_continued_after_its_end_is_not_finished_until_it_ends_again(tmp_p
     run = tmp_path / "base" / "seed1"
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in continued))
-    assert not is_finished(Run("base", (), 1, run)) and not read_result(run, "base", 1).finished
+    (run / "test_scores.json").write_text(json.dumps({"greedy": 30.0, "step": 5}))  # the old end's test scores
+    result = read_result(run, "base", 1)
+    assert not is_finished(Run("base", (), 1, run)) and not result.finished and result.test_bleu is None
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*continued, {"kind": "final",
+                                                                                           "step": 10}]))
+    assert read_result(run, "base", 1).test_bleu is None  # ended anew: scored anew, not the old end's figure
+    (run / "test_scores.json").write_text(json.dumps({"greedy": 31.0, "step": 10}))
+    assert read_result(run, "base", 1).test_bleu == 31.0
 
 
 def test_read_result_of_a_folder_without_metrics_is_unfinished(tmp_path):

@@ -29,7 +29,7 @@ from ..decode.inference import translate_ids
 from ..runtime.device import configure_backends, keep_freed_memory, native_bf16, select_device
 from ..runtime.errors import CheckpointError, ConfigError, DataError, excerpt
 from ..checkpoints import load_checkpoint, model_file
-from ..harness.run_dir import RunDir, read_metrics
+from ..harness.run_dir import RunDir, final_record, read_metrics
 from ..extensions.builder import build_model
 from ..extensions.local_attention import LocalAttentionModel
 from ..extensions.token_merging import with_token_merging
@@ -75,8 +75,8 @@ def chosen_weights(run: RunDir) -> Path:
     """The checkpoint a run directory stands for: the one its final scores used (best or avg), else the first of
     `run_weights` that exists."""
     if run.metrics.is_file():
-        finals = [r for r in read_metrics(run.metrics) if r.get("kind") == "final" and r.get("checkpoint_file")]
-        chosen = model_file(run.path / finals[-1]["checkpoint_file"]) if finals else None
+        final = final_record(read_metrics(run.metrics))  # the run's end, not an earlier one of a run continued since
+        chosen = model_file(run.path / final["checkpoint_file"]) if final and final.get("checkpoint_file") else None
         if chosen is not None and chosen.is_file():
             return chosen
     for path in run_weights(run):

@@ -160,9 +160,8 @@ class Trainer:
                 record = self.validate(epoch, train_loss, time.perf_counter() - t_epoch)
                 self.save(record)
             # a stop that came in the last epoch's validation or save: before the final evaluation, not after it
-            if self.stopper.signum is not None or (self.info.distributed and self.stopper.stop_now(
-                    True, self.info.rank, force=True)):
-                return self.stopped_before_end(self.stopper.signum or signal.SIGTERM)
+            if self.stopper.stop_now(self.info.distributed, self.info.rank, force=True):  # every rank asks, once
+                return self.stopped_before_end(self.stopper.signum)
             self.stopper.restore()  # from here on Ctrl-C interrupts at once
             try:
                 with terminate_raises():
@@ -419,13 +418,14 @@ class Trainer:
                 log(f"warning: {exc}; training goes on, the older model files stay")
         return prune
 
-    def stopped_before_end(self, signum: int) -> dict[str, Any]:
-        """Trained to its end, stopped before or in its final evaluation: said, and the same command finishes it
-        (no final record is written, so the run is not taken for finished)."""
-        print0(f"stopped by {signal.Signals(signum).name} at the end of training (step {self.train_state.step}), "
+    def stopped_before_end(self, signum: int | None) -> dict[str, Any]:
+        """Trained to its end, stopped before or in its final evaluation (`signum`: None for a signal on another
+        rank): said, and the same command finishes it (no final record is written, so the run is not finished)."""
+        name = signal.Signals(signum).name if signum else "a signal on another rank"
+        print0(f"stopped by {name} at the end of training (step {self.train_state.step}), "
                f"before its final scores; the trained weights are saved in {self.run.path}; run the same command "
                "again to score them", level=RESULT)
-        return {"stopped_by": signum}
+        return {"stopped_by": signum or signal.SIGTERM}
 
     def finish(self) -> dict[str, Any]:
         """Charts, final scores and example translations (run_end.finish): the run's result, which --quiet shows."""

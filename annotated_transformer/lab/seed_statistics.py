@@ -77,14 +77,24 @@ def read_result(path: Path, setting: str, seed: int) -> RunResult:
     if final is not None:
         result.val_bleu, result.steps = final.get("val_bleu"), int(final.get("step", result.steps or 0))
         result.exact_copies = final.get("exact_copies")
-    tests = path / TEST_SCORES
-    if tests.is_file():
-        try:
-            scores = json.loads(tests.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read {tests} ({exc}); delete it and score test again with --score-test") from None
+    scores = test_scores(path, final)
+    if scores is not None:
         result.test_bleu, result.test_bleu_beam = scores.get("greedy"), scores.get("beam")
     return result
+
+
+def test_scores(path: Path, final: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's test_scores.json when it scores the run's end `final` (its final record): not an earlier end of a
+    run continued since (a file that names no step, of an older version, is taken as it is); None otherwise."""
+    tests = path / TEST_SCORES
+    if final is None or not tests.is_file():
+        return None
+    try:
+        scores = json.loads(tests.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {tests} ({exc}); delete it and score test again with --score-test") from None
+    step = scores.get("step")
+    return scores if step is None or step == final.get("step") else None
 
 
 def mean_sd(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:

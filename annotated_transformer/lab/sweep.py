@@ -40,7 +40,7 @@ from ..harness.resume import SAME_SIGNAL_SECONDS
 from ..harness.run_dir import RunDir, final_record, read_metrics
 from ..harness.tasks import TaskFiles
 from .seed_statistics import (COMPARISON_TITLE, REPORT_FILES, TEST_SCORES, RunResult, collect_results,
-                              read_result, write_report)
+                              read_result, test_scores, write_report)
 
 
 @dataclass(frozen=True)
@@ -303,9 +303,11 @@ def score_test(run: Run, data_root: str | None = None) -> dict[str, Any]:
     from ..harness.run_dir import RunDir
     from ..scoring import score_translator
 
-    checkpoint = chosen_weights(RunDir(run.path))  # the weights the run's final scores used (best or avg)
+    folder = RunDir(run.path)
+    checkpoint = chosen_weights(folder)  # the weights the run's final scores used (best or avg)
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
-    scores: dict[str, Any] = {"checkpoint": checkpoint.name}
+    end = final_record(folder.records()) or {}
+    scores: dict[str, Any] = {"checkpoint": checkpoint.name, "step": end.get("step")}  # the end it scores
     beams = [1] + ([translator.config.decode.beam_size] if translator.config.decode.beam_size > 1 else [])
     for beam, key in zip(beams, ("greedy", "beam")):
         out = score_translator(translator, str(checkpoint), "test", beam=beam, data_root=data_root,
@@ -402,7 +404,8 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
     if score_tests:
         gone = {run.path for run, _ in failed}
         for run in runs:
-            if run.path not in gone and is_finished(run) and not (run.path / TEST_SCORES).is_file():
+            if run.path not in gone and is_finished(run) and test_scores(run.path, final_record(
+                    read_metrics(run.path / "metrics.jsonl"))) is None:  # none yet, or of an earlier end
                 log(f"test scores of {run.setting} seed {run.seed}")
                 score_test(run, data_root)
     written = report()
