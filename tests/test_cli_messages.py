@@ -506,6 +506,12 @@ def test_sigterm_ends_a_command_as_ctrl_c_does_leaving_no_half_file(tmp_path, ca
     assert ended.value.code == 143 and capsys.readouterr().err == "error: terminated (SIGTERM)\n"
     assert sorted(os.listdir(tmp_path)) == ["out.txt"] and out.read_text() == "yesterday's translations\n"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # as it was before the command
+    from annotated_transformer.runtime.errors import Terminated
+    from annotated_transformer.runtime.files import atomic_write
+
+    with pytest.raises(Terminated, match="^terminated by SIGTERM while a file was written"):  # from Python: said
+        atomic_write(out, lambda f: os.kill(os.getpid(), signal.SIGTERM))
+    assert sorted(os.listdir(tmp_path)) == ["out.txt"] and out.read_text() == "yesterday's translations\n"
 
     with terminate_raises():
         child = os.fork()

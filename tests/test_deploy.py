@@ -238,6 +238,7 @@ def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, 
     (out / "model.bin").write_bytes(b"the earlier export")
     (out / "model.val.beam1.txt").write_text("hypotheses of evaluate\n")  # what evaluate writes in an export
     (out / "model.val.first5.beam1.txt").write_text("hypotheses of evaluate --limit 5\n")
+    (out / "model.val.alpha1.beam2.txt").write_text("hypotheses of evaluate --beam 2 --alpha 1\n")
     (out / "eval").mkdir()
     (out / "eval" / "news.de.beam1.txt").write_text("hypotheses of evaluate --input\n")
     code, stdout, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out)
@@ -247,7 +248,8 @@ def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, 
     assert code == 0, stderr.decode()
     assert sorted(p.name for p in out.iterdir()) == first  # the earlier hypotheses went with their model, said so
     assert stdout.decode().startswith("--overwrite: removed the earlier export's hypotheses with it (eval/news.de."
-                                      "beam1.txt, model.val.beam1.txt, model.val.first5.beam1.txt)\n")
+                                      "beam1.txt, model.val.alpha1.beam2.txt, model.val.beam1.txt, "
+                                      "model.val.first5.beam1.txt)\n")
     assert (out / "model.bin").stat().st_size > 1000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # the old folder removed, no temporary left
 

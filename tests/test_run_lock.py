@@ -177,6 +177,12 @@ def test_a_refused_start_releases_the_folder_and_leaves_no_folder(tmp_path):
     with pytest.raises(ConfigError, match="train.resume=true but"):
         train_worker(cfg)
     assert sorted(os.listdir(tmp_path)) == []
+    mine = tmp_path / "mine"  # an empty folder of yours above it stays: only what the lock made goes
+    mine.mkdir()
+    cfg = load_config("copy", [f"train.out_dir={mine / 'a' / 'run'}", "train.resume=true", *QUIET])
+    with pytest.raises(ConfigError, match="train.resume=true but"):
+        train_worker(cfg)
+    assert sorted(os.listdir(tmp_path)) == ["mine"] and os.listdir(mine) == []
 
 
 def test_a_live_runs_folder_is_refused_even_with_overwrite(tmp_path, monkeypatch):

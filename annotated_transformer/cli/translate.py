@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import IO, Any, BinaryIO
 
 from ..runtime.errors import DataError, UserError
-from ..runtime.files import not_utf8
+from ..runtime.files import not_gzip, not_utf8
 from .options import (CommandParser, add_batch_size, add_checkpoint, add_decoding, add_device, add_out, add_overwrite,
                       add_quantize, check_out_file)
 
@@ -208,8 +208,7 @@ def read_batches(stream: BinaryIO, max_lines: int, name: str) -> Iterator[list[s
             for number, raw in enumerate(stream, 1):
                 lines.put(decode_line(raw, number, name))
         except (gzip.BadGzipFile, EOFError, zlib.error) as exc:  # a damaged or cut .gz file
-            lines.put(DataError(f"{name} is not a complete gzip file ({exc}); compress it again, or give it "
-                                "uncompressed without the .gz"))
+            lines.put(DataError(not_gzip(name, exc)))
         except (UserError, OSError) as exc:
             lines.put(exc)
         lines.put(_END)

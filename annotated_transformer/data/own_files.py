@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..runtime.errors import DataError
-from ..runtime.files import not_utf8
+from ..runtime.files import not_gzip, not_utf8
 
 SPLIT_KEYS = ("train", "val", "test")  # the config keys data.train, data.val, data.test, in this order
 
@@ -94,8 +94,7 @@ def _read_bytes(stream: Any, size: int, path: Path) -> bytes:
         if exc.errno is not None:  # the disk's or the permissions' problem, not the file's content
             raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
         problem = exc  # gzip.BadGzipFile
-    raise DataError(f"{path} is not a complete gzip file ({problem}); compress it again, or give it uncompressed "
-                    "without the .gz")
+    raise DataError(not_gzip(path, problem))
 
 
 def _text_blocks(path: Path, digest: Any = None, chunk_bytes: int = CHUNK_BYTES) -> Iterator[str]:

@@ -55,9 +55,10 @@ class CT2Translator(TextTranslator):
         cfg = config_from_dict(read_yaml(path / CONFIG_FILE))  # a damaged file is one ConfigError line
         text = TextPipeline.load(path / TEXT_FOLDER)
         kind, colon, number = device.partition(":")
-        index = int(number) if kind == "cuda" and number.isdecimal() and number.isascii() else 0
-        if kind not in ("cpu", "cuda") or (colon and not (kind == "cuda" and number.isdecimal() and number.isascii())):
+        numbered = number.isdecimal() and number.isascii()
+        if kind not in ("cpu", "cuda") or (colon and not (kind == "cuda" and numbered)):
             raise ConfigError(f"--device {device} is not a CTranslate2 device; use cpu, cuda or cuda:N")
+        index = int(number) if colon else 0
         gpus = ct2.get_cuda_device_count() if kind == "cuda" else 0
         if kind == "cuda" and gpus == 0:  # not the folder's fault: say so before loading
             raise ConfigError(f"--device {device}, but CTranslate2 finds no usable CUDA GPU here; use --device cpu")

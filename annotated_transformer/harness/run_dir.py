@@ -48,8 +48,8 @@ except ImportError:  # Windows has no flock: there a second training on a live r
 
 from ..data.text import TEXT_FILES
 from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, config_yaml
-from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError
-from ..runtime.files import atomic_write, run_dir_error
+from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError, listed
+from ..runtime.files import atomic_write, run_dir_error, writing
 from ..checkpoints import load_checkpoint, model_file_forms
 from .distributed import ranks_agree
 
@@ -306,12 +306,6 @@ def _temporary(name: str) -> str | None:
     """The name of the file a temporary of `atomic_write` was for (.last.pt.k2j4x9.tmp -> last.pt), else None."""
     found = TEMPORARY.match(name)
     return found.group("name") if found else None
-
-
-def _listed(names: list[str], shown: int = 6) -> str:
-    """`names`, the first `shown` of them and how many more."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
 
 
 def _own_temporary(name: str) -> bool:
@@ -690,7 +684,7 @@ class RunDir:
         everything = {p.name for p in self.path.iterdir()} if self.path.is_dir() else set()
         foreign = sorted(self.entries() - self.run_files())
         names = foreign or sorted(self.entries()) or sorted(everything)
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        shown = listed(names)
         choose = ("training never writes into such a folder: choose a new train.out_dir (a folder that does not "
                   "exist yet, or an empty one)")
         if foreign or not self.entries():
@@ -714,7 +708,7 @@ class RunDir:
                 deleted, kept = self._clear()
                 if log is not None and deleted:
                     why = "train.overwrite" if cfg.train.overwrite else "a new start (the run ended before last.pt)"
-                    log(f"{why}: deleted the earlier run's files in {self.path} ({_listed(deleted)})"
+                    log(f"{why}: deleted the earlier run's files in {self.path} ({listed(deleted, 6)})"
                         + (f", kept what training did not write ({', '.join(sorted(kept))})" if kept else ""))
         if not self.marker.is_file():
             mark = {"format": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -724,10 +718,8 @@ class RunDir:
     @contextmanager
     def writing(self, path: Path, what: str = "write") -> Iterator[None]:
         """An OSError inside the block as one RunDirError line about this run's `path` (a full disk: how to resume)."""
-        try:
+        with writing(path, what, run=self.path):
             yield
-        except OSError as exc:
-            raise run_dir_error(exc, path, what, self.path) from None
 
     def _write_text(self, path: Path, text: str) -> None:
         """Replace one of the run's text files atomically; a full disk or a refused write is one RunDirError line."""
@@ -791,9 +783,9 @@ class RunDir:
         optimizer step `step` when given (last.pt's: an older end of a run continued since is not this one)."""
         try:
             final = final_record(self.records())
-        except (OSError, UnicodeDecodeError):
+            return final is not None and (step is None or int(final.get("step", -1)) == step)
+        except (OSError, UnicodeDecodeError, ValueError, TypeError):  # unreadable, or a step edited by hand
             return False
-        return final is not None and (step is None or int(final.get("step", -1)) == step)
 
     def records(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl (empty when missing), as `read_metrics` reads them."""

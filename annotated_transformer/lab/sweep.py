@@ -34,10 +34,10 @@ import yaml
 from ..config import config_to_dict, load_config
 from ..config.loading import UniqueKeyLoader, refuse_library_from_file
 from ..runtime.device import usable_cores
-from ..runtime.errors import ConfigError, RunDirError, UserError
+from ..runtime.errors import ConfigError, RunDirError, UserError, listed
 from ..runtime.files import atomic_write, writing
 from ..harness.resume import SAME_SIGNAL_SECONDS
-from ..harness.run_dir import RunDir, final_record, read_metrics
+from ..harness.run_dir import RunDir, final_record
 from ..harness.tasks import TaskFiles
 from .seed_statistics import (COMPARISON_TITLE, REPORT_FILES, TEST_SCORES, RunResult, collect_results,
                               read_result, test_scores, write_report)
@@ -141,7 +141,7 @@ def check_out(out: Path) -> None:
     runs = [p for p in out.glob("*/seed*") if p.name.removeprefix("seed").removesuffix(".log").isdigit()]
     if not runs:
         names = sorted(p.name for p in out.iterdir())
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        shown = listed(names)
         raise UserError(f"--out {out} holds files no sweep wrote ({shown}); a sweep writes its runs and its report "
                         "there: choose a new --out (a folder that does not exist yet, or an empty one)")
 
@@ -163,7 +163,7 @@ def check_compare_out(out: Path, overwrite: bool) -> None:
     except (OSError, UnicodeDecodeError):
         ours = False
     if not ours or not set(names) <= set(REPORT_FILES):
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        shown = listed(names)
         raise UserError(f"--out {out} holds files no comparison wrote ({shown}); a comparison writes its report only "
                         "into a new folder, an empty one, or an earlier comparison's: choose another --out")
     for name in REPORT_FILES:  # an earlier comparison: each is replaced by the new report
@@ -171,10 +171,9 @@ def check_compare_out(out: Path, overwrite: bool) -> None:
 
 
 def is_finished(run: Run) -> bool:
-    """A run is finished when its metrics.jsonl ends with its final record (`final_record`: after the final scores,
-    or without them when train.final_eval=false)."""
-    metrics = run.path / "metrics.jsonl"
-    return metrics.is_file() and final_record(read_metrics(metrics)) is not None
+    """A run is finished when its metrics.jsonl ends with its final record (`RunDir.has_final`: after the final
+    scores, or without them when train.final_eval=false)."""
+    return RunDir(run.path).has_final()
 
 
 class _Stop(BaseException):
@@ -403,9 +402,9 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
             signal.signal(s, handler)
     if score_tests:
         gone = {run.path for run, _ in failed}
-        for run in runs:
-            if run.path not in gone and is_finished(run) and test_scores(run.path, final_record(
-                    read_metrics(run.path / "metrics.jsonl"))) is None:  # none yet, or of an earlier end
+        for run in (r for r in runs if r.path not in gone):
+            end = final_record(RunDir(run.path).records())
+            if end is not None and test_scores(run.path, end) is None:  # not scored yet, or an earlier end scored
                 log(f"test scores of {run.setting} seed {run.seed}")
                 score_test(run, data_root)
     written = report()

@@ -63,6 +63,9 @@ class DistributedError(UserError):
 class Terminated(BaseException):
     """SIGTERM (`kill`, `timeout`, a batch scheduler) as an exception, so that clean-ups run as for Ctrl-C."""
 
+    def __init__(self, message: str = "terminated by SIGTERM while a file was written; the file is as it was") -> None:
+        super().__init__(message)
+
 
 @contextmanager
 def terminate_raises() -> Iterator[None]:
@@ -88,6 +91,12 @@ def terminate_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def listed(names: Sequence[str], shown: int = 3) -> str:
+    """`names` for a message: the first `shown`, comma-separated, and how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def excerpt(text: object, limit: int = 160) -> str:

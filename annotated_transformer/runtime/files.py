@@ -159,6 +159,11 @@ def read_lines(source: str) -> list[str]:
     return text.splitlines()
 
 
+def not_gzip(name: str | Path, problem: BaseException) -> str:
+    """The one line for a .gz file whose stream is damaged or cut, alike for every file a command reads."""
+    return f"{name} is not a complete gzip file ({problem}); compress it again, or give it uncompressed without the .gz"
+
+
 def not_utf8(name: str | Path, line: int, byte: int) -> str:
     """The one line for text that is not UTF-8, alike for every file a command reads."""
     return (f"{name} is not UTF-8 text: line {line} has the byte 0x{byte:02x}; convert the file, e.g. "
