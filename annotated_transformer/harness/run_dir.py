@@ -49,7 +49,7 @@ except ImportError:  # Windows has no flock: there a second training on a live r
 from ..data.text import TEXT_FILES
 from ..config import MODEL_EXTENSIONS, Config, apply_dict, config_to_dict, config_yaml
 from ..runtime.errors import CheckpointError, ConfigError, DistributedError, RunDirError, UserError, listed
-from ..runtime.files import atomic_write, run_dir_error, writing
+from ..runtime.files import atomic_write, run_dir_error
 from ..checkpoints import load_checkpoint, model_file_forms
 from .distributed import ranks_agree
 
@@ -718,8 +718,10 @@ class RunDir:
     @contextmanager
     def writing(self, path: Path, what: str = "write") -> Iterator[None]:
         """An OSError inside the block as one RunDirError line about this run's `path` (a full disk: how to resume)."""
-        with writing(path, what, run=self.path):
+        try:
             yield
+        except OSError as exc:
+            raise run_dir_error(exc, path, what, self.path) from None  # the one line, which runtime.files words
 
     def _write_text(self, path: Path, text: str) -> None:
         """Replace one of the run's text files atomically; a full disk or a refused write is one RunDirError line."""
