@@ -9,14 +9,15 @@ import torch
 
 from annotated_transformer.config import load_config
 from annotated_transformer.runtime.errors import ConfigError
-from annotated_transformer.harness.schedules import budget_rate, build_scheduler, peak_rate
+from annotated_transformer.harness.schedules import budget_rate, build_scheduler
 from annotated_transformer.optim import build_optimizer, rate
 
 
 @pytest.mark.parametrize("shape", ["linear", "cosine"])
 def test_budget_rate_warms_up_to_the_noam_peak_and_ends_at_the_final_ratio(shape):
-    peak = peak_rate(256, 0.5, 400)
-    assert peak == pytest.approx(rate(400, 256, 0.5, 400))
+    peak = rate(400, 256, 0.5, 400)  # the peak build_scheduler gives the budget schedules
+    assert peak == pytest.approx(0.5 * 256 ** -0.5 * 400 ** -0.5)
+    assert peak == max(rate(s, 256, 0.5, 400) for s in range(0, 3001)), "rate is highest at the end of warm-up"
     assert budget_rate(200, 3000, peak, 400, shape) == pytest.approx(peak / 2)  # linear warm-up
     assert budget_rate(400, 3000, peak, 400, shape) == pytest.approx(peak)
     assert budget_rate(3000, 3000, peak, 400, shape, final_ratio=0.1) == pytest.approx(0.1 * peak)
@@ -48,7 +49,7 @@ def test_scheduler_resumes_exactly_from_its_state_dict():
     for _ in range(20):
         opt.step(), sched.step(), opt2.step(), sched2.step()
         assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
-    assert opt.param_groups[0]["lr"] == pytest.approx(budget_rate(57, 100, peak_rate(64, 1.0, 10), 10, "cosine", 0.05))
+    assert opt.param_groups[0]["lr"] == pytest.approx(budget_rate(57, 100, rate(10, 64, 1.0, 10), 10, "cosine", 0.05))
 
 
 def small_training(lr_on_device: bool, schedule: str):
@@ -112,7 +113,7 @@ def test_a_resumed_run_keeps_its_device_rate_tensor_and_continues_the_schedule()
     assert resumed.optimizer.param_groups[0]["lr"] is device_rate
     assert device_rate.item() == first.optimizer.param_groups[0]["lr"].item()
     assert device_rate.item() == float(torch.tensor(plain.optimizer.param_groups[0]["lr"], dtype=torch.float32))
-    assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(budget_rate(6, 10, peak_rate(16, 1.0, 4), 4))
+    assert plain.optimizer.param_groups[0]["lr"] == pytest.approx(budget_rate(6, 10, rate(4, 16, 1.0, 4), 4))
 
 
 def test_a_device_rate_needs_an_optimizer_that_reads_it_on_the_device():

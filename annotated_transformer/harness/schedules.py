@@ -37,11 +37,6 @@ def budget_rate(step: int, total_steps: int, peak: float, warmup: int, shape: st
     return peak * (final_ratio + (1.0 - final_ratio) * left)
 
 
-def peak_rate(model_size: int, factor: float, warmup: int) -> float:
-    """The highest rate `rate` reaches (at step `warmup`): factor * d_model^-0.5 * warmup^-0.5."""
-    return rate(warmup, model_size, factor, warmup)
-
-
 def build_scheduler(optimizer: torch.optim.Optimizer, model_size: int, factor: float, warmup: int,
                     schedule: str = "noam", total_steps: int = 0, final_ratio: float = 0.0,
                     lr_on_device: bool = False) -> LambdaLR:
@@ -59,7 +54,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, model_size: int, factor: f
     elif total_steps < 1:
         raise ValueError(f"the {schedule} schedule needs the run's total steps, got {total_steps}")
     else:
-        peak = peak_rate(model_size, factor, warmup)
+        peak = rate(warmup, model_size, factor, warmup)  # rate's highest value, at the end of its warm-up
         scheduler = LambdaLR(optimizer, lr_lambda=lambda step: budget_rate(step, total_steps, peak, warmup, schedule,
                                                                              final_ratio))
     if lr_on_device:
