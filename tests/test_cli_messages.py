@@ -467,6 +467,29 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
     assert proc.wait(timeout=60) == 141 and err == ""
 
 
+@pytest.mark.slow  # a second Python process: about 2 s
+@pytest.mark.parametrize("code", [130, 143, 0])
+def test_a_second_ctrl_c_while_a_stopped_command_exits_prints_nothing(code):
+    """One Ctrl-C can reach a command twice, a little apart (the terminal's copy and `uv run`'s): after a stop has
+    ended the command, the second must not raise inside an exit hook ("Exception ignored in atexit callback")."""
+    import subprocess
+    import sys
+
+    script = ("import atexit, os, signal, sys, time\n"
+              "from annotated_transformer.runtime.errors import run_cli\n"
+              "def hook():\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    time.sleep(0.5)\n"
+              "    print('exit hook done', file=sys.stderr)\n"
+              "atexit.register(hook)\n"
+              f"run_cli(lambda: {code}, whole_process=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    if code:
+        assert proc.returncode == code and proc.stderr == "exit hook done\n"
+    else:  # a command that was not stopped: Ctrl-C still interrupts the process at once
+        assert "KeyboardInterrupt" in proc.stderr and "exit hook done" not in proc.stderr
+
+
 def test_a_broken_pipe_that_is_not_the_output_is_not_hidden():
     """A worker's or a child's pipe breaking is a fault: it propagates (stdout, here pytest's, is still open)."""
     from annotated_transformer.runtime.errors import run_cli

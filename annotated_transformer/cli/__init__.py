@@ -63,7 +63,7 @@ def run(command: str, argv: list[str], prog: str, whole_process: bool = False) -
             module.launch(argv)  # returns where no restart applies
         return module.main(argv, prog=prog)
 
-    run_cli(command_main)
+    run_cli(command_main, whole_process)
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> None:

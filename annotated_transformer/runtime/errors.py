@@ -128,10 +128,23 @@ def _stdout_closed() -> bool:
         return False
 
 
-def run_cli(main: Callable[[], int | None]) -> None:
+def run_cli(main: Callable[[], int | None], whole_process: bool = False) -> None:
     """Run a script's `main`, turning `UserError`, Ctrl-C and a SIGTERM met while a file is written
     (`terminate_raises`) into clean exits (130 and 143 for the two signals, as a shell reports them), and a closed
-    output pipe (`| head`) into a quiet exit 141."""
+    output pipe (`| head`) into a quiet exit 141. `whole_process`: the process ends with the command, so once a
+    stop signal has ended it, another Ctrl-C is ignored while Python exits."""
+    try:
+        _run_main(main)
+    except SystemExit as end:
+        if whole_process and end.code in (130, 143) and threading.current_thread() is threading.main_thread():
+            # one Ctrl-C can arrive twice, a little apart (the terminal's copy and `uv run`'s): the second would raise
+            # KeyboardInterrupt inside an exit hook (a traceback after the stop's clean line)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise
+
+
+def _run_main(main: Callable[[], int | None]) -> None:
+    """`run_cli`'s work: `main`, with its errors and signals turned into one line and an exit code."""
     try:
         code = main()
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
