@@ -45,7 +45,7 @@ from .buckets import (
 from .cache import CacheUnreadable, corpus_settings, discard_cache, find_cache_folder, read_cache
 from .ids import RaggedIds
 from .loader import Resegment, TrainLoader, static_shapes_on
-from .multi30k import Multi30k, resolve_multi30k_dir, split_files
+from .multi30k import MULTI30K_FILES, Multi30k, resolve_multi30k_dir, split_files
 from .own_files import OwnFiles, picked_lines
 from .text import TextPipeline
 from .tokenise import build_cache
@@ -215,27 +215,26 @@ def apply_long_policy(src: RaggedIds, tgt: RaggedIds, max_sentence_len: int, ski
     return src, tgt, np.arange(len(src)), 0 if skip else int(long.sum()), 0
 
 
-def open_corpus(d: DataConfig, log: Callable[[str], None] | None = None) -> Corpus:
-    """The corpus data.dataset names: Multi30k (found, downloaded, verified) or your own files (found; read later)."""
+def open_corpus(d: DataConfig, log: Callable[[str], None] | None = None, split: str | None = None) -> Corpus:
+    """The corpus data.dataset names: Multi30k (found, downloaded, verified) or your own files (found; read later).
+    `split`: only that split's two files (scoring one split needs no training data: the vocabulary is in the model
+    file)."""
     if d.dataset == "files":
-        return OwnFiles.from_config(d)
+        if split is None:
+            return OwnFiles.from_config(d)
+        if not getattr(d, split, None):
+            raise DataError(f"there is no {split} split: the config names no data.{split} files")
+        return OwnFiles.from_config(d, splits=(split,))
     if d.dataset != "multi30k":
         raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
-    return Multi30k(resolve_multi30k_dir(d, log=log), d.src_lang, d.tgt_lang)
+    names = tuple(MULTI30K_FILES) if split is None else split_files(split)
+    return Multi30k(resolve_multi30k_dir(d, log=log, names=names), d.src_lang, d.tgt_lang)
 
 
 def read_one_split(d: DataConfig, split: str, log: Callable[[str], None] | None = None
                    ) -> tuple[list[str], list[str]]:
-    """The source and target lines of one split, finding and checking only its two files: scoring a split needs no
-    training data (the vocabulary is in the model file)."""
-    if d.dataset == "files":
-        if not getattr(d, split, None):
-            raise DataError(f"there is no {split} split: the config names no data.{split} files")
-        return OwnFiles.from_config(d, splits=(split,)).read(split)
-    if d.dataset != "multi30k":
-        raise ConfigError(f"data.dataset is '{d.dataset}'; only {' and '.join(DATASETS)} have translation data")
-    root = resolve_multi30k_dir(d, log=log, names=split_files(split))
-    return Multi30k(root, d.src_lang, d.tgt_lang).read(split)
+    """The source and target lines of one split, finding and checking only its two files."""
+    return open_corpus(d, log, split=split).read(split)
 
 
 def _load_cached(d: DataConfig, corpus: Corpus, log: Callable[[str], None] | None, seed: int | None = None
