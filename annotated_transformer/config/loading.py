@@ -358,9 +358,7 @@ def load_config(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Confi
     apply_dict(cfg, data, source=str(path))
     for override in overrides:
         apply_override(cfg, override)
-    alpha = cfg.decode.alpha
-    if not 0 <= alpha < math.inf:  # as the decoders check it; a saved run's config is read as it was trained
-        raise ConfigError(f"decode.alpha must be a number of at least 0, got {alpha}")
+    check_alpha(cfg.decode.alpha, "decode.alpha")  # a saved run's config is read as it was trained
     return cfg.validate()
 
 
@@ -415,5 +413,12 @@ def check_decode_options(beam: int | None, alpha: float | None) -> None:
     """The translate and evaluate scripts' --beam and --alpha, refused in one line when out of range."""
     if beam is not None and beam < 1:
         raise ConfigError(f"--beam must be at least 1, got {beam}")
-    if alpha is not None and not 0 <= alpha < math.inf:  # NaN and inf too, as decode.alpha
-        raise ConfigError(f"--alpha must be a number of at least 0, got {alpha}")
+    if alpha is not None:
+        check_alpha(alpha, "--alpha")
+
+
+def check_alpha(alpha: float, name: str) -> None:
+    """A length-penalty exponent `name` (decode.alpha, --alpha, alpha=): a number of at least 0, NaN and inf refused;
+    one ConfigError line otherwise."""
+    if not 0 <= alpha < math.inf:
+        raise ConfigError(f"{name} must be a number of at least 0, got {alpha}")

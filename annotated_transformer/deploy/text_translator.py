@@ -7,7 +7,6 @@ by the same rules, and both give n-best lists as `Hypothesis` objects.
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 import warnings
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from ..config import Config
+from ..config.loading import check_alpha
 from ..runtime.errors import ConfigError
 
 
@@ -178,6 +178,5 @@ def checked_alpha(value: Any) -> float:
     """`value` as a length-penalty exponent (a number, not negative): a TypeError or one ConfigError line if not."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"alpha must be a number, got {type(value).__name__} {value!r}")
-    if not 0 <= value < math.inf:  # NaN and inf too
-        raise ConfigError(f"alpha must be a number of at least 0, got {value}")
+    check_alpha(value, "alpha")
     return float(value)
