@@ -111,6 +111,7 @@ def test_in_fresh_process_runs_the_function_in_another_process_and_names_a_failu
     (["--config", "tiny", "--limit", "0"], "--limit must be at least 1, got 0"),  # it decoded every sentence
     (["--config", "tiny", "--skip-train", "--skip-decode"], "leaves nothing to measure"),
     (["--config", "tiny", "--pairs", "10"], "--pairs sizes the synthetic corpus of --scale"),  # ignored before
+    (["--config", "tiny", "--pairs", "4500000"], "--pairs sizes the synthetic corpus of --scale"),  # the default too
     (["--config", "tiny", "--profile", "--engines"], "--engines and --profile are different tables"),
 ])
 def test_benchmark_bad_input_is_one_clear_line(args, needle, command):

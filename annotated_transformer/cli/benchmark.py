@@ -93,7 +93,7 @@ def build_parser(prog: str | None) -> CommandParser:
                         "and an empty cache (wall time, peak memory), then the start of training on it (seconds to "
                         "the first step, peak memory), each a process of its own, against the goals of a 2-core "
                         "machine; scale.json in --out (docs/own_data.md)")
-    parser.add_argument("--pairs", type=int, default=4_500_000, metavar="N",
+    parser.add_argument("--pairs", type=int, default=None, metavar="N",
                         help="--scale: the corpus's training pairs (default 4,500,000: WMT14 English-German's size)")
     parser.add_argument("--data-dir", default=None, metavar="DIR",
                         help="--scale: the folder the corpus is kept in, made there where missing (default: "
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
               if getattr(args, name)]
     if len(tables) > 1:  # each is a table of its own: the first would run, the others be dropped unsaid
         raise ConfigError(f"{' and '.join(tables)} are different tables; run one of them at a time")
-    if args.pairs != parser.get_default("pairs") and not args.scale:
+    if args.pairs is not None and not args.scale:  # given at all, even at its default
         raise ConfigError("--pairs sizes the synthetic corpus of --scale; add --scale, or leave --pairs out")
     for option, value in (("--rounds", args.rounds), ("--one-sentence", args.one_sentence), ("--limit", args.limit)):
         if value is not None and value < 1:  # none of them means anything at 0: --limit 0 decoded every sentence
@@ -269,10 +269,11 @@ def compare_extensions(args: argparse.Namespace, cfg: Any, log: Any) -> int:
 
 def scale(args: argparse.Namespace, cfg: Any, log: Any) -> int:
     """--scale: prepare-data and the start of training on a synthetic corpus of WMT length, scale.json in --out."""
-    from ..lab.scale_benchmark import format_scale, scale_benchmark
+    from ..lab.scale_benchmark import WMT14_PAIRS, format_scale, scale_benchmark
 
     overrides = [*([f"train.device={args.device}"] if args.device else []), *args.overrides]  # as read_config
-    result = scale_benchmark(args.config, overrides, cfg, pairs=args.pairs, data_dir=args.data_dir, steps=args.steps,
+    pairs = WMT14_PAIRS if args.pairs is None else args.pairs
+    result = scale_benchmark(args.config, overrides, cfg, pairs=pairs, data_dir=args.data_dir, steps=args.steps,
                              log=log)
     write_json(args.out, "scale.json", result)
     print(json.dumps(result) if args.json else format_scale(result))

@@ -47,6 +47,7 @@ SAMPLE_SECONDS = 0.25  # how often a command's memory is sampled
 PREPARE_TIMEOUT_S = 3600.0  # six times the goal: a prepare that slow has missed it anyway
 TRAIN_TIMEOUT_S = 3600.0
 GB = 2**30
+WMT14_PAIRS = 4_500_000  # WMT14 English-German's training pairs, the paper's corpus: the default size
 
 
 @dataclass(frozen=True)
@@ -294,7 +295,7 @@ def training_overrides(out_dir: Path, steps: int) -> list[str]:
             "train.final_eval=false", "train.average_last=0", "train.progress=false", "train.tensorboard=false"]
 
 
-def scale_benchmark(config: str, overrides: Sequence[str], cfg: Config, pairs: int = 4_500_000,
+def scale_benchmark(config: str, overrides: Sequence[str], cfg: Config, pairs: int = WMT14_PAIRS,
                     data_dir: str | Path | None = None, steps: int = 10, log: Callable[[str], None] = print
                     ) -> dict[str, Any]:
     """Make (or reuse) the corpus, then measure prepare-data and the start of training on it (module docstring).
