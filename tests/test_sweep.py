@@ -335,6 +335,15 @@ def test_a_sweep_killed_midway_continues_where_it_stopped(tmp_path, multi30k_dir
     assert not Launcher(("train.py",), "tiny", (*extra, "model.d_model=32")).is_done(run)
     assert Launcher(("train.py",), "tiny", (*extra, "train.overwrite=true")).is_done(run)  # a restart redoes nothing
 
+    # data moved away: the finished runs would go on to the train command, which cannot find it; said once, before
+    # any run starts (the check took every finished run for done, whatever the train command would make of it)
+    before = (run.path / "metrics.jsonl").read_bytes()
+    with pytest.raises(SystemExit) as moved:
+        run_command("sweep", [*args, f"data.root={tmp_path / 'moved'}"], "sweep.py")
+    err = capsys.readouterr().err
+    assert moved.value.code == 2 and err.startswith("error: setting train.lr_factor=1.0: data.root points at "), err
+    assert (run.path / "metrics.jsonl").read_bytes() == before
+
 
 def _fake_run(folder: Path, setting: str, seed: int, bleus: list[float]) -> None:
     run = folder / setting / f"seed{seed}"

@@ -351,9 +351,9 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
     """Run a sweep (see the module docstring), write its report; 0 when every run finished, else 1."""
     check_out(out)
     runs = grid_runs(settings, seeds, out)
-    target, copy = check_settings(config, extra, settings, score_tests, log=log,
-                                  trains=lambda s: any(not is_finished(r) for r in runs if r.overrides == s))
     launcher = Launcher(train_command, config, extra, parallel, log)
+    target, copy = check_settings(config, extra, settings, score_tests, log=log,  # as run_sweep will choose them
+                                  trains=lambda s: any(not launcher.is_done(r) for r in runs if r.overrides == s))
 
     failed: list[tuple[Run, int]] = []
 
