@@ -1,15 +1,27 @@
 """What every script here does: run its command from annotated_transformer.cli (the code that
 `python -m annotated_transformer COMMAND` runs), or say in one line how to set up."""
 
+import signal
 import sys
 from pathlib import Path
 
 
 def run_command(command: str) -> None:
     """Run `command` with this script's arguments; without the package installed, one line and exit 2."""
+    interrupted: list[int] = []
+    # A Ctrl-C while torch loads (seconds) waits for the end of the import: raised inside torch's C start-up (its
+    # import of NumPy), it was swallowed there and the command went on as if never stopped. Ignored is left ignored.
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
-        from annotated_transformer.cli import run
-    except KeyboardInterrupt:  # Ctrl-C while torch loads (seconds): the commands' own line, not a traceback
+        try:
+            from annotated_transformer.cli import run
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if interrupted:
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:  # the commands' own line, not a traceback
         print("error: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
     except ModuleNotFoundError as exc:
