@@ -200,3 +200,26 @@ def test_auto_resume_decides_from_what_the_folder_holds(stopped, tmp_path):
     (out / "last.pt").unlink()
     with pytest.raises(ConfigError, match="holds a run's files but no last.pt, so it cannot be continued"):
         start_mode_of(out)
+
+
+@pytest.mark.slow  # two short tiny.yaml trainings: a few seconds
+def test_a_resume_refused_when_its_data_position_is_restored_leaves_the_run_as_it_was(tiny_config, tmp_path):
+    """Another train.seed inside a stopped epoch is refused only where the data position is restored, after the
+    run's folder was taken: config.yaml (with the refused seed) and vocab/ were written before the refusal."""
+    from annotated_transformer.runtime.errors import DataError
+
+    out = tmp_path / "run"
+    common = (f"train.out_dir={out}", "train.final_eval=false", "train.progress=false", "train.device=cpu")
+    train_worker(tiny_config(*common, "train.max_steps=3"))  # ends inside epoch 1: its data position is saved
+
+    def files() -> dict[str, bytes]:  # train.log records the refusal; every other file stays as it was
+        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+                if p.is_file() and p.name != "train.log"}
+
+    before, mtimes = files(), {p: p.stat().st_mtime_ns for p in out.rglob("*")}
+    assert any(name.startswith("vocab/") for name in before) and "config.yaml" in before
+    with pytest.raises(DataError, match=r"the saved data position is for train.seed=\d+, this run has 7"):
+        train_worker(tiny_config(*common, "train.max_steps=6", "train.seed=7"))
+    assert files() == before
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.name != "train.log"} == \
+        {p: t for p, t in mtimes.items() if p.name != "train.log"}

@@ -511,14 +511,14 @@ def test_a_missing_corpus_file_is_one_line_before_the_run_folder_is_made(tmp_pat
 
 def test_open_makes_the_folder_the_runs_and_leaves_a_finished_run_untouched(tmp_path, capsys, no_charts):
     """`RunDir.open` is the one step that takes a folder: locked, decided and, to start or resume, made the run's
-    (the marker, config.yaml); a finished run's folder is left byte for byte."""
+    (the marker; config.yaml once the run has begun); a finished run's folder is left byte for byte."""
     from annotated_transformer.harness.distributed import DistInfo
 
     out = tmp_path / "run"
     cfg = load_config("copy", [f"train.out_dir={out}", *COPY[2:]])
     run = RunDir(out)
     assert run.open(cfg, DistInfo())[0] == "start"
-    assert run.owned() and run.config.is_file() and run.lock_file.is_file()
+    assert run.owned() and run.lock_file.is_file() and not run.config.exists()
     run.unlock()
     assert train(capsys, *COPY, f"train.out_dir={out}")[0] == 0
     before = tree(out)

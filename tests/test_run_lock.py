@@ -395,6 +395,7 @@ def test_a_full_disk_under_metrics_or_config_is_one_line(tmp_path, monkeypatch):
     run = RunDir(tmp_path)
     cfg = load_config("copy", [f"train.out_dir={tmp_path}"])
     run.prepare(cfg, "start")
+    run.save_settings(cfg, None)
     config = run.config.read_bytes()
 
     def no_space(*args, **kwargs):
@@ -402,7 +403,7 @@ def test_a_full_disk_under_metrics_or_config_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", no_space)  # atomic_write's fsync of config.yaml and metrics.jsonl
     with pytest.raises(RunDirError) as raised:
-        run.prepare(cfg, "resume")
+        run.save_settings(cfg, None)
     assert str(raised.value) == (f"cannot write {run.config}: No space left on device; free some disk space on the "
                                  f"disk holding {tmp_path}, then run the same command again to start the run again")
     assert run.config.read_bytes() == config

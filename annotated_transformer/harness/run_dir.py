@@ -20,9 +20,10 @@ The model files (one .safetensors each) are checkpoints.py's; a run begun by an 
 weights as best.pt, avg.pt and epoch_NN.pt, or as pairs with a .json beside each, instead.
 
 `RunDir` is the one owner of the folder: `open` takes the lock, decides start / resume / finished and makes the
-folder the run's (the marker, config.yaml; a fresh start over an earlier run deletes only the names a run
-writes, `OWN_NAMES`); it refuses a folder of someone else's files and removes the temporaries of killed
-writes. The rest of a run writes to the paths it names (`last`, `best`, `metrics`, ...).
+folder the run's (the marker; a fresh start over an earlier run deletes only the names a run writes,
+`OWN_NAMES`); it refuses a folder of someone else's files and removes the temporaries of killed writes. The run
+writes config.yaml and vocab/ once it has begun (`save_settings`: after a resume's checks), and the rest to the
+paths it names (`last`, `best`, `metrics`, ...).
 """
 
 from __future__ import annotations
@@ -695,8 +696,8 @@ class RunDir:
                 "they are an old run of yours")
 
     def prepare(self, cfg: Config, start_mode: str, log: Callable[[str], None] | None = None) -> None:
-        """Make the folder a run's (created, the marker written; a fresh start deletes the run's own files there)
-        and write the resolved config."""
+        """Make the folder a run's (created, the marker written; a fresh start deletes the run's own files there).
+        Its config.yaml and vocab/ are written once the run has begun (`save_settings`)."""
         if self.entries() and not self.owned():  # start_mode refused it already; a last check before any write
             raise RunDirError(self._not_a_run())
         with self.writing(self.path, "create the run directory"):
@@ -713,7 +714,6 @@ class RunDir:
         if not self.marker.is_file():
             mark = {"format": MARKER_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             self._write_text(self.marker, json.dumps(mark) + "\n")
-        self._write_text(self.config, config_yaml(cfg))
 
     @contextmanager
     def writing(self, path: Path, what: str = "write") -> Iterator[None]:
@@ -769,10 +769,14 @@ class RunDir:
                 leftover.unlink()
         return leftovers
 
-    def save_text(self, text: Any) -> None:
-        """The run's TextPipeline (vocabularies, SentencePiece model) in vocab/, what translating reads."""
-        with self.writing(self.vocab):
-            text.save(self.vocab)
+    def save_settings(self, cfg: Config, text: Any) -> None:
+        """The resolved config in config.yaml and the run's TextPipeline (vocabularies, SentencePiece model; None for
+        the copy task) in vocab/, what translating reads: written when the run has begun, after a resume's checks,
+        so that a refused resume leaves the run's files as they were."""
+        self._write_text(self.config, config_yaml(cfg))
+        if text is not None:
+            with self.writing(self.vocab):
+                text.save(self.vocab)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one JSON line (with a wall-clock time stamp) to metrics.jsonl."""

@@ -89,10 +89,8 @@ class Trainer:
         # `files`: what the resume's check opened, or the start built, not read again
         self.task = (files or TaskFiles(cfg)).build(info, cuda=device.type == "cuda", log=self.log)
         text_state = self.task.text.state_dict() if self.task.text is not None else None
-        if start_mode == "resume":  # before vocab/ is written: the weights learned the ids of last.pt's tokenizer
+        if start_mode == "resume":  # the weights learned the ids of last.pt's tokenizer
             check_same_tokenizer((last or {}).get("text"), text_state, self.run.last)
-        if info.is_main and self.task.text is not None:
-            self.run.save_text(self.task.text)
         # with the speed plan; ema is None unless ema.decay > 0
         (self.model, self.loss_compute, self.objective, self.optimizer, self.amp_dtype, step_model,
          self.ema) = build_training(cfg, self.task.src_vocab_size, self.task.tgt_vocab_size, self.task.pad, device)
@@ -115,6 +113,8 @@ class Trainer:
                   "data": None if data is None else {**data, "tokenizer": tokenizer_hash(text_state)}}
         self.checkpoints = Checkpointer(self.run, self.run_state, info, common)
         self.mid_epoch = self.checkpoints.resume(last, self.log) if start_mode == "resume" else False
+        if info.is_main:  # after the resume's checks (its seed, processes, batches): a refused one changes nothing
+            self.run.save_settings(cfg, self.task.text)
         self.train_model = wrap_model(step_model, info, device)
         self.stopper = StopSignal()
         self.metrics = Metrics(self.run, device, info.is_main, cfg.train.tensorboard, cfg.train.compile, self.t_start)
