@@ -56,6 +56,7 @@ import pickle
 import re
 import shutil
 import threading
+import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -599,9 +600,13 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     ties = tied_names(first["model"]) or (_equal_matrices(first["model"]) if _ties_embeddings(first) else {})
     summed = {k: v.clone().double() if v.is_floating_point() else v.clone()
               for k, v in first["model"].items() if k not in ties}
-    last = first
+    last, seed = first, _seed(first)
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
+        if _seed(ckpt) != seed:  # one run keeps its seed: these are two runs, whose mean is a poor model
+            warnings.warn(f"{path} was trained with train.seed={_seed(ckpt)} and {paths[0]} with {seed}: checkpoints "
+                          "of different runs average to weights worse than either's; average checkpoints of one run",
+                          stacklevel=2)
         if _architecture(ckpt["config"]) != ref_model_cfg:
             raise CheckpointError(f"{path} has a different architecture from {paths[0]} (config 'model' differs); "
                                   "only checkpoints of one run can be averaged")
@@ -623,6 +628,11 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     averaged = {k: averaged[ties.get(k, k)] for k in first["model"]}  # in the model's order, tied names as one
     return {"config": last["config"], "model": averaged, "text": last.get("text"),
             "train_state": last.get("train_state", {}), "averaged_from": [str(p) for p in paths]}
+
+
+def _seed(payload: dict[str, Any]) -> Any:
+    """A checkpoint's train.seed (None where its config has none)."""
+    return payload.get("config", {}).get("train", {}).get("seed")
 
 
 def _ties_embeddings(payload: dict[str, Any]) -> bool:

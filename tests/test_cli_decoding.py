@@ -180,12 +180,30 @@ def test_translate_reads_gzip_input_and_an_empty_input_gives_an_empty_output(tin
         assert f"warning: {name} is empty: nothing to translate" in stderr.decode().splitlines()
 
 
+def test_translate_skips_the_byte_order_mark_of_a_utf8_file(tiny_checkpoint, tmp_path, command):
+    """A BOM (what some editors write first in a UTF-8 file) is no part of the first sentence: it was translated."""
+    text = "\n".join(SENTENCES[:2]).encode("utf-8") + b"\n"
+    src = tmp_path / "de.txt"
+    src.write_bytes(b"\xef\xbb\xbf" + text)
+    run = ("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", "--n-best", "1")  # with the scores
+    code, plain, stderr = command(*run, stdin=text)
+    assert code == 0 and len(plain.splitlines()) == 2, stderr
+    for args, stdin in ((("--input", src), b""), ((), b"\xef\xbb\xbf" + text)):
+        code, stdout, stderr = command(*run, *args, stdin=stdin)
+        assert code == 0 and stdout == plain, stderr
+
+
 @pytest.mark.parametrize("args, stdin, needle", [
     ([], "Straße\n".encode("latin-1") + b"Ein Mann.\n", "not UTF-8 text: line 1 has the byte 0xdf"),
     (["--beam", "0"], b"Ein Mann.\n", "--beam must be at least 1"),
     (["--alpha", "nan"], b"Ein Mann.\n", "--alpha must be a number of at least 0, got nan"),
     (["--alpha", "inf"], b"Ein Mann.\n", "--alpha must be a number of at least 0, got inf"),
     (["--input", "/nonexistent/de.txt"], b"", "cannot read /nonexistent/de.txt"),
+    (["--input", ""], b"", "argument --input: an empty path"),
+    (["--out", ""], b"Ein Mann.\n", "argument --out: an empty path"),  # it wrote into the current folder
+    # bytes that are not UTF-8 in an argument (Python keeps them as surrogates): a traceback at the output
+    (["Ein Mann.", "Ein Hund \udce4uft."], b"", "sentence 2 given as an argument is not UTF-8 text (it has the byte "
+     "0xe4); set the terminal to UTF-8"),
 ])
 def test_translate_bad_input_is_one_clear_line(tiny_checkpoint, args, stdin, needle, command):
     code, stdout, stderr = command("translate", "--checkpoint", tiny_checkpoint, "--device", "cpu", *args,
@@ -329,6 +347,32 @@ def test_average_checkpoints(tiny_checkpoint, tmp_path, command):
     one = tmp_path / "one.safetensors"  # one file is a copy of its weights, said in the singular
     code, stdout, stderr = command("average-checkpoints", tiny_checkpoint, "--out", one)
     assert code == 0 and stdout.decode() == f"averaged 1 checkpoint into {one} (config and vocabulary inside)\n"
+
+
+def test_average_checkpoints_warns_of_two_runs_and_a_runs_average_is_of_its_own(tiny_checkpoint, tmp_path, command):
+    """Two runs' weights (another seed) average to a poor model: said, not refused (a run may go on with another
+    seed); a run's avg file is written only from that run's checkpoints (another run's went into it)."""
+    import shutil
+
+    payload = load_checkpoint(tiny_checkpoint)
+    seed = payload["config"]["train"]["seed"]
+    cfg = json.loads(json.dumps(payload["config"]))
+    cfg["train"]["seed"] = seed + 1
+    other = tmp_path / "other_seed.pt"
+    save_checkpoint(dict(payload, config=cfg), other)
+    out = tmp_path / "avg.safetensors"
+    code, _, stderr = command("average-checkpoints", tiny_checkpoint, other, "--out", out)
+    assert code == 0 and stderr.decode() == (
+        f"warning: {other} was trained with train.seed={seed + 1} and {tiny_checkpoint} with {seed}: checkpoints of "
+        "different runs average to weights worse than either's; average checkpoints of one run\n")
+    run = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint.parent, run)
+    code, _, stderr = command("average-checkpoints", other, "--out", run / "avg.safetensors")
+    assert code == 2 and stderr.decode().startswith(f"error: --out {run / 'avg.safetensors'} is the average of the "
+                                                    f"run in {run}, which only that run's own checkpoints make")
+    assert not (run / "avg.safetensors").exists()
+    code, _, stderr = command("average-checkpoints", run / "best.safetensors", "--out", run / "avg.safetensors")
+    assert code == 0 and (run / "avg.safetensors").is_file(), stderr.decode()
 
 
 def test_average_checkpoints_refuses_another_architecture(tiny_checkpoint, tmp_path, command):

@@ -3,6 +3,8 @@ vocabulary), written as one model file. Its older name, `average`, still runs it
 
 from __future__ import annotations
 
+import sys
+
 from .options import CommandParser, add_out, add_overwrite
 
 
@@ -22,15 +24,26 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = build_parser(prog).parse_args(argv)
     from pathlib import Path
 
-    from ..checkpoints import average_into, model_file_forms
+    import warnings
+
+    from ..checkpoints import average_into, model_file, model_file_forms
+    from ..runtime.errors import UserError
     from .options import kept_by_a_run, refuse_a_runs_file
 
     written = model_file_forms(args.out)[0]  # the .safetensors file NAME, NAME.pt or NAME.safetensors means
+    run = kept_by_a_run(written)
     if written.stem != "avg":  # a run's avg file is an average of its checkpoints: this command may write it
         for path in (Path(args.out), written):
             refuse_a_runs_file(path, kept_by_a_run(path))
+    elif run is not None and any(model_file(c).resolve().parent != run.resolve() for c in args.checkpoints):
+        raise UserError(f"--out {args.out} is the average of the run in {run}, which only that run's own "
+                        "checkpoints make; average files of that folder, or choose another --out")
 
-    out = average_into(args.checkpoints, args.out, overwrite=args.overwrite)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        out = average_into(args.checkpoints, args.out, overwrite=args.overwrite)
+    for warning in said:
+        print(f"warning: {warning.message}", file=sys.stderr)
     n = len(args.checkpoints)
     print(f"averaged {n} checkpoint{'' if n == 1 else 's'} into {out} (config and vocabulary inside)")
     return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..runtime.errors import UserError
 from .options import (CommandParser, add_batch_size, add_checkpoint, add_data_root, add_decoding, add_device,
-                      add_limit, add_out, add_overwrite, add_quantize, check_out_file, data_root)
+                      add_limit, add_out, add_overwrite, add_quantize, check_out_file, data_root, path_given)
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
@@ -20,9 +20,9 @@ def build_parser(prog: str | None = None) -> CommandParser:
     parser.add_argument("--split", default=None, choices=["val", "test"],
                         help="which split of the model's data (default: test: Multi30k's test2016 flickr set, or the "
                         "data.test files of a model trained on your own)")
-    parser.add_argument("--input", default=None, metavar="SRC",
+    parser.add_argument("--input", default=None, metavar="SRC", type=path_given,
                         help="score this file instead of a split: UTF-8, one source sentence a line (with --ref)")
-    parser.add_argument("--ref", default=None, metavar="REF",
+    parser.add_argument("--ref", default=None, metavar="REF", type=path_given,
                         help="the reference translations of --input, one a line, as many lines as --input")
     add_decoding(parser)
     add_batch_size(parser)

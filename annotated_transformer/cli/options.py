@@ -228,16 +228,39 @@ class CommaList:
 
 def add_checkpoint(parser: CommandParser, required: bool = True, help: str = CHECKPOINT_HELP) -> None:
     """--checkpoint PATH (old spelling: --model, which named an exported folder)."""
-    parser.add_argument("--checkpoint", required=required, default=None, metavar="PATH", help=help)
+    parser.add_argument("--checkpoint", required=required, default=None, metavar="PATH", type=path_given, help=help)
     parser.add_old_spelling("--model", "--checkpoint")
 
 
 def add_out(parser: CommandParser, help: str, required: bool = False, default: str | None = None,
             old: Sequence[str] = ("--output",)) -> None:
     """--out PATH (old spelling: --output)."""
-    parser.add_argument("--out", required=required, default=default, metavar="PATH", help=help)
+    parser.add_argument("--out", required=required, default=default, metavar="PATH", type=path_given, help=help)
     for name in old:
         parser.add_old_spelling(name, "--out")
+
+
+def path_given(text: str) -> str:
+    """A path option's value, refused when empty (`--out ""` wrote into the current folder, or was a traceback)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path; give the path of a file or folder")
+    return text
+
+
+def check_utf8_arguments(sentences: Sequence[str], input_option: bool = True) -> None:
+    """Sentences given as arguments, refused in one line when their bytes are not UTF-8 (Python keeps such bytes as
+    lone surrogates, which failed later with a traceback); `input_option`: the command reads --input too."""
+    from ..runtime.errors import DataError
+
+    for number, sentence in enumerate(sentences, 1):
+        raw = sentence.encode("utf-8", "surrogateescape")
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            which = f"sentence {number}" if len(sentences) > 1 else "the sentence"
+            file = ", or convert the text into a UTF-8 file and give it as --input" if input_option else ""
+            raise DataError(f"{which} given as an argument is not UTF-8 text (it has the byte 0x{raw[exc.start]:02x}); "
+                            f"set the terminal to UTF-8 (e.g. LANG=C.UTF-8){file}") from None
 
 
 def add_overwrite(parser: CommandParser, help: str = "replace an existing --out (without it the command refuses "

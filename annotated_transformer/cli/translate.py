@@ -32,7 +32,7 @@ from typing import IO, Any, BinaryIO
 from ..runtime.errors import DataError, UserError
 from ..runtime.files import not_gzip, not_utf8
 from .options import (CommandParser, add_batch_size, add_checkpoint, add_decoding, add_device, add_out, add_overwrite,
-                      add_quantize, check_out_file)
+                      add_quantize, check_out_file, check_utf8_arguments, path_given)
 
 LANGUAGES = {"de": "German", "en": "English"}
 _END = object()  # the reader thread's last item
@@ -48,8 +48,9 @@ def build_parser(prog: str | None) -> CommandParser:
                         "(options between them aside) are one sentence up to a word ending in . ! ? or … (Ein Mann "
                         "fährt. is one; Hallo. Danke. are two); after --, words that start with - too")
     parser.add_argument("--sentence", action="append", metavar="TEXT", help=argparse.SUPPRESS)  # older spelling
-    parser.add_argument("--input", default=None, metavar="FILE", help="UTF-8 text, one sentence per line, plain or "
-                        ".gz ('-' for standard input; a pipe is read without it)")
+    parser.add_argument("--input", default=None, metavar="FILE", type=path_given,
+                        help="UTF-8 text, one sentence per line, plain or .gz ('-' for standard input; a pipe is read "
+                        "without it)")
     add_out(parser, "write the translations to this file (default: standard output); an existing file is refused "
                     "unless --overwrite", old=())
     add_overwrite(parser, "replace an existing --out file (never the --input file)")
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     """Load the model, then translate what was given, typed or piped."""
     args = build_parser(prog).parse_args(argv)
     given = [*(args.sentence or []), *sentences_of(args.text)]
+    check_utf8_arguments(given)
     if given and args.input is not None:
         raise UserError("give sentences (as arguments or --sentence) or --input FILE, not both")
     if args.batch_size is not None and args.batch_size < 1:
@@ -237,6 +239,8 @@ def read_batches(stream: BinaryIO, max_lines: int, name: str) -> Iterator[list[s
 
 def decode_line(raw: bytes, number: int, name: str) -> str:
     """One input line without its line ending; a line that is not UTF-8 is one DataError."""
+    if number == 1:  # the byte-order mark some editors write first in a UTF-8 file: not part of the sentence
+        raw = raw.removeprefix(b"\xef\xbb\xbf")
     try:
         return raw.rstrip(b"\n").rstrip(b"\r").decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from ..runtime.errors import UserError
-from .options import (CommandParser, add_beam, add_checkpoint, add_device, add_out, add_overwrite, kept_by_a_run,
-                      refuse_a_runs_file)
+from .options import (CommandParser, add_beam, add_checkpoint, add_device, add_out, add_overwrite,
+                      check_utf8_arguments, kept_by_a_run, refuse_a_runs_file)
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise UserError(f"visualize charts one sentence, and {args.text[0]!r} came with {len(args.text) - 1} more "
                         "argument(s); quote the sentence as one argument")
     sentence = " ".join(args.text) if args.text else args.sentence
+    check_utf8_arguments([sentence], input_option=False)
     from ..deploy.translator import torch_checkpoint
     from ..visualization import visualize_checkpoint
 
