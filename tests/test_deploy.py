@@ -254,6 +254,31 @@ def test_export_overwrite_replaces_an_earlier_export(tiny_checkpoint, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # the old folder removed, no temporary left
 
 
+def test_export_overwrite_that_cannot_delete_the_old_copy_says_so_and_succeeds(tiny_checkpoint, tmp_path, command,
+                                                                              monkeypatch):
+    """A read-only earlier export: the new one is in place, so a failure to delete the old copy (moved aside) is a
+    warning naming where it is; it was an error, exit 2, though the export had succeeded."""
+    import errno
+    import os
+
+    from annotated_transformer.deploy import ct2_export
+
+    out = tmp_path / "ct2"
+    assert command("export", "--checkpoint", tiny_checkpoint, "--out", out)[0] == 0
+    (out / "model.bin").write_bytes(b"the earlier export")
+
+    def refused(folder):
+        raise PermissionError(errno.EACCES, "Permission denied", str(folder / "model.bin"))
+
+    monkeypatch.setattr(ct2_export, "_remove_export", refused)
+    code, _, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--overwrite")
+    old = tmp_path / f".ct2.old-{os.getpid()}"
+    assert code == 0 and stderr.decode().splitlines() == [
+        f"warning: the earlier export, moved aside to {old}, could not be deleted (Permission denied); delete it "
+        "yourself"], stderr.decode()
+    assert (out / "model.bin").stat().st_size > 1000 and (old / "model.bin").read_bytes() == b"the earlier export"
+
+
 @pytest.mark.parametrize("args, message", [
     (("--engine", "ctranslate2", "--checkpoint", "{checkpoint}"), "is a PyTorch checkpoint; drop --engine"),
     (("--engine", "torch", "--checkpoint", "{exported}"), "is an exported model folder; drop --engine"),

@@ -6,6 +6,7 @@ export; export never writes into the run whose weights it reads.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ..runtime.errors import ExportError
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     weights = CT2_WEIGHTS[args.quantize]
     stale = evaluations_in(args.out) if args.overwrite else []  # the replaced model's translations go with it
     out = export_ctranslate2(translator.model, translator.text, translator.config, args.out,
-                             quantization=weights, overwrite=args.overwrite)
+                             quantization=weights, overwrite=args.overwrite,
+                             log=lambda line: print(line, file=sys.stderr))
     if stale:
         print(f"--overwrite: removed the earlier export's hypotheses with it ({', '.join(stale)})")
     size = (out / "model.bin").stat().st_size / 2**20

@@ -26,6 +26,8 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,12 +143,13 @@ def build_spec(model: EncoderDecoder, cfg: Config, src_itos: list[str], tgt_itos
 
 
 def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir: str | Path,
-                       quantization: str = "float32", overwrite: bool = False) -> Path:
+                       quantization: str = "float32", overwrite: bool = False,
+                       log: Callable[[str], None] | None = None) -> Path:
     """Write `model` (with its text pipeline and config) as a CTranslate2 model folder; return its path.
 
     An existing `out_dir` is refused unless `overwrite`, and even then it is replaced only when it is an earlier
     export (`check_export_out`). The folder is built beside `out_dir` and renamed into place, so a failed export
-    leaves whatever was there before, or nothing.
+    leaves whatever was there before, or nothing. `log` gets a warning line (a Python warning without it).
     """
     from ..config import config_yaml
     from ..runtime.errors import terminate_raises
@@ -169,7 +172,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
                 text.save(tmp / TEXT_FOLDER)
                 give_default_permissions(tmp)
                 check_export_out(out, overwrite)  # again: the conversion took a while, and the folder may have changed
-                _replace_folder(tmp, out)
+                _replace_folder(tmp, out, log)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)  # ours: made by mkdtemp above
                 raise
@@ -238,9 +241,10 @@ def _unknown_entries(folder: Path) -> list[str] | None:
     return unknown
 
 
-def _replace_folder(new: Path, out: Path) -> None:
+def _replace_folder(new: Path, out: Path, log: Callable[[str], None] | None = None) -> None:
     """Rename `new` to `out`; an old `out` (an earlier export) is moved aside first and, after the swap, emptied of
-    the names an export holds and removed; anything else that appeared in it meanwhile stays there."""
+    the names an export holds and removed; anything else that appeared in it meanwhile stays there. Once the new
+    export is in place, an old copy that cannot be deleted (a read-only folder) is a warning, not a failure."""
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -252,7 +256,15 @@ def _replace_folder(new: Path, out: Path) -> None:
             os.replace(old, out)
         raise
     if old is not None:
-        _remove_export(old)
+        try:
+            _remove_export(old)
+        except OSError as exc:
+            line = (f"warning: the earlier export, moved aside to {old}, could not be deleted "
+                    f"({exc.strerror or exc}); delete it yourself")
+            if log is None:
+                warnings.warn(line, stacklevel=3)
+            else:
+                log(line)
 
 
 def evaluations_in(folder: str | Path) -> list[str]:
