@@ -145,6 +145,33 @@ def test_missing_ctranslate2_is_one_line(monkeypatch):
         import_ctranslate2()
 
 
+def test_ctrl_c_while_ctranslate2_loads_is_an_interrupt_not_a_missing_package(monkeypatch):
+    """pybind11 turns an exception in a module's start-up into ImportError: a Ctrl-C while ctranslate2 loaded was
+    "ctranslate2 is not installed"; it waits for the import's end and is a Ctrl-C (exit 130 in a command)."""
+    import builtins
+    import os
+    import signal
+    import time
+
+    real_import = builtins.__import__
+
+    def interrupted(name, *args, **kwargs):
+        if name != "ctranslate2":
+            return real_import(name, *args, **kwargs)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # a Python handler runs here
+        except KeyboardInterrupt:
+            raise ImportError("initialization failed") from None  # what pybind11 makes of it
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "ctranslate2", raising=False)
+    monkeypatch.setattr(builtins, "__import__", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        import_ctranslate2()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 # ---------------------------------------------------------------- the commands, on a trained checkpoint
 # (in this process, through annotated_transformer.cli: what the scripts run)
 

@@ -51,8 +51,11 @@ EXPORTED_FIELDS = frozenset({"N", "N_dec", "d_model", "d_ff", "h", "dropout", "a
 
 def import_ctranslate2() -> Any:
     """The ctranslate2 module, or one ExportError line saying how to install it."""
+    from ..runtime.errors import interrupt_after
+
     try:
-        import ctranslate2
+        with interrupt_after():
+            import ctranslate2
     except ImportError:
         raise ExportError("ctranslate2 is not installed; run `uv sync --extra ctranslate2` "
                           "(or `pip install ctranslate2`)") from None

@@ -93,6 +93,26 @@ def terminate_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+@contextmanager
+def interrupt_after() -> Iterator[None]:
+    """A Ctrl-C inside the block raises KeyboardInterrupt when the block ends, not inside it: around the import of a
+    C extension, whose start-up turns an exception into another (pybind11's modules, ctranslate2, raise ImportError:
+    "not installed") or swallows it. Python's own handler only (an ignored or another handler is left alone), in
+    the main thread."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if caught:  # over an error the block raised too: the user's stop comes first
+            raise KeyboardInterrupt
+
+
 def listed(names: Sequence[str], shown: int = 3) -> str:
     """`names` for a message: the first `shown`, comma-separated, and how many more."""
     more = f" and {len(names) - shown} more" if len(names) > shown else ""
