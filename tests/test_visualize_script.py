@@ -154,6 +154,22 @@ def test_only_the_chosen_layers_and_formats(tiny_checkpoint, tmp_path, monkeypat
     assert exc.value.code == 0 and not (tmp_path / "png" / "vega.js").exists()
 
 
+@pytest.mark.slow  # draws the charts twice: the fast tier stays under a minute
+def test_overwrite_leaves_one_sentences_charts_and_your_files(tiny_checkpoint, tmp_path):
+    """A second visualize with --overwrite and fewer formats removes the first's charts it does not write again (the
+    PNGs of another sentence stayed beside the new HTML); files of yours there stay."""
+    args = ["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path), "--layers", "1"]
+    for more in (["--sentence", SENTENCE], ["--sentence", "Zwei Hunde.", "--overwrite", "--formats", "html"]):
+        with pytest.raises(SystemExit) as exc:
+            run("visualize", [*args, *more], "visualize.py")
+        assert exc.value.code == 0
+        (tmp_path / "notes.txt").write_text("mine")
+        (tmp_path / "mask.png.bak").write_text("mine too")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{s}.html" for s in ATTENTION + TEACHING] + ["index.html", "vega.js", "notes.txt", "mask.png.bak"])
+    assert "Zwei" in (tmp_path / f"{ATTENTION[0]}.html").read_text(encoding="utf-8")
+
+
 def run_in_process(args: list[str], monkeypatch, capsys) -> tuple[int, str]:
     """Run the script's entry point with `args`; return (exit code, stderr)."""
     with pytest.raises(SystemExit) as exc:

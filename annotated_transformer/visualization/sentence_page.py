@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +20,13 @@ from ..deploy.text_translator import TruncationWarning
 from ..deploy.translator import Translator
 from ..runtime.errors import UserError
 from ..runtime.files import atomic_write, refuse_to_replace
-from .attention import SentenceAttention, attention_charts, layer_indices, sentence_attention
+from .attention import KINDS, SentenceAttention, attention_charts, layer_indices, sentence_attention
 from .rendering import FORMATS, SCRIPT_FILE, png_size, save_chart, write_script
 from .teaching import teaching_charts
 from .training_curves import training_curves_chart
+
+
+ATTENTION_STEM = re.compile(r"attention_layer\d+_(?:" + "|".join(info.file for info in KINDS.values()) + ")")
 
 
 @dataclass
@@ -46,7 +50,8 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
     charts, and the training curves when a metrics.jsonl path is given. The HTML charts share one
     copy of the Vega JavaScript in the folder (`rendering.SCRIPT_FILE`). With `overwrite` False (the visualize
     command without --overwrite) any of these files already in the folder is refused before one is written;
-    other files there are never touched.
+    other files there are never touched. With `overwrite`, the charts of an earlier visualize that this one does not
+    write again (of other layers or formats) are removed, so that the folder holds one sentence's charts.
     """
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
@@ -84,6 +89,13 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
         index = write_index(out, sa, entries, n_attention=3 * len(layers))
     except OSError as exc:
         raise UserError(f"cannot write the charts into {out}: {exc.strerror or exc}") from None
+    if overwrite:  # an earlier visualize's charts not written again (another sentence's, layers or formats)
+        stems = {stem for stem, _, _ in teaching_charts()} | {"training_curves"}
+        for path in out.iterdir():
+            stem, _, fmt = path.name.rpartition(".")
+            ours = (stem in stems or ATTENTION_STEM.fullmatch(stem)) and fmt in FORMATS or path.name == SCRIPT_FILE
+            if ours and path.name not in names and path.is_file() and not path.is_symlink():
+                path.unlink()
     return Visualization(attention=sa, files=[*written, index], index=index, warnings=warnings)
 
 
