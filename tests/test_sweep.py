@@ -445,6 +445,29 @@ def test_a_training_sweep_writes_only_into_a_new_folder_or_an_earlier_sweeps(tmp
     check_out(started)
 
 
+def test_a_sweep_folder_that_cannot_be_made_is_one_line_before_any_run(tmp_path, capsys, monkeypatch):
+    """A read-only place for --out: said of the sweep's folder, before a run starts (a run was announced, then the
+    error named the sweep's folder as a run's)."""
+    import errno
+
+    from annotated_transformer.cli import run as run_command
+
+    out = tmp_path / "ro" / "new"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if out.is_relative_to(self):
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(SystemExit) as refused:
+        run_command("sweep", ["--config", "copy", "--seeds", "1", "--out", str(out)], "sweep.py")
+    stdout, err = capsys.readouterr()
+    assert refused.value.code == 2 and err.startswith(f"error: cannot create the sweep's folder {out}"), err
+    assert "start" not in stdout and not (tmp_path / "ro").exists()
+
+
 def test_data_that_is_not_there_is_one_line_before_any_run(tmp_path, capsys):
     """Every run would fail on it (and a finished run be reported failed): the sweep says so once, runs nothing."""
     from annotated_transformer.cli import run as run_command

@@ -354,6 +354,8 @@ def sweep(config: str, settings: list[tuple[str, ...]], seeds: list[int], out: P
     launcher = Launcher(train_command, config, extra, parallel, log)
     target, copy = check_settings(config, extra, settings, score_tests, log=log,  # as run_sweep will choose them
                                   trains=lambda s: any(not launcher.is_done(r) for r in runs if r.overrides == s))
+    with writing(out, "create the sweep's folder"):  # a read-only place is one line before any run starts
+        out.mkdir(parents=True, exist_ok=True)
 
     failed: list[tuple[Run, int]] = []
 
