@@ -40,6 +40,18 @@ def test_a_temporary_tree_gets_default_permissions(tmp_path, umask):
     assert mode(Path(name)) == 0o666 & ~umask
 
 
+@pytest.mark.parametrize("kept", [0o444, 0o640])
+def test_a_replaced_file_keeps_its_permissions(tmp_path, umask, kept):
+    """--overwrite of a file you made read-only (or private): the new content, its mode kept (it became 0644)."""
+    from annotated_transformer.runtime.files import atomic_write
+
+    path = tmp_path / "out.txt"
+    path.write_text("old\n")
+    path.chmod(kept)
+    atomic_write(path, lambda f: f.write(b"new\n"))
+    assert path.read_text() == "new\n" and mode(path) == kept
+
+
 def test_a_json_result_that_cannot_be_written_is_one_line(tmp_path):
     """What a benchmark writes after minutes of measuring: a refused write is one RunDirError line, not a traceback."""
     from annotated_transformer.runtime.errors import RunDirError

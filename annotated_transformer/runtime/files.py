@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -65,8 +66,7 @@ def atomic_write(path: str | Path, write: Callable[[Any], object], follow_link: 
     with terminate_raises():
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            # mkstemp creates owner-only files; give the result the permissions a plain open() would.
-            give_default_permissions(tmp)
+            _permissions_of(path, tmp)  # mkstemp creates owner-only files
             with os.fdopen(fd, "wb") as f:
                 write(f)
                 f.flush()
@@ -76,6 +76,19 @@ def atomic_write(path: str | Path, write: Callable[[Any], object], follow_link: 
             Path(tmp).unlink(missing_ok=True)
             raise
     _fsync_dir(path.parent)
+
+
+def _permissions_of(path: Path, tmp: str) -> None:
+    """Give `tmp` the permissions of the file `path` it replaces (a file you made read-only stays so), or, where there
+    is none, those a plain open() would."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode) if path.is_file() else None
+    except OSError:
+        mode = None
+    if mode is None:
+        give_default_permissions(tmp)
+    else:
+        os.chmod(tmp, mode)
 
 
 def write_json(path: str | Path, value: Any) -> None:
