@@ -184,7 +184,8 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     part = f".first{limit}" if limit and limit < len(src_lines) else ""  # never the name of the whole split's file
     part += f".{reduction[0]}{reduction[1]:g}" if reduction else ""  # nor the name of the model's own hypotheses
     part += f".{quantize}" if quantize != "none" else ""  # nor the full-precision weights' name
-    part += f".alpha{a:g}" if k > 1 and a != cfg.decode.alpha else ""  # greedy search has no length penalty
+    # greedy search has no length penalty; the alpha as given (0.6000001 is not the default's 0.6)
+    part += f".alpha{a!r}".removesuffix(".0") if k > 1 and a != cfg.decode.alpha else ""
     if limit:
         src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
     out_path = Path(output) if output else stem.with_name(f"{stem.name}{part}.beam{k}.txt")

@@ -258,6 +258,8 @@ def test_evaluate_refuses_a_bad_beam(tiny_checkpoint, command):
     code, _, stderr = command("evaluate", "--checkpoint", tiny_checkpoint, "--beam", "-1")
     assert code == 2
     assert stderr.decode() == "error: --beam must be at least 1, got -1\n"
+    code, stdout, stderr = command("evaluate", "--checkpoint", tiny_checkpoint, "--show", "-1")  # a blank line
+    assert code == 2 and stdout == b"" and stderr.decode() == "error: --show must be 0 or more, got -1\n"
 
 
 def test_evaluate_merges_tokens_at_inference_only(tiny_checkpoint, multi30k_dir, tmp_path, command):
@@ -305,7 +307,9 @@ def test_evaluate_names_int8_and_other_alpha_hypotheses_apart(tiny_checkpoint, m
     alpha = load_checkpoint(model)["config"]["decode"]["alpha"]
     common = ("evaluate", "--checkpoint", model, "--split", "val", "--limit", "8", "--data-root", multi30k_dir,
               "--device", "cpu")
-    for extra in ((), ("--quantize", "int8"), ("--beam", "2"), ("--beam", "2", "--alpha", str(alpha + 0.5))):
+    near = alpha + 1e-7  # named as given: `:g` wrote it as the default's alpha, 0.6 for 0.6000001
+    for extra in ((), ("--quantize", "int8"), ("--beam", "2"), ("--beam", "2", "--alpha", str(alpha + 0.5)),
+                  ("--beam", "2", "--alpha", str(near))):
         code, stdout, stderr = command(*common, *extra)
         assert code == 0, stderr.decode()
         assert ("beam 1, int8 weights," in stdout.decode()) == (extra == ("--quantize", "int8")), stdout.decode()
@@ -315,8 +319,9 @@ def test_evaluate_names_int8_and_other_alpha_hypotheses_apart(tiny_checkpoint, m
         code, _, stderr = command(*common, *same)
         assert code == 2 and "already exists" in stderr.decode()
     names = sorted(p.name for p in tmp_path.glob("*.txt"))
-    assert names == ["model.val.first8.alpha" + f"{alpha + 0.5:g}" + ".beam2.txt", "model.val.first8.beam1.txt",
-                     "model.val.first8.beam2.txt", "model.val.first8.int8.beam1.txt"]
+    assert names == sorted(["model.val.first8.alpha" + f"{alpha + 0.5:g}" + ".beam2.txt", "model.val.first8.beam1.txt",
+                            f"model.val.first8.alpha{near!r}.beam2.txt", "model.val.first8.beam2.txt",
+                            "model.val.first8.int8.beam1.txt"])
     assert all(OWN_NAMES.match(name.replace("model.", "best.", 1)) for name in names)
 
 

@@ -165,7 +165,7 @@ def damage(folder: Path, case: str) -> None:
 @pytest.mark.parametrize("case, message", [
     ("counts", r"val\.xx has 3 lines but \S*val\.yy has 2: line i of one must be the translation"),
     ("utf8", r"val\.xx is not UTF-8 text: line 3 has the byte 0xe9; convert the file"),
-    ("empty", r"val\.yy is empty: every split needs sentences"),
+    ("empty", r"val\.yy is empty: give a file with sentences, one a line"),
     ("missing", r"data\.train=\S*train needs the file \S*train\.yy \(or train\.yy\.gz\), which does not exist"),
     ("both", r"data\.val=\S*val names both \S*val\.xx and \S*val\.xx\.gz; remove one"),
     ("gzip", r"train\.xx\.gz is not a complete gzip file"),

@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         raise UserError(f"--limit must be at least 1, got {args.limit}; leave it out to score every sentence")
     if args.batch_size is not None and args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.show < 0:
+        raise UserError(f"--show must be 0 or more, got {args.show}")
     if args.out is not None:  # before the model loads; the default file is checked once its name is known
         check_out_file(args.out, args.overwrite, {"--input": args.input, "--ref": args.ref,
                                                   "--checkpoint": args.checkpoint})

@@ -144,7 +144,7 @@ def _line_count(text: str) -> int:
 
 
 def _empty(path: Path) -> DataError:
-    return DataError(f"{path} is empty: every split needs sentences, one a line")
+    return DataError(f"{path} is empty: give a file with sentences, one a line")
 
 
 @dataclass(frozen=True)
