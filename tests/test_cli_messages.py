@@ -229,6 +229,16 @@ def test_an_option_of_one_value_given_twice_is_refused(command):
         "--seed-list names seed 1 twice; its runs would share one folder: give each seed once")
 
 
+def test_under_torchrun_a_bad_command_line_is_said_once_a_machine(command, monkeypatch):
+    """Every rank reads the same command line: the first of each machine says what is wrong (each rank said it)."""
+    for args in (("train", "--config", "tiny", "--out", "a", "--out", "b"),
+                 ("train", "--config", "tiny", "--outdir", "a"), ("train", "--config", "tiny", "--quiet=x")):
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        assert command(*args) == (2, b"", b"")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        assert one_error(command, *args)
+
+
 def test_an_unknown_command_suggests_the_nearest(capsys):
     with pytest.raises(SystemExit) as done:
         cli_main(["trian", "--config", "copy"])

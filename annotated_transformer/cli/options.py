@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -117,13 +118,13 @@ class CommandParser(argparse.ArgumentParser):
         self.given = args
         twice = self.given_twice(args)
         if twice:
-            fail(f"{twice} is given twice, and only one value is read; give it once")
+            self.fail(f"{twice} is given twice, and only one value is read; give it once")
         # Intermixed parsing drops a "--" before the first word, and would read what follows it as options
         # again: with a "--" the words after it are words, as argparse has always read them.
         parse = super().parse_known_args if "--" in args else super().parse_known_intermixed_args
         parsed, extras = parse(args, namespace)  # renamed already
         if extras:
-            fail(self.unrecognised(extras, args))
+            self.fail(self.unrecognised(extras, args))
         return parsed
 
     def error(self, message: str) -> NoReturn:
@@ -133,8 +134,16 @@ class CommandParser(argparse.ArgumentParser):
         options = given[:given.index("--")] if "--" in given else given
         unknown = [a for a in options if a.startswith("--") and not self.known(a.partition("=")[0])]
         if unknown:
-            fail(self.unrecognised(unknown, given))
-        fail(f"{message} ({self.prog} --help lists the options)")
+            self.fail(self.unrecognised(unknown, given))
+        self.fail(f"{message} ({self.prog} --help lists the options)")
+
+    @staticmethod
+    def fail(message: str) -> NoReturn:
+        """The one line and exit 2; under torchrun every rank of a machine reads the same command line, so its first
+        rank says what is wrong with it, once (each rank printed it)."""
+        if os.environ.get("LOCAL_RANK", "0") != "0":
+            raise SystemExit(2)
+        fail(message)
 
     def known(self, option: str) -> bool:
         """Whether argparse takes `option`: one of the parser's, or the start of exactly one."""
