@@ -187,7 +187,10 @@ def test_out_is_never_a_file_the_run_keeps(tiny_checkpoint, tmp_path, command, n
         assert code == 2 and f"is a file of the run or export in {other} " in stderr.decode(), stderr.decode()
     assert (run / name).read_bytes() == before and (other / name).read_bytes() == before
     code, _, stderr = command("average-checkpoints", run / "best.safetensors", "--out", other / "avg.safetensors",
-                              "--overwrite")  # a run's avg file is an average of its checkpoints: written
+                              "--overwrite")  # a run's avg file is an average of its own checkpoints, not another's
+    assert code == 2 and "which only that run's own checkpoints make" in stderr.decode(), stderr.decode()
+    code, _, stderr = command("average-checkpoints", other / "best.safetensors", "--out", other / "avg.safetensors",
+                              "--overwrite")
     assert code == 0 and (other / "avg.safetensors").is_file(), stderr.decode()
     code, _, stderr = command("evaluate", "--checkpoint", run / "best.safetensors", "--split", "val", "--limit", "3",
                               "--out", run / "last.pt", "--overwrite")  # a model file of the run: its folder too
