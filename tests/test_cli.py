@@ -175,7 +175,7 @@ def test_ctrl_c_that_torchs_start_up_would_swallow_still_stops_the_script(monkey
             return real_import(name, *args, **kwargs)
         try:
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)  # a Python handler runs here
+            time.sleep(0.05)  # a Python handler runs here
         except KeyboardInterrupt:
             pass  # as torch's C start-up does
         return types.SimpleNamespace(run=lambda *args, **kwargs: ran.append(args))

@@ -160,7 +160,7 @@ def test_ctrl_c_while_ctranslate2_loads_is_an_interrupt_not_a_missing_package(mo
             return real_import(name, *args, **kwargs)
         try:
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)  # a Python handler runs here
+            time.sleep(0.05)  # a Python handler runs here
         except KeyboardInterrupt:
             raise ImportError("initialization failed") from None  # what pybind11 makes of it
         return real_import(name, *args, **kwargs)
