@@ -156,8 +156,9 @@ def test_only_the_chosen_layers_and_formats(tiny_checkpoint, tmp_path, monkeypat
 
 @pytest.mark.slow  # draws the charts twice: the fast tier stays under a minute
 def test_overwrite_leaves_one_sentences_charts_and_your_files(tiny_checkpoint, tmp_path):
-    """A second visualize with --overwrite and fewer formats removes the first's charts it does not write again (the
-    PNGs of another sentence stayed beside the new HTML); files of yours there stay."""
+    """A second visualize with --overwrite and fewer formats removes the first's charts (those its index.html links)
+    that it does not write again (the PNGs of another sentence stayed beside the new HTML); files of yours there
+    stay, a chart's name alone too."""
     args = ["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path), "--layers", "1"]
     for more in (["--sentence", SENTENCE], ["--sentence", "Zwei Hunde.", "--overwrite", "--formats", "html"]):
         with pytest.raises(SystemExit) as exc:
@@ -165,8 +166,10 @@ def test_overwrite_leaves_one_sentences_charts_and_your_files(tiny_checkpoint, t
         assert exc.value.code == 0
         (tmp_path / "notes.txt").write_text("mine")
         (tmp_path / "mask.png.bak").write_text("mine too")
+        (tmp_path / "attention_layer9_encoder_self.png").write_text("named as a chart, linked by no index: mine")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"{s}.html" for s in ATTENTION + TEACHING] + ["index.html", "vega.js", "notes.txt", "mask.png.bak"])
+        [f"{s}.html" for s in ATTENTION + TEACHING] + ["index.html", "vega.js", "notes.txt", "mask.png.bak",
+                                                       "attention_layer9_encoder_self.png"])
     assert "Zwei" in (tmp_path / f"{ATTENTION[0]}.html").read_text(encoding="utf-8")
 
 

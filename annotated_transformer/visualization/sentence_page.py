@@ -50,8 +50,9 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
     charts, and the training curves when a metrics.jsonl path is given. The HTML charts share one
     copy of the Vega JavaScript in the folder (`rendering.SCRIPT_FILE`). With `overwrite` False (the visualize
     command without --overwrite) any of these files already in the folder is refused before one is written;
-    other files there are never touched. With `overwrite`, the charts of an earlier visualize that this one does not
-    write again (of other layers or formats) are removed, so that the folder holds one sentence's charts.
+    other files there are never touched. With `overwrite`, the charts of an earlier visualize (those its index.html
+    links to) that this one does not write again, of other layers or formats, are removed, so that the folder holds
+    one sentence's charts.
     """
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
@@ -77,6 +78,7 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
              *(f"{stem}.{fmt}" for stem, _, _ in charts for fmt in formats)]
     for name in names:
         refuse_to_replace(out / name, overwrite)
+    earlier = _charts_of_index(out / "index.html") if overwrite else set()
     written: list[Path] = []
     entries: list[tuple[str, list[Path]]] = []
     try:
@@ -89,14 +91,33 @@ def visualize_sentence(translator: Translator, sentence: str, out_dir: str | Pat
         index = write_index(out, sa, entries, n_attention=3 * len(layers))
     except OSError as exc:
         raise UserError(f"cannot write the charts into {out}: {exc.strerror or exc}") from None
-    if overwrite:  # an earlier visualize's charts not written again (another sentence's, layers or formats)
-        stems = {stem for stem, _, _ in teaching_charts()} | {"training_curves"}
-        for path in out.iterdir():
-            stem, _, fmt = path.name.rpartition(".")
-            ours = (stem in stems or ATTENTION_STEM.fullmatch(stem)) and fmt in FORMATS or path.name == SCRIPT_FILE
-            if ours and path.name not in names and path.is_file() and not path.is_symlink():
-                path.unlink()
+    for name in sorted(earlier - set(names)):  # the earlier visualize's charts not written again: one sentence's
+        try:
+            (out / name).unlink()
+        except OSError as exc:
+            warnings.append(f"could not remove the earlier chart {out / name} ({exc.strerror or exc})")
     return Visualization(attention=sa, files=[*written, index], index=index, warnings=warnings)
+
+
+def _charts_of_index(index: Path) -> set[str]:
+    """The chart files an earlier visualize's index.html links to (and the JavaScript its HTML charts share), by the
+    names visualize gives them and only where they are plain files: what it wrote, never a file of yours."""
+    try:
+        text = index.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    stems = {stem for stem, _, _ in teaching_charts()} | {"training_curves"}
+    linked = set(re.findall(r'(?:href|src)="([^"/]+)"', text))
+    if any(name.endswith(".html") for name in linked):
+        linked.add(SCRIPT_FILE)
+    charts = set()
+    for name in map(html.unescape, linked):
+        stem, _, fmt = name.rpartition(".")
+        ours = (stem in stems or ATTENTION_STEM.fullmatch(stem)) and fmt in FORMATS or name == SCRIPT_FILE
+        path = index.parent / name
+        if ours and path.is_file() and not path.is_symlink():
+            charts.add(name)
+    return charts
 
 
 def visualize_checkpoint(checkpoint: str | Path, sentence: str, out_dir: str | Path,
