@@ -569,3 +569,9 @@ def test_ctrl_c_before_training_goes_on_says_nothing_is_lost(tmp_path, monkeypat
     code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={tmp_path / 'run'}", "train.progress=false")
     assert code == 130 and err == ("error: interrupted before training went on; nothing of the run is lost: run the "
                                    "same command to start it, or to continue it from its last.pt\n"), err
+    monkeypatch.undo()
+    from annotated_transformer.harness.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "fit", interrupted)  # once training goes on, a Ctrl-C that reaches Python says no more
+    code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={tmp_path / 'run2'}", "train.progress=false")
+    assert code == 130 and err.splitlines()[-1] == "error: interrupted", err

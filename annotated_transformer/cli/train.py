@@ -8,7 +8,7 @@ import io
 import os
 
 from ..config import Config, config_parser, load_config
-from ..runtime.errors import ConfigError, fail
+from ..runtime.errors import ConfigError
 from ..harness.malloc import RESTARTED_ENV, preload_or_note
 from .options import CommandParser
 
@@ -82,10 +82,6 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     from ..harness.distributed import quiet_terminal
     from ..harness.trainer import train_worker  # the harness loads after the config is known to be good
 
-    try:
-        with quiet_terminal(args.quiet):
-            results = train_worker(cfg)
-    except KeyboardInterrupt:  # outside training's own stop (which saves last.pt): building the data, the model
-        fail("interrupted before training went on; nothing of the run is lost: run the same command to start it, "
-             "or to continue it from its last.pt", 130)
+    with quiet_terminal(args.quiet):
+        results = train_worker(cfg)
     return 128 + int(results["stopped_by"]) if "stopped_by" in results else 0

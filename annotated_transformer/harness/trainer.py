@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
-from ..runtime.errors import DistributedError, Terminated, TrainingDiverged, UserError, terminate_raises
+from ..runtime.errors import DistributedError, Interrupted, Terminated, TrainingDiverged, UserError, terminate_raises
 from ..decode.static import validation_step
 from ..extensions.builder import build_training
 from ..fast.plan import check_compile_mode
@@ -446,14 +446,20 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         info, device = init_distributed(cfg.train.device)
         run, files = RunDir(cfg.run_dir()), TaskFiles(cfg, log=print0)
         try:
-            # every rank decides (or fails) alike before rank 0 writes
-            start_mode, last = run.open(cfg, info, data=files.resume_check, log=said_even_quiet,
-                                        ready=functools.partial(ready_to_start, cfg, info, device, files, run))
-            if start_mode == "finished":
-                s = last["train_state"]
-                print0(finished_line(run.path, s, cfg.train, mid_epoch=last.get("loader") is not None), level=RESULT)
-                return {"finished": True, "steps": s.get("step", 0)}
-            return Trainer(cfg, info, device, run, start_mode, last, files).fit()
+            try:  # until fit takes Ctrl-C itself (saving last.pt), a Ctrl-C leaves nothing trained behind
+                # every rank decides (or fails) alike before rank 0 writes
+                start_mode, last = run.open(cfg, info, data=files.resume_check, log=said_even_quiet,
+                                            ready=functools.partial(ready_to_start, cfg, info, device, files, run))
+                if start_mode == "finished":
+                    s = last["train_state"]
+                    print0(finished_line(run.path, s, cfg.train, mid_epoch=last.get("loader") is not None),
+                           level=RESULT)
+                    return {"finished": True, "steps": s.get("step", 0)}
+                trainer = Trainer(cfg, info, device, run, start_mode, last, files)
+            except KeyboardInterrupt:
+                raise Interrupted("interrupted before training went on; nothing of the run is lost: run the same "
+                                  "command to start it, or to continue it from its last.pt") from None
+            return trainer.fit()
         except RuntimeError as exc:
             if info.distributed and _lost_a_rank(exc):
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

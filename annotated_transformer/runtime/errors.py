@@ -56,6 +56,12 @@ class TrainingDiverged(UserError):
     exit_code = 3
 
 
+class Interrupted(UserError):
+    """Ctrl-C where it needs more than "interrupted": what it left and how to go on (exit 130, as for any Ctrl-C)."""
+
+    exit_code = 130
+
+
 class DistributedError(UserError):
     """A rank could not join the process group under torchrun: unreachable address, mismatched command, stale store."""
 
