@@ -67,6 +67,17 @@ def wrap_model(step_model: nn.Module, info: DistInfo, device: torch.device) -> n
     return step_model
 
 
+@contextmanager
+def nothing_trained_yet() -> Iterator[None]:
+    """A Ctrl-C inside (taking the run's folder, building its data and model: before `fit` takes Ctrl-C itself and
+    saves last.pt) is one line saying that nothing is lost and how to go on, exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted before training went on; nothing of the run is lost: run the same command to "
+                          "start it, or to continue it from its last.pt") from None
+
+
 class Trainer:
     """One rank's training run: built from a config, then `fit()`.
 
@@ -76,6 +87,7 @@ class Trainer:
     checkpoint every 10 minutes and averaged the last 5).
     """
 
+    @nothing_trained_yet()
     def __init__(self, cfg: Config, info: DistInfo, device: torch.device, run: RunDir, start_mode: str = "start",
                  last: dict[str, Any] | None = None, files: TaskFiles | None = None) -> None:
         self.cfg, self.info, self.device, self.log = cfg, info, device, print0
@@ -446,20 +458,14 @@ def train_worker(cfg: Config) -> dict[str, Any]:
         info, device = init_distributed(cfg.train.device)
         run, files = RunDir(cfg.run_dir()), TaskFiles(cfg, log=print0)
         try:
-            try:  # until fit takes Ctrl-C itself (saving last.pt), a Ctrl-C leaves nothing trained behind
-                # every rank decides (or fails) alike before rank 0 writes
+            with nothing_trained_yet():  # every rank decides (or fails) alike before rank 0 writes
                 start_mode, last = run.open(cfg, info, data=files.resume_check, log=said_even_quiet,
                                             ready=functools.partial(ready_to_start, cfg, info, device, files, run))
-                if start_mode == "finished":
-                    s = last["train_state"]
-                    print0(finished_line(run.path, s, cfg.train, mid_epoch=last.get("loader") is not None),
-                           level=RESULT)
-                    return {"finished": True, "steps": s.get("step", 0)}
-                trainer = Trainer(cfg, info, device, run, start_mode, last, files)
-            except KeyboardInterrupt:
-                raise Interrupted("interrupted before training went on; nothing of the run is lost: run the same "
-                                  "command to start it, or to continue it from its last.pt") from None
-            return trainer.fit()
+            if start_mode == "finished":
+                s = last["train_state"]
+                print0(finished_line(run.path, s, cfg.train, mid_epoch=last.get("loader") is not None), level=RESULT)
+                return {"finished": True, "steps": s.get("step", 0)}
+            return Trainer(cfg, info, device, run, start_mode, last, files).fit()
         except RuntimeError as exc:
             if info.distributed and _lost_a_rank(exc):
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
