@@ -50,6 +50,12 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path, umask, kept):
     path.chmod(kept)
     atomic_write(path, lambda f: f.write(b"new\n"))
     assert path.read_text() == "new\n" and mode(path) == kept
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"  # a link replaced by a file: not its target's mode
+    target.write_text("target\n")
+    target.chmod(0o4600 | kept)
+    link.symlink_to(target)
+    atomic_write(link, lambda f: f.write(b"new\n"))
+    assert not link.is_symlink() and mode(link) == 0o666 & ~umask and target.read_text() == "target\n"
 
 
 def test_a_json_result_that_cannot_be_written_is_one_line(tmp_path):

@@ -82,7 +82,8 @@ def _permissions_of(path: Path, tmp: str) -> None:
     """Give `tmp` the permissions of the file `path` it replaces (a file you made read-only stays so), or, where there
     is none, those a plain open() would."""
     try:
-        mode = stat.S_IMODE(os.stat(path).st_mode) if path.is_file() else None
+        st = os.lstat(path)  # a symbolic link replaced is not its file: the defaults
+        mode = st.st_mode & 0o777 if stat.S_ISREG(st.st_mode) else None  # never a set-id or sticky bit
     except OSError:
         mode = None
     if mode is None:
