@@ -600,13 +600,14 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     ties = tied_names(first["model"]) or (_equal_matrices(first["model"]) if _ties_embeddings(first) else {})
     summed = {k: v.clone().double() if v.is_floating_point() else v.clone()
               for k, v in first["model"].items() if k not in ties}
-    last, seed = first, _seed(first)
+    last = first
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
-        if _seed(ckpt) != seed:  # one run keeps its seed: these are two runs, whose mean is a poor model
-            warnings.warn(f"{path} was trained with train.seed={_seed(ckpt)} and {paths[0]} with {seed}: checkpoints "
-                          "of different runs average to weights worse than either's; average checkpoints of one run",
-                          stacklevel=2)
+        (seed, folder), (seed0, folder0) = _run_of(ckpt), _run_of(first)
+        if seed != seed0 and folder != folder0:
+            warnings.warn(f"{path} comes from another run than {paths[0]} (train.seed={seed} in {folder}, not "
+                          f"{seed0} in {folder0}): the weights of two runs average to a model worse than either; "
+                          "average checkpoints of one run", TwoRunsWarning, stacklevel=2)
         if _architecture(ckpt["config"]) != ref_model_cfg:
             raise CheckpointError(f"{path} has a different architecture from {paths[0]} (config 'model' differs); "
                                   "only checkpoints of one run can be averaged")
@@ -630,9 +631,16 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
             "train_state": last.get("train_state", {}), "averaged_from": [str(p) for p in paths]}
 
 
-def _seed(payload: dict[str, Any]) -> Any:
-    """A checkpoint's train.seed (None where its config has none)."""
-    return payload.get("config", {}).get("train", {}).get("seed")
+class TwoRunsWarning(UserWarning):
+    """`average_checkpoints` was given checkpoints of two runs (another seed, in another folder)."""
+
+
+def _run_of(payload: dict[str, Any]) -> tuple[Any, str]:
+    """(train.seed, run directory) of a checkpoint's run; both differ between two runs (a run continued with another
+    seed keeps its folder, one copied elsewhere its seed)."""
+    config = payload.get("config", {})
+    train = config.get("train", {})
+    return train.get("seed"), str(train.get("out_dir") or Path("runs") / str(config.get("name")))
 
 
 def _ties_embeddings(payload: dict[str, Any]) -> bool:

@@ -360,22 +360,30 @@ def test_average_checkpoints_warns_of_two_runs_and_a_runs_average_is_of_its_own(
     import shutil
 
     payload = load_checkpoint(tiny_checkpoint)
-    seed = payload["config"]["train"]["seed"]
+    seed, folder = payload["config"]["train"]["seed"], payload["config"]["train"]["out_dir"]
     cfg = json.loads(json.dumps(payload["config"]))
     cfg["train"]["seed"] = seed + 1
-    other = tmp_path / "other_seed.pt"
+    continued = tmp_path / "continued.pt"  # the same run, continued with another seed: one run
+    save_checkpoint(dict(payload, config=cfg), continued)
+    cfg["train"]["out_dir"] = str(tmp_path / "another")
+    other = tmp_path / "other_run.pt"
     save_checkpoint(dict(payload, config=cfg), other)
     out = tmp_path / "avg.safetensors"
-    code, _, stderr = command("average-checkpoints", tiny_checkpoint, other, "--out", out)
+    code, _, stderr = command("average-checkpoints", tiny_checkpoint, continued, "--out", out)
+    assert code == 0 and stderr == b""
+    code, _, stderr = command("average-checkpoints", tiny_checkpoint, other, "--out", out, "--overwrite")
     assert code == 0 and stderr.decode() == (
-        f"warning: {other} was trained with train.seed={seed + 1} and {tiny_checkpoint} with {seed}: checkpoints of "
-        "different runs average to weights worse than either's; average checkpoints of one run\n")
+        f"warning: {other} comes from another run than {tiny_checkpoint} (train.seed={seed + 1} in "
+        f"{tmp_path / 'another'}, not {seed} in {folder}): the weights of two runs average to a model worse than "
+        "either; average checkpoints of one run\n")
     run = tmp_path / "run"
     shutil.copytree(tiny_checkpoint.parent, run)
     code, _, stderr = command("average-checkpoints", other, "--out", run / "avg.safetensors")
     assert code == 2 and stderr.decode().startswith(f"error: --out {run / 'avg.safetensors'} is the average of the "
                                                     f"run in {run}, which only that run's own checkpoints make")
     assert not (run / "avg.safetensors").exists()
+    code, _, stderr = command("average-checkpoints", run, "--out", run / "avg.safetensors")  # a folder: no checkpoint
+    assert code == 2 and "is a directory" in stderr.decode(), stderr.decode()
     code, _, stderr = command("average-checkpoints", run / "best.safetensors", "--out", run / "avg.safetensors")
     assert code == 0 and (run / "avg.safetensors").is_file(), stderr.decode()
 

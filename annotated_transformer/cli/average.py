@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
     import warnings
 
-    from ..checkpoints import average_into, model_file, model_file_forms
+    from ..checkpoints import TwoRunsWarning, average_into, model_file, model_file_forms
     from ..runtime.errors import UserError
     from .options import kept_by_a_run, refuse_a_runs_file
 
@@ -35,15 +35,19 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if written.stem != "avg":  # a run's avg file is an average of its checkpoints: this command may write it
         for path in (Path(args.out), written):
             refuse_a_runs_file(path, kept_by_a_run(path))
-    elif run is not None and any(model_file(c).resolve().parent != run.resolve() for c in args.checkpoints):
+    elif run is not None and any(model_file(c).is_file() and model_file(c).resolve().parent != run.resolve()
+                                 for c in args.checkpoints):  # a folder given is refused as no checkpoint, later
         raise UserError(f"--out {args.out} is the average of the run in {run}, which only that run's own "
                         "checkpoints make; average files of that folder, or choose another --out")
 
     with warnings.catch_warnings(record=True) as said:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", TwoRunsWarning)
         out = average_into(args.checkpoints, args.out, overwrite=args.overwrite)
     for warning in said:
-        print(f"warning: {warning.message}", file=sys.stderr)
+        if issubclass(warning.category, TwoRunsWarning):
+            print(f"warning: {warning.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     n = len(args.checkpoints)
     print(f"averaged {n} checkpoint{'' if n == 1 else 's'} into {out} (config and vocabulary inside)")
     return 0

@@ -6,6 +6,7 @@ run directory, one rank's state and the ranks of a torchrun job.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from torch import nn
 
 from ..runtime.errors import RunDirError, TrainingDiverged, UserError
 from ..loop import Log, unwrap_model
-from ..checkpoints import CheckpointWriter, average_into, load_checkpoint, model_file
+from ..checkpoints import CheckpointWriter, TwoRunsWarning, average_into, load_checkpoint, model_file
 from .distributed import DistInfo
 from .loss_meter import weights_finite, world_size
 from .resume import RunState
@@ -150,6 +151,8 @@ class Checkpointer:
                 "not averaging")
             return None
         if self.info.is_main:
-            average_into(paths, self.run.avg, overwrite=True, run=self.run.path)  # the run's own avg file
+            with warnings.catch_warnings():  # its own files, even of a run moved and continued with another seed
+                warnings.simplefilter("ignore", TwoRunsWarning)
+                average_into(paths, self.run.avg, overwrite=True, run=self.run.path)  # the run's own avg file
             log(f"averaged {', '.join(p.name for p in paths)} into {self.run.avg}")
         return self.run.avg
