@@ -500,6 +500,28 @@ def test_a_second_ctrl_c_while_a_stopped_command_exits_prints_nothing(code):
         assert "KeyboardInterrupt" in proc.stderr and "exit hook done" not in proc.stderr
 
 
+@pytest.mark.slow  # a second Python process and a wait of over a second
+def test_a_later_ctrl_c_still_interrupts_an_exit_that_hangs():
+    """After a stop, only the same keypress's copy is ignored: a Ctrl-C over a second later interrupts an exit hook
+    (a hanging one could not be stopped by Ctrl-C)."""
+    import subprocess
+    import sys
+
+    from annotated_transformer.runtime.errors import SAME_SIGNAL_SECONDS
+
+    script = ("import atexit, os, signal, sys, time\n"
+              "from annotated_transformer.runtime.errors import run_cli\n"
+              "def hook():\n"
+              f"    time.sleep({SAME_SIGNAL_SECONDS + 0.3})\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    time.sleep(0.5)\n"
+              "    print('exit hook done', file=sys.stderr)\n"
+              "atexit.register(hook)\n"
+              "run_cli(lambda: 130, whole_process=True)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "KeyboardInterrupt" in proc.stderr and "exit hook done" not in proc.stderr, proc.stderr
+
+
 def test_a_broken_pipe_that_is_not_the_output_is_not_hidden():
     """A worker's or a child's pipe breaking is a fault: it propagates (stdout, here pytest's, is still open)."""
     from annotated_transformer.runtime.errors import run_cli

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime.errors import CheckpointError
+from ..runtime.errors import SAME_SIGNAL_SECONDS, CheckpointError
 from ..loop import TrainState, unwrap_model
 from .loss_meter import LossMeter, world_size
 from .distributed import host_group
@@ -162,9 +162,8 @@ class RunState:
 CHECK_SECONDS = 1.0
 
 # A signal sent to the process group reaches training twice under a launcher that forwards it as well (`uv run`
-# without a terminal, `timeout -s INT`): a second SIGINT this soon after the first is the same one, not a second
-# Ctrl-C that asks to stop without saving.
-SAME_SIGNAL_SECONDS = 1.0
+# without a terminal, `timeout -s INT`): a second SIGINT within SAME_SIGNAL_SECONDS of the first is the same one,
+# not a second Ctrl-C that asks to stop without saving.
 
 
 class StopSignal:

@@ -34,9 +34,8 @@ import yaml
 from ..config import config_to_dict, load_config
 from ..config.loading import UniqueKeyLoader, refuse_library_from_file
 from ..runtime.device import usable_cores
-from ..runtime.errors import ConfigError, RunDirError, UserError, listed
+from ..runtime.errors import SAME_SIGNAL_SECONDS, ConfigError, RunDirError, UserError, listed
 from ..runtime.files import atomic_write, writing
-from ..harness.resume import SAME_SIGNAL_SECONDS
 from ..harness.run_dir import RunDir, final_record
 from ..harness.tasks import TaskFiles
 from .seed_statistics import (COMPARISON_TITLE, REPORT_FILES, TEST_SCORES, RunResult, collect_results,

@@ -10,14 +10,19 @@ whose message names the problem and the fix. The scripts wrap their `main` in
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
+
+
+SAME_SIGNAL_SECONDS = 1.0  # one keypress reaches `uv run` and python at most this far apart: signals closer are one
 
 
 class UserError(Exception):
@@ -164,9 +169,16 @@ def run_cli(main: Callable[[], int | None], whole_process: bool = False) -> None
     except SystemExit as end:
         if whole_process and end.code in (130, 143) and threading.current_thread() is threading.main_thread():
             # one Ctrl-C can arrive twice, a little apart (the terminal's copy and `uv run`'s): the second would raise
-            # KeyboardInterrupt inside an exit hook (a traceback after the stop's clean line)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            # KeyboardInterrupt inside an exit hook (a traceback after the stop's clean line); a later one still
+            # interrupts an exit that hangs
+            signal.signal(signal.SIGINT, functools.partial(_late_interrupt, time.monotonic()))
         raise
+
+
+def _late_interrupt(since: float, signum: int, frame: object) -> None:
+    """SIGINT after a stop ended the command: the same keypress's copy is ignored, a later Ctrl-C interrupts."""
+    if time.monotonic() - since > SAME_SIGNAL_SECONDS:
+        raise KeyboardInterrupt
 
 
 def _run_main(main: Callable[[], int | None]) -> None:
