@@ -293,13 +293,15 @@ def test_export_overwrite_that_cannot_delete_the_old_copy_says_so_and_succeeds(t
     out = tmp_path / "ct2"
     assert command("export", "--checkpoint", tiny_checkpoint, "--out", out)[0] == 0
     (out / "model.bin").write_bytes(b"the earlier export")
+    (out / "model.val.beam1.txt").write_text("hypotheses of evaluate\n")  # kept aside with it: not said removed
 
     def refused(folder):
         raise PermissionError(errno.EACCES, "Permission denied", str(folder / "model.bin"))
 
     monkeypatch.setattr(ct2_export, "_remove_export", refused)
-    code, _, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--overwrite")
+    code, stdout, stderr = command("export", "--checkpoint", tiny_checkpoint, "--out", out, "--overwrite")
     old = tmp_path / f".ct2.old-{os.getpid()}"
+    assert "removed the earlier export's hypotheses" not in stdout.decode()
     assert code == 0 and stderr.decode().splitlines() == [
         f"warning: the earlier export, moved aside to {old}, could not be deleted (Permission denied); delete it "
         "yourself"], stderr.decode()

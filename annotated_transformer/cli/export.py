@@ -46,10 +46,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     translator = Translator.from_checkpoint(path, device="cpu")
     weights = CT2_WEIGHTS[args.quantize]
     stale = evaluations_in(args.out) if args.overwrite else []  # the replaced model's translations go with it
+    kept_aside: list[str] = []  # the earlier export could not be deleted: its hypotheses are still in it
+
+    def warn(line: str) -> None:
+        kept_aside.append(line)
+        print(f"warning: {line}", file=sys.stderr)
+
     out = export_ctranslate2(translator.model, translator.text, translator.config, args.out,
-                             quantization=weights, overwrite=args.overwrite,
-                             log=lambda line: print(line, file=sys.stderr))
-    if stale:
+                             quantization=weights, overwrite=args.overwrite, log=warn)
+    if stale and not kept_aside:
         print(f"--overwrite: removed the earlier export's hypotheses with it ({', '.join(stale)})")
     size = (out / "model.bin").stat().st_size / 2**20
     print(f"exported {path} -> {out} (CTranslate2, {weights} weights, "

@@ -152,7 +152,7 @@ def export_ctranslate2(model: EncoderDecoder, text: Any, config: Config, out_dir
 
     An existing `out_dir` is refused unless `overwrite`, and even then it is replaced only when it is an earlier
     export (`check_export_out`). The folder is built beside `out_dir` and renamed into place, so a failed export
-    leaves whatever was there before, or nothing. `log` gets a warning line (a Python warning without it).
+    leaves whatever was there before, or nothing. `log` gets a warning's text (a Python warning without it).
     """
     from ..config import config_yaml
     from ..runtime.errors import terminate_raises
@@ -262,8 +262,8 @@ def _replace_folder(new: Path, out: Path, log: Callable[[str], None] | None = No
         try:
             _remove_export(old)
         except OSError as exc:
-            line = (f"warning: the earlier export, moved aside to {old}, could not be deleted "
-                    f"({exc.strerror or exc}); delete it yourself")
+            line = (f"the earlier export, moved aside to {old}, could not be deleted ({exc.strerror or exc}); "
+                    "delete it yourself")
             if log is None:
                 warnings.warn(line, stacklevel=3)
             else:
