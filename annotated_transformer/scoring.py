@@ -182,7 +182,7 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
         name, where = Path(files[0]).name, {"input": files[0], "ref": files[1]}
         stem = Path(checkpoint).parent / "eval" / name
     part = f".first{limit}" if limit and limit < len(src_lines) else ""  # never the name of the whole split's file
-    part += f".{reduction[0]}{reduction[1]:g}" if reduction else ""  # nor the name of the model's own hypotheses
+    part += f".{reduction[0]}{reduction[1]!r}".removesuffix(".0") if reduction else ""  # nor the model's own name
     part += f".{quantize}" if quantize != "none" else ""  # nor the full-precision weights' name
     # greedy search has no length penalty; the alpha as given (0.6000001 is not the default's 0.6)
     part += f".alpha{a!r}".removesuffix(".0") if k > 1 and a != cfg.decode.alpha else ""
