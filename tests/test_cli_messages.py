@@ -597,3 +597,17 @@ def test_ctrl_c_before_training_goes_on_says_nothing_is_lost(tmp_path, monkeypat
     monkeypatch.setattr(Trainer, "fit", interrupted)  # once training goes on, a Ctrl-C that reaches Python says no more
     code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={tmp_path / 'run2'}", "train.progress=false")
     assert code == 130 and err.splitlines()[-1] == "error: interrupted", err
+
+
+@pytest.mark.parametrize("args", [
+    ("train", "--config", "copy", "--out", ""),  # it trained into runs/copy
+    ("sweep", "--config", "copy", "--grid", ""),
+    ("benchmark", "--config", "tiny", "--scale", "--data-dir", ""),
+    ("average-checkpoints", "a.safetensors", "--out", ""),  # a traceback
+    ("visualize", "--checkpoint", "", "Hallo."),
+])
+def test_an_empty_path_is_refused_before_any_work(args, command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    option = args[args.index("") - 1]
+    assert one_error(command, *args).startswith(f"argument {option}: an empty path; give the path of a file or folder")
+    assert not any(tmp_path.iterdir())

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..config import Config, config_parser, load_config
 from ..runtime.errors import ConfigError
-from .options import CommandParser, add_checkpoint, add_device, add_limit, add_out, add_overwrite
+from .options import CommandParser, add_checkpoint, add_device, add_limit, add_out, add_overwrite, path_given
 
 
 def build_parser(prog: str | None) -> CommandParser:
@@ -95,7 +95,7 @@ def build_parser(prog: str | None) -> CommandParser:
                         "machine; scale.json in --out (docs/own_data.md)")
     parser.add_argument("--pairs", type=int, default=None, metavar="N",
                         help="--scale: the corpus's training pairs (default 4,500,000: WMT14 English-German's size)")
-    parser.add_argument("--data-dir", default=None, metavar="DIR",
+    parser.add_argument("--data-dir", default=None, metavar="DIR", type=path_given,
                         help="--scale: the folder the corpus is kept in, made there where missing (default: "
                              "synthetic-N in data.cache_dir); the temporary cache and run go there too")
     return parser

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..runtime.errors import ConfigError, UserError
 from ..runtime.files import same_file
-from .options import CommandParser, add_data_root, add_out, add_overwrite, overridden
+from .options import CommandParser, add_data_root, add_out, add_overwrite, overridden, path_given
 
 # How a sweep starts each training: this package's own train command, in the same Python.
 TRAIN_COMMAND = (sys.executable, "-m", "annotated_transformer", "train")
@@ -23,7 +23,7 @@ def build_parser(prog: str | None = None) -> CommandParser:
                     help="train nothing: one report (into --out) of the runs already in these sweep folders")
     parser.add_argument("--target-bleu", type=float, default=None, metavar="BLEU",
                         help="with --compare: the target line to draw")
-    parser.add_argument("--grid", default=None, metavar="FILE",
+    parser.add_argument("--grid", default=None, metavar="FILE", type=path_given,
                         help="YAML: dotted keys to lists of values (default: the config alone)")
     parser.add_argument("--seeds", type=int, default=None, metavar="N", help="seeds per setting: 1..N (default 3)")
     parser.add_list("--seed-list", item=int, default=None, metavar="N,N,...",

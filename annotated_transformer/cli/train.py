@@ -10,14 +10,14 @@ import os
 from ..config import Config, config_parser, load_config
 from ..runtime.errors import ConfigError
 from ..harness.malloc import RESTARTED_ENV, preload_or_note
-from .options import CommandParser
+from .options import CommandParser, path_given
 
 
 def build_parser(prog: str | None = None) -> CommandParser:
     """The command's options."""
     parser = config_parser("Train the Transformer: the copy task, Multi30k (de->en or en->de) or your own parallel "
                            "text (data.dataset=files).", prog, CommandParser, takes_overrides=True)
-    parser.add_argument("--out", default=None, metavar="DIR",
+    parser.add_argument("--out", default=None, metavar="DIR", type=path_given,
                         help="the run directory (the same as train.out_dir=DIR, refused beside a train.out_dir= "
                              "that names another; default: runs/<config name>)")
     parser.add_argument("--device", default=None,
