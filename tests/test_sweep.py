@@ -617,3 +617,13 @@ def test_read_result_takes_the_compute_from_the_epoch_records(tmp_path):
     result = read_result(tmp_path, "a", 1)
     assert (result.train_flops, result.target_flops) == (2e15, 2e15)
     assert result.flops_curve == ((1e15, 30.0), (2e15, 37.0))
+
+
+def test_a_runs_state_is_read_once_a_sweep(tmp_path, monkeypatch):
+    """The check of the settings' data and the choice of runs to train both ask whether a run is done: its last.pt
+    (the weights and the optimizer's state) is read once, not twice, on every restart of a sweep."""
+    reads = []
+    monkeypatch.setattr(Launcher, "_is_done", lambda self, run: reads.append(run.path) or True)
+    launcher = Launcher(("train.py",), "copy")
+    run = grid_runs([()], [1], tmp_path)[0]
+    assert launcher.is_done(run) and launcher.is_done(run) and reads == [run.path]

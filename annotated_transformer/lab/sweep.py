@@ -192,6 +192,7 @@ class Launcher:
     starting: bool = False  # inside `start`, where a stop must wait for the run to be known
     stop_due: bool = False  # a stop signal came while `starting`
     files: dict[str, TaskFiles] = field(default_factory=dict)  # by data settings: each corpus opened and hashed once
+    done: dict[Path, bool] = field(default_factory=dict)  # `is_done` by run folder: each last.pt read once
 
     def command(self, run: Run) -> list[str]:
         """The training command of one run."""
@@ -209,6 +210,12 @@ class Launcher:
         finished run without last.pt (deleted to save space) counts as finished, as its final record says, and
         so does one that train.overwrite=true among the sweep's overrides would start again (a sweep started
         again continues, it does not redo what it finished)."""
+        if run.path not in self.done:
+            self.done[run.path] = self._is_done(run)
+        return self.done[run.path]
+
+    def _is_done(self, run: Run) -> bool:
+        """`is_done`, read from the run's folder."""
         if not is_finished(run):
             return False
         if not (run.path / "last.pt").is_file():
