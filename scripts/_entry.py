@@ -10,15 +10,17 @@ def run_command(command: str) -> None:
     """Run `command` with this script's arguments; without the package installed, one line and exit 2."""
     interrupted: list[int] = []
     # A Ctrl-C while torch loads (seconds) waits for the end of the import: raised inside torch's C start-up (its
-    # import of NumPy), it was swallowed there and the command went on as if never stopped. Ignored is left ignored.
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is not signal.SIG_IGN:
+    # import of NumPy), it was swallowed there and the command went on as if never stopped. Only Python's own
+    # handler is replaced (an ignored SIGINT stays ignored).
+    ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
         signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     try:
         try:
             from annotated_transformer.cli import run
         finally:
-            signal.signal(signal.SIGINT, previous)
+            if ours:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
         if interrupted:
             raise KeyboardInterrupt
     except KeyboardInterrupt:  # the commands' own line, not a traceback
