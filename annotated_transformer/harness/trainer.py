@@ -69,8 +69,9 @@ def wrap_model(step_model: nn.Module, info: DistInfo, device: torch.device) -> n
 
 @contextmanager
 def nothing_trained_yet() -> Iterator[None]:
-    """A Ctrl-C inside (taking the run's folder, building its data and model: before `fit` takes Ctrl-C itself and
-    saves last.pt) is one line saying that nothing is lost and how to go on, exit 130."""
+    """A Ctrl-C inside (joining the other ranks, taking the run's folder, building its data and model: before `fit`
+    takes Ctrl-C itself and saves last.pt) is one line saying that nothing is lost and how to go on, exit 130 (an
+    `Interrupted`, still a KeyboardInterrupt)."""
     try:
         yield
     except KeyboardInterrupt:
@@ -455,7 +456,8 @@ def train_worker(cfg: Config) -> dict[str, Any]:
     counts exact copies). Rank 0's lines go to the run's train.log too, the error that ends a run among them.
     """
     with run_log_closed():
-        info, device = init_distributed(cfg.train.device)
+        with nothing_trained_yet():  # under torchrun, waiting for the other ranks
+            info, device = init_distributed(cfg.train.device)
         run, files = RunDir(cfg.run_dir()), TaskFiles(cfg, log=print0)
         try:
             with nothing_trained_yet():  # every rank decides (or fails) alike before rank 0 writes

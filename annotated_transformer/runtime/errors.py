@@ -61,10 +61,9 @@ class TrainingDiverged(UserError):
     exit_code = 3
 
 
-class Interrupted(UserError):
-    """Ctrl-C where it needs more than "interrupted": what it left and how to go on (exit 130, as for any Ctrl-C)."""
-
-    exit_code = 130
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C where it needs more than "interrupted": what it left and how to go on. A KeyboardInterrupt still (no
+    `except Exception` swallows it); `run_cli` prints its line and exits 130, as for any Ctrl-C."""
 
 
 class DistributedError(UserError):
@@ -163,11 +162,11 @@ def run_cli(main: Callable[[], int | None], whole_process: bool = False) -> None
     """Run a script's `main`, turning `UserError`, Ctrl-C and a SIGTERM met while a file is written
     (`terminate_raises`) into clean exits (130 and 143 for the two signals, as a shell reports them), and a closed
     output pipe (`| head`) into a quiet exit 141. `whole_process`: the process ends with the command, so once a
-    stop signal has ended it, another Ctrl-C is ignored while Python exits."""
+    Ctrl-C has ended it, that keypress's second copy is ignored while Python exits."""
     try:
         _run_main(main)
     except SystemExit as end:
-        if whole_process and end.code in (130, 143) and threading.current_thread() is threading.main_thread():
+        if whole_process and end.code == 130 and threading.current_thread() is threading.main_thread():
             # one Ctrl-C can arrive twice, a little apart (the terminal's copy and `uv run`'s): the second would raise
             # KeyboardInterrupt inside an exit hook (a traceback after the stop's clean line); a later one still
             # interrupts an exit that hangs
@@ -176,8 +175,10 @@ def run_cli(main: Callable[[], int | None], whole_process: bool = False) -> None
 
 
 def _late_interrupt(since: float, signum: int, frame: object) -> None:
-    """SIGINT after a stop ended the command: the same keypress's copy is ignored, a later Ctrl-C interrupts."""
+    """SIGINT after a stop ended the command: the same keypress's copy is ignored, a later Ctrl-C interrupts (and
+    Python's own handler is back)."""
     if time.monotonic() - since > SAME_SIGNAL_SECONDS:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         raise KeyboardInterrupt
 
 
@@ -199,8 +200,8 @@ def _run_main(main: Callable[[], int | None]) -> None:
         if isinstance(exc, ConfigError) and os.environ.get("LOCAL_RANK", "0") != "0":
             raise SystemExit(exc.exit_code) from None
         fail(str(exc), exc.exit_code, getattr(exc, "details", ()))
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
+    except KeyboardInterrupt as exc:
+        fail(str(exc) or "interrupted", 130)
     except Terminated:
         fail("terminated (SIGTERM)", 143)
     raise SystemExit(code or 0)
