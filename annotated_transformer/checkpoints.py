@@ -600,11 +600,11 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, Any]:
     ties = tied_names(first["model"]) or (_equal_matrices(first["model"]) if _ties_embeddings(first) else {})
     summed = {k: v.clone().double() if v.is_floating_point() else v.clone()
               for k, v in first["model"].items() if k not in ties}
-    last = first
+    last, first_run = first, _run_of(first)
     for path in paths[1:]:
         ckpt = load_checkpoint(path)
-        (seed, folder), (seed0, folder0) = _run_of(ckpt), _run_of(first)
-        if seed != seed0 and folder != folder0:
+        (seed, folder), (seed0, folder0) = _run_of(ckpt), first_run
+        if seed != seed0 and (folder != folder0 or folder is None):
             warnings.warn(f"{path} comes from another run than {paths[0]} (train.seed={seed} in {folder}, not "
                           f"{seed0} in {folder0}): the weights of two runs average to a model worse than either; "
                           "average checkpoints of one run", TwoRunsWarning, stacklevel=2)
@@ -635,12 +635,14 @@ class TwoRunsWarning(UserWarning):
     """`average_checkpoints` was given checkpoints of two runs (another seed, in another folder)."""
 
 
-def _run_of(payload: dict[str, Any]) -> tuple[Any, str]:
+def _run_of(payload: dict[str, Any]) -> tuple[Any, str | None]:
     """(train.seed, run directory) of a checkpoint's run; both differ between two runs (a run continued with another
-    seed keeps its folder, one copied elsewhere its seed)."""
+    seed keeps its folder, one copied elsewhere its seed). The folder in one spelling (runs/x, ./runs/x/); None where
+    the config names neither it nor the config (the seed alone tells then)."""
     config = payload.get("config", {})
     train = config.get("train", {})
-    return train.get("seed"), str(train.get("out_dir") or Path("runs") / str(config.get("name")))
+    folder = train.get("out_dir") or (f"runs/{config['name']}" if config.get("name") else None)
+    return train.get("seed"), None if folder is None else os.path.normpath(str(folder))
 
 
 def _ties_embeddings(payload: dict[str, Any]) -> bool:

@@ -363,7 +363,8 @@ def test_average_checkpoints_warns_of_two_runs_and_a_runs_average_is_of_its_own(
     seed, folder = payload["config"]["train"]["seed"], payload["config"]["train"]["out_dir"]
     cfg = json.loads(json.dumps(payload["config"]))
     cfg["train"]["seed"] = seed + 1
-    continued = tmp_path / "continued.pt"  # the same run, continued with another seed: one run
+    cfg["train"]["out_dir"] = f"{folder}/./"  # the same run, continued with another seed (its folder spelt
+    continued = tmp_path / "continued.pt"    # another way): one run
     save_checkpoint(dict(payload, config=cfg), continued)
     cfg["train"]["out_dir"] = str(tmp_path / "another")
     other = tmp_path / "other_run.pt"
