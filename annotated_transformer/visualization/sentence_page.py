@@ -26,7 +26,7 @@ from .teaching import teaching_charts
 from .training_curves import training_curves_chart
 
 
-ATTENTION_STEM = re.compile(r"attention_layer\d+_(?:" + "|".join(info.file for info in KINDS.values()) + ")")
+ATTENTION_STEM = re.compile(r"attention_layer[0-9]+_(?:" + "|".join(info.file for info in KINDS.values()) + ")")
 
 
 @dataclass
