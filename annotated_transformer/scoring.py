@@ -138,6 +138,11 @@ def score_translations(hyps: list[str], raw_refs: list[str], text,
     return scores[headline_key(text.mode)], scores
 
 
+def as_given(value: float) -> str:
+    """A decoding setting as it was given, for a file name and its line: 0.6000001 is not 0.6 (`:g`), 1.0 is 1."""
+    return repr(float(value)).removesuffix(".0")
+
+
 def score_translator(translator: TextTranslator, checkpoint: str, split: str = "test", beam: int | None = None,
                      alpha: float | None = None, output: str | None = None, show: int = 0,
                      as_json: bool = False, data_root: str | None = None,
@@ -182,10 +187,10 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
         name, where = Path(files[0]).name, {"input": files[0], "ref": files[1]}
         stem = Path(checkpoint).parent / "eval" / name
     part = f".first{limit}" if limit and limit < len(src_lines) else ""  # never the name of the whole split's file
-    part += f".{reduction[0]}{reduction[1]!r}".removesuffix(".0") if reduction else ""  # nor the model's own name
+    part += f".{reduction[0]}{as_given(reduction[1])}" if reduction else ""  # nor the model's own hypotheses' name
     part += f".{quantize}" if quantize != "none" else ""  # nor the full-precision weights' name
     # greedy search has no length penalty; the alpha as given (0.6000001 is not the default's 0.6)
-    part += f".alpha{a!r}".removesuffix(".0") if k > 1 and a != cfg.decode.alpha else ""
+    part += f".alpha{as_given(a)}" if k > 1 and a != cfg.decode.alpha else ""
     if limit:
         src_lines, ref_lines = src_lines[:limit], ref_lines[:limit]
     out_path = Path(output) if output else stem.with_name(f"{stem.name}{part}.beam{k}.txt")
@@ -207,7 +212,8 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     if as_json:
         print(json.dumps(result))
     else:
-        reduced = f", token {'merging' if reduction[0] == 'merge' else 'pruning'} {reduction[1]:g}" if reduction else ""
+        how = "merging" if reduction and reduction[0] == "merge" else "pruning"
+        reduced = f", token {how} {as_given(reduction[1])}" if reduction else ""
         reduced += f", {quantize} weights" if quantize != "none" else ""
         print(f"{name}: {len(hyps)} sentences, beam {k}{reduced}, {seconds:.1f} s "
               f"({len(hyps) / max(seconds, 1e-9):.1f} sentences/s); hypotheses in {out_path}")

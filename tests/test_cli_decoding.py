@@ -289,8 +289,11 @@ def test_evaluate_names_merged_hypotheses_apart_from_the_models_own(tiny_checkpo
     assert code == 0, stderr.decode()
     assert "beam 1, token merging 0.4," in stdout.decode()
     assert command(*common, "--merge-ratio", "0")[0] == 0  # given, if 0: named too (it turns a trained merging off)
+    code, stdout, stderr = command(*common, "--merge-ratio", "0.4000001")  # as given: it was merge0.4's file
+    assert code == 0 and "beam 1, token merging 0.4000001," in stdout.decode(), stderr.decode()
     assert sorted(p.name for p in tmp_path.glob("*.txt")) == ["model.val.first20.beam1.txt",
                                                               "model.val.first20.merge0.4.beam1.txt",
+                                                              "model.val.first20.merge0.4000001.beam1.txt",
                                                               "model.val.first20.merge0.beam1.txt"]
 
 
