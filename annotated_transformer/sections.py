@@ -329,6 +329,9 @@ class CoreConfig:
     def _validate_training(self) -> None:
         """The training section's rules, and what they need from the data."""
         d, t = self.data, self.train
+        if t.out_dir is not None and not str(t.out_dir).strip():  # it trained into runs/<name>, unsaid
+            raise ConfigError("train.out_dir is empty; give the run directory, or leave the key out for "
+                              f"runs/{self.name}")
         if t.stop_at_target and not t.target_bleu:
             raise ConfigError("train.stop_at_target=true needs train.target_bleu (the validation BLEU to stop at)")
         if t.target_bleu and (d.dataset == "copy" or t.bleu_every == 0):

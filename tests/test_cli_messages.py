@@ -606,7 +606,7 @@ def test_ctrl_c_before_training_goes_on_says_nothing_is_lost(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("args", [
-    ("train", "--config", "copy", "--out", ""),  # it trained into runs/copy
+    ("train", "--config", "copy", "--out", ""),  # it trained into runs/copy, as train.out_dir= (below)
     ("sweep", "--config", "copy", "--grid", ""),
     ("benchmark", "--config", "tiny", "--scale", "--data-dir", ""),
     ("average-checkpoints", "a.safetensors", "--out", ""),  # a traceback
@@ -616,4 +616,12 @@ def test_an_empty_path_is_refused_before_any_work(args, command, tmp_path, monke
     monkeypatch.chdir(tmp_path)
     option = args[args.index("") - 1]
     assert one_error(command, *args).startswith(f"argument {option}: an empty path; give the path of a file or folder")
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_empty_run_directory_key_is_refused(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for given in ("train.out_dir=", "train.out_dir=''", 'train.out_dir=" "'):
+        assert one_error(command, "train", "--config", "copy", given) == (
+            "train.out_dir is empty; give the run directory, or leave the key out for runs/copy")
     assert not any(tmp_path.iterdir())
