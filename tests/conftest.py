@@ -17,6 +17,7 @@ ANNOTATED_TRANSFORMER_ONEDNN_LINEAR=1 decodes fp32 through oneDNN as on AMD CPUs
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,13 @@ def train_command():
         return code, out.decode("utf-8"), err.decode("utf-8")
 
     return train
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler_kept():
+    """Each test leaves SIGINT's handler as it found it: a command run in this process after a Ctrl-C ignores the
+    keypress's second copy for a second (`ignore_same_keypress`), which must not reach the next test."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not before:
+        signal.signal(signal.SIGINT, before)

@@ -582,6 +582,10 @@ def test_sigterm_ends_a_command_as_ctrl_c_does_leaving_no_half_file(tmp_path, ca
 def test_ctrl_c_before_training_goes_on_says_nothing_is_lost(tmp_path, monkeypatch, train_command):
     """A Ctrl-C while the run builds its data or model (before training's own stop, which saves last.pt) was the
     bare "error: interrupted": it says what to do, in one line, exit 130."""
+    import os
+    import signal
+    import time
+
     from annotated_transformer.harness import tasks
 
     def interrupted(self, *args, **kwargs):
@@ -591,6 +595,8 @@ def test_ctrl_c_before_training_goes_on_says_nothing_is_lost(tmp_path, monkeypat
     code, _, err = train_command("--config", "copy.yaml", f"train.out_dir={tmp_path / 'run'}", "train.progress=false")
     assert code == 130 and err == ("error: interrupted before training went on; nothing of the run is lost: run the "
                                    "same command to start it, or to continue it from its last.pt\n"), err
+    os.kill(os.getpid(), signal.SIGINT)  # the keypress's second copy (uv run's), a moment later: ignored
+    time.sleep(0.05)
     from annotated_transformer.config import load_config
     from annotated_transformer.harness.trainer import Trainer, train_worker
 

@@ -27,7 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config import Config, config_to_dict
-from ..runtime.errors import DistributedError, Interrupted, Terminated, TrainingDiverged, UserError, terminate_raises
+from ..runtime.errors import (DistributedError, Interrupted, Terminated, TrainingDiverged, UserError,
+                              ignore_same_keypress, terminate_raises)
 from ..decode.static import validation_step
 from ..extensions.builder import build_training
 from ..fast.plan import check_compile_mode
@@ -75,6 +76,7 @@ def nothing_trained_yet() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
+        ignore_same_keypress()  # its second copy (uv run's) must not cut short the clean-up and this line
         raise Interrupted("interrupted before training went on; nothing of the run is lost: run the same command to "
                           "start it, or to continue it from its last.pt") from None
 

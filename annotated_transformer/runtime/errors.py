@@ -166,12 +166,19 @@ def run_cli(main: Callable[[], int | None], whole_process: bool = False) -> None
     try:
         _run_main(main)
     except SystemExit as end:
-        if whole_process and end.code == 130 and threading.current_thread() is threading.main_thread():
+        if whole_process and end.code == 130:
             # one Ctrl-C can arrive twice, a little apart (the terminal's copy and `uv run`'s): the second would raise
-            # KeyboardInterrupt inside an exit hook (a traceback after the stop's clean line); a later one still
-            # interrupts an exit that hangs
-            signal.signal(signal.SIGINT, functools.partial(_late_interrupt, time.monotonic()))
+            # KeyboardInterrupt inside an exit hook (a traceback after the stop's clean line)
+            ignore_same_keypress()
         raise
+
+
+def ignore_same_keypress() -> None:
+    """A SIGINT within SAME_SIGNAL_SECONDS from now is the same keypress's second copy, ignored; a later Ctrl-C
+    interrupts again (and puts Python's handler back). In the main thread, over Python's own handler only."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, functools.partial(_late_interrupt, time.monotonic()))
 
 
 def _late_interrupt(since: float, signum: int, frame: object) -> None:
