@@ -235,3 +235,30 @@ def sigint_handler_kept():
     yield
     if signal.getsignal(signal.SIGINT) is not before:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
+def ctrl_c_during_import(monkeypatch):
+    """A function: `ctrl_c_during_import(name, met, module)` makes `import name` receive a Ctrl-C while it runs,
+    which the import meets as a C extension's start-up does: `met()` is called with the KeyboardInterrupt caught (it
+    returns to swallow it, as torch does, or raises another error, as pybind11 does); then `module()` is what the
+    import gives."""
+    import builtins
+    import time
+
+    real_import = builtins.__import__
+
+    def install(name: str, met, module) -> None:
+        def importing(wanted, *args, **kwargs):
+            if wanted != name:
+                return real_import(wanted, *args, **kwargs)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # a Python handler runs here
+            except KeyboardInterrupt:
+                met()
+            return module()
+
+        monkeypatch.setattr(builtins, "__import__", importing)
+
+    return install

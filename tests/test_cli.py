@@ -155,32 +155,19 @@ def test_ctrl_c_while_a_script_loads_torch_is_one_line(monkeypatch, capsys):
     assert ended.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
 
 
-def test_ctrl_c_that_torchs_start_up_would_swallow_still_stops_the_script(monkeypatch, capsys):
+def test_ctrl_c_that_torchs_start_up_would_swallow_still_stops_the_script(capsys, ctrl_c_during_import):
     """torch's C start-up imports NumPy and goes on without it when that fails: a Ctrl-C there was swallowed and the
     command ran on (a training that would not stop). The script waits for the import's end, then stops."""
-    import builtins
     import importlib.util
-    import os
     import signal
-    import time
     import types
 
     spec = importlib.util.spec_from_file_location("_entry", ROOT / "scripts" / "_entry.py")
     entry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(entry)
-    real_import, ran, before = builtins.__import__, [], signal.getsignal(signal.SIGINT)
-
-    def swallowing(name, *args, **kwargs):
-        if name != "annotated_transformer.cli":
-            return real_import(name, *args, **kwargs)
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # a Python handler runs here
-        except KeyboardInterrupt:
-            pass  # as torch's C start-up does
-        return types.SimpleNamespace(run=lambda *args, **kwargs: ran.append(args))
-
-    monkeypatch.setattr(builtins, "__import__", swallowing)
+    ran, before = [], signal.getsignal(signal.SIGINT)
+    ctrl_c_during_import("annotated_transformer.cli", lambda: None,  # swallowed, as torch's C start-up does
+                         lambda: types.SimpleNamespace(run=lambda *args, **kwargs: ran.append(args)))
     with pytest.raises(SystemExit) as ended:
         entry.run_command("train")
     assert ended.value.code == 130 and capsys.readouterr().err == "error: interrupted\n" and ran == []

@@ -145,28 +145,19 @@ def test_missing_ctranslate2_is_one_line(monkeypatch):
         import_ctranslate2()
 
 
-def test_ctrl_c_while_ctranslate2_loads_is_an_interrupt_not_a_missing_package(monkeypatch):
+def test_ctrl_c_while_ctranslate2_loads_is_an_interrupt_not_a_missing_package(monkeypatch, ctrl_c_during_import):
     """pybind11 turns an exception in a module's start-up into ImportError: a Ctrl-C while ctranslate2 loaded was
     "ctranslate2 is not installed"; it waits for the import's end and is a Ctrl-C (exit 130 in a command)."""
-    import builtins
-    import os
+    import importlib
     import signal
-    import time
 
-    real_import = builtins.__import__
+    real = importlib.import_module("ctranslate2")
 
-    def interrupted(name, *args, **kwargs):
-        if name != "ctranslate2":
-            return real_import(name, *args, **kwargs)
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # a Python handler runs here
-        except KeyboardInterrupt:
-            raise ImportError("initialization failed") from None  # what pybind11 makes of it
-        return real_import(name, *args, **kwargs)
+    def met():
+        raise ImportError("initialization failed")  # what pybind11 makes of the KeyboardInterrupt
 
     monkeypatch.delitem(sys.modules, "ctranslate2", raising=False)
-    monkeypatch.setattr(builtins, "__import__", interrupted)
+    ctrl_c_during_import("ctranslate2", met, lambda: real)
     with pytest.raises(KeyboardInterrupt):
         import_ctranslate2()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
