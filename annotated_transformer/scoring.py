@@ -212,8 +212,9 @@ def score_translator(translator: TextTranslator, checkpoint: str, split: str = "
     if as_json:
         print(json.dumps(result))
     else:
-        how = "merging" if reduction and reduction[0] == "merge" else "pruning"
-        reduced = f", token {how} {as_given(reduction[1])}" if reduction else ""
+        reduced = ""
+        if reduction:
+            reduced = f", token {'merging' if reduction[0] == 'merge' else 'pruning'} {as_given(reduction[1])}"
         reduced += f", {quantize} weights" if quantize != "none" else ""
         print(f"{name}: {len(hyps)} sentences, beam {k}{reduced}, {seconds:.1f} s "
               f"({len(hyps) / max(seconds, 1e-9):.1f} sentences/s); hypotheses in {out_path}")

@@ -11,7 +11,8 @@ def run_command(command: str) -> None:
     interrupted: list[int] = []
     # A Ctrl-C while torch loads (seconds) waits for the end of the import: raised inside torch's C start-up (its
     # import of NumPy), it was swallowed there and the command went on as if never stopped. Only Python's own
-    # handler is replaced (an ignored SIGINT stays ignored).
+    # handler is replaced (an ignored SIGINT stays ignored). runtime.errors.interrupt_after does this for the
+    # package, which cannot be imported here without torch.
     ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if ours:
         signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))

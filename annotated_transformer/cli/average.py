@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     if written.stem != "avg":  # a run's avg file is an average of its checkpoints: this command may write it
         for path in (Path(args.out), written):
             refuse_a_runs_file(path, kept_by_a_run(path))
-    elif run is not None and any(model_file(c).is_file() and model_file(c).resolve().parent != run.resolve()
-                                 for c in args.checkpoints):  # a folder given is refused as no checkpoint, later
+    elif run is not None and any(f.is_file() and f.resolve().parent != run.resolve()
+                                 for f in map(model_file, args.checkpoints)):  # a folder: refused as no checkpoint
         raise UserError(f"--out {args.out} is the average of the run in {run}, which only that run's own "
                         "checkpoints make; average files of that folder, or choose another --out")
 
